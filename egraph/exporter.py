@@ -1,0 +1,270 @@
+"""Extracted graph -> ONNX ModelProto at the model's own opset.
+
+Names: graph inputs and outputs keep their names; every other tensor takes the original name
+of its e-class (its ``origin``) when free, else a fresh ``onnxsat_<n>``. Untouched nodes keep
+their node names and doc strings. Constant subgraphs are folded afterwards (``fold``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..extract.greedy import ExtractedGraph
+from ..extract.serialized import ENode, Ref
+from .ops import BY_CTOR
+from .ops.registry import INT64_MAX, ExportNode
+from .program import Program
+
+MIN_IR_VERSION = 4
+"""Constant initializers are not graph inputs from IR 4 on; older models are lifted to 4."""
+
+
+class ExportError(RuntimeError):
+    """An extracted node has no valid ONNX form at the model's opset (a rule bug)."""
+
+
+def _attr_value(kind: str, value: Any) -> Any:
+    if kind == "ints":
+        return [int(v) for v in value]
+    return value
+
+
+class _Exporter:
+    def __init__(self, program: Program, graph: ExtractedGraph):
+        self.program = program
+        self.graph = graph
+        self.choice = graph.choice()
+        self.names: dict[str, str] = {}
+        self.used: set[str] = set()
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: dict[str, onnx.TensorProto] = {}
+        self.fresh = 0
+        self.output_names = [name for name, _ in program.outputs]
+        self.reserved = set(self.output_names) | set(program.true_inputs)
+        self.done_multi: set[tuple[Any, ...]] = set()
+
+    def _fresh(self, hint: str = "onnxsat") -> str:
+        while True:
+            self.fresh += 1
+            name = f"{hint}_{self.fresh}"
+            if name not in self.used and name not in self.reserved and name not in self.program.infos:
+                self.used.add(name)
+                return name
+
+    def _name_for(self, eclass: str) -> str:
+        if eclass in self.names:
+            return self.names[eclass]
+        node = self.choice[eclass]
+        name = None
+        if node.op == "Tensor.input":
+            name = node.args[0]
+        elif node.op == "Tensor.weight" and node.args[0] not in self.used:
+            name = node.args[0]
+        else:
+            origin = self.graph.origins.get(eclass)
+            if origin is not None:
+                candidate = self.program.names[origin]
+                if candidate not in self.used and candidate not in self.reserved:
+                    name = candidate
+        if name is None:
+            name = self._fresh()
+        self.used.add(name)
+        self.names[eclass] = name
+        return name
+
+    def _list_items(self, eclass: str) -> list[str]:
+        items = []
+        node = self.choice[eclass]
+        while node.op == "TList.cons":
+            head, tail = node.args
+            items.append(head.eclass)
+            node = self.choice[tail.eclass]
+        return items
+
+    def _input_name(self, eclass: str) -> str:
+        node = self.choice[eclass]
+        return "" if node.op == "Tensor.none" else self.names[eclass]
+
+    def _const_value(self, eclass: str) -> np.ndarray | None:
+        node = self.choice[eclass]
+        if node.op == "Tensor.ints":
+            values, rank = node.args
+            return np.array(values if rank else values[0], dtype=np.int64)
+        if node.op == "Tensor.splat":
+            value, dims, dt = node.args
+            return np.full(dims, value, dtype=helper.tensor_dtype_to_np_dtype(dt))
+        if node.op == "Tensor.weight":
+            return numpy_helper.to_array(self.program.weights[node.args[0]])
+        return None
+
+    # ------------------------------------------------------------ per node
+    def _emit(self, eclass: str, node: ENode) -> None:
+        op = node.op
+        if op.startswith("TList.") or op == "Tensor.none":
+            return
+        if op == "Tensor.input":
+            self._name_for(eclass)
+            return
+        if op == "Tensor.weight":
+            name = self._name_for(eclass)
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(self.program.weights[node.args[0]])
+            tensor.name = name
+            self.initializers[name] = tensor
+            return
+        if op == "Tensor.ints":
+            name = self._name_for(eclass)
+            self.initializers[name] = numpy_helper.from_array(self._const_value(eclass), name)
+            return
+        if op == "Tensor.splat":
+            self._emit_splat(eclass, node)
+            return
+        if op == "opaque":
+            self._emit_opaque(eclass, node)
+            return
+        self._emit_modelled(eclass, node)
+
+    def _emit_splat(self, eclass: str, node: ENode) -> None:
+        value, dims, dt = node.args
+        name = self._name_for(eclass)
+        if int(np.prod(dims, dtype=np.int64)) <= 16:
+            array = np.full(dims, value, dtype=helper.tensor_dtype_to_np_dtype(dt))
+            self.initializers[name] = numpy_helper.from_array(array, name)
+            return
+        shape_name = self._fresh(f"{name}_shape")
+        self.initializers[shape_name] = numpy_helper.from_array(np.array(dims, dtype=np.int64), shape_name)
+        fill = numpy_helper.from_array(np.array([value], dtype=helper.tensor_dtype_to_np_dtype(dt)), "value")
+        self.nodes.append(helper.make_node("ConstantOfShape", [shape_name], [name], value=fill))
+
+    def _emit_opaque(self, eclass: str, node: ENode) -> None:
+        key, args, _ = node.args
+        if key in self.done_multi:
+            return
+        self.done_multi.add(key)
+        info = self.program.opaque[key]
+        items = self._list_items(args.eclass)
+        inputs = [self._input_name(c) for c in items[: info.n_inputs]]
+        for captured, cls in zip(info.captured, items[info.n_inputs :], strict=True):
+            have = self.names[cls]
+            if have != captured:
+                # Subgraphs read this tensor by name: make the name exist.
+                self.nodes.append(helper.make_node("Identity", [have], [captured]))
+                self.used.add(captured)
+        outputs = self._multi_outputs(
+            len(info.node.output),
+            lambda e, n: n.op == "opaque" and n.args[0] == key,
+        )
+        proto = onnx.NodeProto()
+        proto.CopyFrom(info.node)
+        del proto.input[:]
+        proto.input.extend(inputs)
+        del proto.output[:]
+        proto.output.extend(outputs)
+        self.nodes.append(proto)
+
+    def _multi_outputs(self, count: int, same_node: Any) -> list[str]:
+        """Names of all outputs of a multi-output node: extracted ones by class, others fresh."""
+        by_index: dict[int, str] = {}
+        for eclass, other in self.graph.nodes:
+            if same_node(eclass, other):
+                by_index.setdefault(int(other.args[-1]), self._name_for(eclass))
+        return [by_index.get(i) or self._fresh() for i in range(count)]
+
+    def _emit_modelled(self, eclass: str, node: ENode) -> None:
+        spec = BY_CTOR[node.op]
+        refs = [a for a in node.args if isinstance(a, Ref)]
+        literals = [a for a in node.args if not isinstance(a, Ref)]
+        if spec.variadic:
+            input_classes = self._list_items(refs[0].eclass)
+        else:
+            input_classes = [r.eclass for r in refs]
+        if spec.indexed_outputs:
+            key = (node.op, node.args[:-1])
+            if key in self.done_multi:
+                return
+            self.done_multi.add(key)
+            n_out = self._split_count(node, input_classes)
+            outputs = self._multi_outputs(n_out, lambda e, n: n.op == node.op and n.args[:-1] == node.args[:-1])
+            literals = literals[:-1]
+        else:
+            outputs = [self._name_for(eclass)]
+        attrs = {}
+        for attr, value in zip(spec.attrs, literals, strict=True):
+            if attr.default is not None and value == attr.default:
+                continue
+            if attr.name in ("start", "end") and value in (0, INT64_MAX):
+                continue
+            attrs[attr.name] = _attr_value(attr.kind, value)
+        inputs = [self._input_name(c) for c in input_classes]
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        exp = ExportNode(
+            op_type=spec.op_type,
+            inputs=inputs,
+            attrs=attrs,
+            opset=self.program.opset,
+            const_value=lambda i: self._const_value(input_classes[i]) if i < len(input_classes) else None,
+        )
+        if spec.export is not None:
+            try:
+                spec.export(exp)
+            except Exception as exc:
+                raise ExportError(f"{spec.op_type} cannot be written at opset {self.program.opset}: {exc}") from exc
+        meta = self.program.node_meta.get(outputs[0])
+        proto = helper.make_node(exp.op_type, exp.inputs, outputs, **exp.attrs)
+        if meta is not None and meta[0] == exp.op_type:
+            proto.name, proto.doc_string = meta[1], meta[2]
+        self.nodes.append(proto)
+
+    def _split_count(self, node: ENode, input_classes: list[str]) -> int:
+        has_sizes = len(input_classes) > 1 and self.choice[input_classes[1]].op != "Tensor.none"
+        sizes = self._const_value(input_classes[1]) if has_sizes else None
+        if sizes is not None:
+            return int(np.asarray(sizes).size)
+        return int(node.args[-2])  # num_outputs (import records it for equal splits)
+
+    # ------------------------------------------------------------ model
+    def run(self) -> onnx.ModelProto:
+        for eclass, node in self.graph.nodes:
+            if node.op == "Tensor.input":
+                self._name_for(eclass)
+        for (name, _), root in zip(self.program.outputs, self.graph.roots, strict=True):
+            if root not in self.names and self.choice[root].op not in ("Tensor.weight", "Tensor.none"):
+                self.names[root] = name
+                self.used.add(name)
+        for eclass, node in self.graph.nodes:
+            self._emit(eclass, node)
+        for (name, _), root in zip(self.program.outputs, self.graph.roots, strict=True):
+            have = self.names[root]
+            if have != name:
+                # The same tensor feeds two outputs, or an output is an input/weight.
+                self.nodes.append(helper.make_node("Identity", [have], [name]))
+        graph_in = {vi.name: vi for vi in self.program.model.graph.input}
+        model = self.program.model
+        old = model.graph
+        new_graph = helper.make_graph(
+            self.nodes,
+            old.name,
+            [graph_in[n] for n in self.program.true_inputs],
+            list(old.output),
+            initializer=list(self.initializers.values()),
+            doc_string=old.doc_string or None,
+        )
+        for name in self.program.overridable:
+            if name not in self.initializers:
+                init = next(t for t in old.initializer if t.name == name)
+                new_graph.initializer.append(init)
+        new_model = onnx.ModelProto()
+        new_model.CopyFrom(model)
+        new_model.graph.CopyFrom(new_graph)
+        new_model.ir_version = max(model.ir_version, MIN_IR_VERSION)
+        return new_model
+
+
+def to_onnx(program: Program, graph: ExtractedGraph) -> onnx.ModelProto:
+    """Write an extracted graph as a model with the original's inputs, outputs, opsets and metadata."""
+    return _Exporter(program, graph).run()

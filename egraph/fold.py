@@ -1,0 +1,232 @@
+"""Fold weight-only subgraphs of an exported model with ``onnx.reference`` (numpy).
+
+Uniform values stay uniform: an elementwise op over uniform inputs is computed on one
+element and written back as ConstantOfShape, so folding a ConstantOfShape-weighted model
+never materializes its weights. A fold that would grow the file past its budget is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+ELEMENTWISE = {
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Relu", "Sigmoid", "Tanh", "Erf",
+    "Reciprocal", "Abs", "Identity", "Cast", "Clip", "LeakyRelu", "Where", "Gelu",
+}  # fmt: skip
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+@dataclass
+class _Uniform:
+    value: np.ndarray  # one element, with the dtype
+    dims: tuple[int, ...]
+
+
+def _budget(original_bytes: int) -> int:
+    return max(1 << 20, original_bytes // 10)
+
+
+def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]) -> list:
+    names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
+    proto = onnx.NodeProto()
+    proto.CopyFrom(node)
+    del proto.input[:]
+    proto.input.extend(names)
+    outs = [f"out{i}" for i in range(len(node.output))]
+    del proto.output[:]
+    proto.output.extend(outs)
+    feeds = {n: a for n, a in zip(names, inputs, strict=True) if n}
+    graph = helper.make_graph(
+        [proto],
+        "fold",
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+    )
+    model = helper.make_model(graph, opset_imports=list(opset))
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: bool = False) -> tuple[onnx.ModelProto, int]:
+    """Fold nodes whose inputs are all constant; returns the model and how many nodes were folded."""
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    dense: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer if t.name not in inputs}
+    uniform: dict[str, _Uniform] = {}
+    budget = None if materialize else _budget(original_bytes)
+    added = 0
+    kept: list[onnx.NodeProto] = []
+    folded = 0
+    new_inits: list[onnx.TensorProto] = []
+    opset = list(model.opset_import)
+
+    def const(name: str) -> bool:
+        return name == "" or name in dense or name in uniform
+
+    for node in graph.node:
+        if node.op_type == "ConstantOfShape" and node.domain == "" and node.input[0] in dense:
+            dims = tuple(int(d) for d in numpy_helper.to_array(dense[node.input[0]]))
+            fill = numpy_helper.to_array(node.attribute[0].t) if node.attribute else np.zeros(1, np.float32)
+            uniform[node.output[0]] = _Uniform(fill.reshape(-1)[:1], dims)
+            kept.append(node)
+            continue
+        if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or not all(const(i) for i in node.input):
+            kept.append(node)
+            continue
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            kept.append(node)
+            continue
+        if node.op_type in ELEMENTWISE and all(i == "" or i in uniform for i in node.input) and len(node.output) == 1:
+            ins = [uniform[i].value.reshape(()) if i else None for i in node.input]
+            try:
+                (out,) = _eval_node(node, ins, opset)
+            except Exception:
+                kept.append(node)
+                continue
+            dims = np.broadcast_shapes(*[uniform[i].dims for i in node.input if i])
+            uniform[node.output[0]] = _Uniform(np.asarray(out).reshape(-1)[:1], tuple(dims))
+            new_inits.append(_uniform_node_marker(node.output[0]))
+            folded += 1
+            continue
+        arrays = [None if i == "" else _materialize(i, dense, uniform) for i in node.input]
+        try:
+            outs = _eval_node(node, arrays, opset)
+        except Exception:
+            kept.append(node)
+            continue
+        size = sum(np.asarray(o).nbytes for o in outs)
+        if budget is not None and added + size > budget and not all(_is_uniform(o) for o in outs):
+            kept.append(node)
+            continue
+        for name, out in zip(node.output, outs, strict=True):
+            out = np.asarray(out)
+            if _is_uniform(out) and out.size > 16:
+                uniform[name] = _Uniform(out.reshape(-1)[:1], out.shape)
+                new_inits.append(_uniform_node_marker(name))
+            else:
+                dense[name] = numpy_helper.from_array(out, name)
+                new_inits.append(dense[name])
+                added += out.nbytes
+        folded += 1
+    return _rebuild(model, kept, dense, uniform, new_inits), folded
+
+
+def _is_uniform(a: np.ndarray) -> bool:
+    a = np.asarray(a)
+    if a.size == 0 or a.dtype == object:
+        return False
+    flat = a.reshape(-1)
+    return bool(np.all(flat == flat[0]))
+
+
+def _materialize(name: str, dense: dict[str, onnx.TensorProto], uniform: dict[str, _Uniform]) -> np.ndarray:
+    if name in dense:
+        return numpy_helper.to_array(dense[name])
+    u = uniform[name]
+    return np.full(u.dims, u.value[0], dtype=u.value.dtype)
+
+
+def _uniform_node_marker(name: str) -> onnx.TensorProto:
+    marker = onnx.TensorProto()
+    marker.name = "\0uniform\0" + name
+    return marker
+
+
+def _rebuild(
+    model: onnx.ModelProto,
+    kept: list[onnx.NodeProto],
+    dense: dict[str, onnx.TensorProto],
+    uniform: dict[str, _Uniform],
+    new_inits: list[onnx.TensorProto],
+) -> onnx.ModelProto:
+    """Kept nodes + ConstantOfShape for new uniform values + live initializers only."""
+    graph = model.graph
+    nodes = list(kept)
+    produced = {o for n in kept for o in n.output}
+    extra_inits: list[onnx.TensorProto] = []
+    for marker in new_inits:
+        if marker.name.startswith("\0uniform\0"):
+            name = marker.name[len("\0uniform\0") :]
+            if name in produced:
+                continue
+            u = uniform[name]
+            shape_name = f"{name}__shape"
+            extra_inits.append(numpy_helper.from_array(np.array(u.dims, dtype=np.int64), shape_name))
+            value = numpy_helper.from_array(u.value.reshape(1), "value")
+            nodes.insert(0, helper.make_node("ConstantOfShape", [shape_name], [name], value=value))
+            produced.add(name)
+    inits = [t for t in graph.initializer] + [t for t in new_inits if not t.name.startswith("\0")] + extra_inits
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    del out.graph.initializer[:]
+    live = _live_nodes(nodes, [o.name for o in graph.output])
+    out.graph.node.extend(live)
+    used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)
+    seen: set[str] = set()
+    for t in inits:
+        if t.name in used and t.name not in seen:
+            seen.add(t.name)
+            out.graph.initializer.append(t)
+    for vi in graph.input:
+        if vi.name in dense and vi.name not in seen:
+            pass
+    return out
+
+
+def _subgraph_reads(nodes: list[onnx.NodeProto]) -> set[str]:
+    names: set[str] = set()
+    for node in nodes:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                for inner in sub.node:
+                    names.update(inner.input)
+                names |= _subgraph_reads(list(sub.node))
+    return names
+
+
+def _live_nodes(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
+    """Nodes that contribute to an output, in a valid order (producers before consumers)."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    needed: set[int] = set()
+    stack = [producer[o] for o in outputs if o in producer]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        reads = list(nodes[i].input) + sorted(_subgraph_reads([nodes[i]]))
+        stack.extend(producer[x] for x in reads if x in producer)
+    ordered = [nodes[i] for i in sorted(needed)]
+    return _toposort(ordered)
+
+
+def _toposort(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    produced_by = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    done: set[int] = set()
+    order: list[onnx.NodeProto] = []
+
+    def visit(i: int) -> None:
+        stack = [(i, False)]
+        while stack:
+            j, expanded = stack.pop()
+            if j in done:
+                continue
+            if expanded:
+                done.add(j)
+                order.append(nodes[j])
+                continue
+            stack.append((j, True))
+            reads = list(nodes[j].input) + sorted(_subgraph_reads([nodes[j]]))
+            for x in reads:
+                k = produced_by.get(x)
+                if k is not None and k not in done and k != j:
+                    stack.append((k, False))
+
+    for i in range(len(nodes)):
+        visit(i)
+    return order

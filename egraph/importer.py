@@ -1,0 +1,412 @@
+"""ONNX -> e-graph.
+
+Every node becomes a term: a modelled op through its op-table row (normalized to one
+constructor across opset versions), anything else an opaque node that round-trips verbatim.
+Shapes and dtypes of leaves come from the model (after ``onnx.shape_inference``); the egglog
+analysis computes the rest, and tensors it cannot cover get ONNX's answer, frontier by
+frontier, so the two never both claim one tensor unless they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import onnx
+from egglog import EGraph, Vec, i64, set_, union
+from onnx import helper, numpy_helper
+
+from ..modelio import topological_nodes
+from . import lang as L
+from .ops import OPS, OpSpec
+from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
+from .program import OpaqueNode, Program, TensorInfo
+from .shapes import shape_rules
+
+SMALL_INTS = 64
+"""int64 constants up to this many elements (rank <= 1) become ``Tensor.ints`` that rules read."""
+
+
+SMALL_SPLAT = 16
+"""Uniform constants up to this many elements become ``Tensor.splat`` (rules read their value)."""
+_SPLAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT32}
+
+
+def _dims_vec(dims: Iterable[int]) -> Vec[i64]:
+    return L.ivec(list(dims))
+
+
+class _Symbols:
+    """Names <-> negative dim ids; every unnamed unknown dim gets its own fresh id."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+
+    def dim(self, d: onnx.TensorShapeProto.Dimension) -> int:
+        if d.HasField("dim_value"):
+            return int(d.dim_value)
+        name = d.dim_param if d.HasField("dim_param") and d.dim_param else f"unk__{len(self.names)}"
+        if name not in self.ids:
+            self.ids[name] = -(len(self.ids) + 1)
+            self.names[self.ids[name]] = name
+        return self.ids[name]
+
+
+def _type_info(tp: onnx.TypeProto, symbols: _Symbols) -> TensorInfo:
+    if not tp.HasField("tensor_type"):
+        return TensorInfo(None, None)
+    tt = tp.tensor_type
+    dims = tuple(symbols.dim(d) for d in tt.shape.dim) if tt.HasField("shape") else None
+    return TensorInfo(tt.elem_type or None, dims)
+
+
+def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
+    """The value of a Constant node as a TensorProto (None for sparse values)."""
+    attr = node.attribute[0] if node.attribute else None
+    if attr is None:
+        return None
+    if attr.name == "value":
+        return attr.t
+    value = helper.get_attribute_value(attr)
+    kinds = {
+        "value_float": np.float32,
+        "value_floats": np.float32,
+        "value_int": np.int64,
+        "value_ints": np.int64,
+    }
+    if attr.name in kinds:
+        return numpy_helper.from_array(np.array(value, dtype=kinds[attr.name]))
+    return None
+
+
+def _outer_names(graph: onnx.GraphProto) -> list[str]:
+    """Names a subgraph reads from enclosing scopes (its captured inputs), in first-use order."""
+    local = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    found: list[str] = []
+    for node in graph.node:
+        for name in node.input:
+            if name and name not in local and name not in found:
+                found.append(name)
+        for attr in node.attribute:
+            for sub in list(attr.g for _ in [0] if attr.HasField("g")) + list(attr.graphs):
+                for name in _outer_names(sub):
+                    if name not in local and name not in found:
+                        found.append(name)
+        local.update(node.output)
+    return found
+
+
+class _Importer:
+    def __init__(self, model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None):
+        self.model = model
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.egraph = EGraph()
+        self.symbols = _Symbols()
+        self.infos: dict[str, TensorInfo] = {}
+        self.terms: dict[str, Any] = {}
+        self.names: list[str] = []
+        self.weights: dict[str, onnx.TensorProto] = {}
+        self.int_values: dict[str, tuple[int, ...]] = {}
+        self.opaque: dict[int, OpaqueNode] = {}
+        self.program_unknown: list[str] = []
+        self.opaque_reasons: list[str] = []
+        self.input_shapes = input_shapes or {}
+        self.pending_shapes: list[str] = []
+        self.node_meta: dict[str, tuple[str, str, str]] = {}
+
+    # ------------------------------------------------------------ helpers
+    def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
+        """Bind an original tensor to a term (shallow let) and record its origin."""
+        index = len(self.names)
+        self.names.append(name)
+        ref = self.egraph.let(f"t{index}", expr)
+        self.egraph.register(set_(L.origin(ref)).to(i64(index)))
+        self.terms[name] = ref
+        if leaf:
+            self._set_info(name, ref)
+        else:
+            self.pending_shapes.append(name)
+        return ref
+
+    def _set_info(self, name: str, ref: Any) -> None:
+        info = self.infos.get(name)
+        if info is None:
+            return
+        if info.dtype:
+            self.egraph.register(set_(L.dtype(ref)).to(i64(info.dtype)))
+        if info.dims is not None:
+            self.egraph.register(set_(L.shape(ref)).to(_dims_vec(info.dims)))
+
+    def _const_term(self, ref: IntsConst | SplatConst) -> Any:
+        if isinstance(ref, IntsConst):
+            return L.Tensor.ints(L.ivec(ref.values), ref.rank)
+        return L.Tensor.splat(float(ref.value), _dims_vec(ref.dims), ref.dtype)
+
+    def _input_term(self, ref: Any) -> Any:
+        if ref is None or ref == "":
+            return L.Tensor.none()
+        if isinstance(ref, IntsConst | SplatConst):
+            return self._const_term(ref)
+        return self.terms[ref]
+
+    def _const_ints(self, ref: Any) -> tuple[int, ...] | None:
+        if isinstance(ref, IntsConst):
+            return ref.values
+        if isinstance(ref, str):
+            return self.int_values.get(ref)
+        return None
+
+    # ------------------------------------------------------------ leaves
+    def _add_weight(self, name: str, tensor: onnx.TensorProto) -> None:
+        self.infos[name] = TensorInfo(tensor.data_type, tuple(tensor.dims))
+        if tensor.data_type == onnx.TensorProto.INT64 and len(tensor.dims) <= 1 and np.prod(tensor.dims) <= SMALL_INTS:
+            values = tuple(int(v) for v in numpy_helper.to_array(tensor).reshape(-1))
+            self.int_values[name] = values
+            self._bind(name, L.Tensor.ints(L.ivec(values), len(tensor.dims)), leaf=True)
+            return
+        if 0 < np.prod(tensor.dims) <= SMALL_SPLAT and tensor.data_type in _SPLAT_TYPES:
+            array = numpy_helper.to_array(tensor)
+            flat = array.reshape(-1)
+            if np.all(flat == flat[0]) and float(flat[0]) == flat[0]:
+                self._bind(name, L.Tensor.splat(float(flat[0]), _dims_vec(tensor.dims), tensor.data_type), leaf=True)
+                return
+        self.weights[name] = tensor
+        self._bind(name, L.Tensor.weight(name), leaf=True)
+
+    # ------------------------------------------------------------ nodes
+    def _import_node(self, index: int, node: onnx.NodeProto) -> None:
+        outputs = list(node.output)
+        if outputs:
+            self.node_meta[outputs[0]] = (node.op_type, node.name, node.doc_string)
+        if node.domain in ("", "ai.onnx"):
+            try:
+                if self._import_special(node):
+                    return
+                spec = OPS.get(node.op_type)
+                if spec is not None:
+                    self._import_modelled(node, spec)
+                    return
+                self.program_unknown.append(node.op_type)
+            except Unsupported as exc:
+                self.opaque_reasons.append(f"{node.op_type}: {exc}")
+        else:
+            self.program_unknown.append(f"{node.domain}.{node.op_type}")
+        self._import_opaque(index, node)
+
+    def _used(self, name: str) -> bool:
+        return name in self.used_names
+
+    def _import_special(self, node: onnx.NodeProto) -> bool:
+        """Constant, ConstantOfShape of a constant, Dropout (inference), Sum: True when handled."""
+        op = node.op_type
+        if op == "Constant":
+            tensor = _constant_tensor(node)
+            if tensor is None:
+                raise Unsupported("Constant with a sparse or string value")
+            self._add_weight(node.output[0], tensor)
+            return True
+        if op == "ConstantOfShape":
+            dims = self._const_ints(node.input[0]) if node.input else None
+            if dims is not None and all(d >= 0 for d in dims):
+                value, dtype = 0.0, onnx.TensorProto.FLOAT
+                if node.attribute:
+                    array = numpy_helper.to_array(node.attribute[0].t)
+                    value, dtype = float(array.reshape(-1)[0]), node.attribute[0].t.data_type
+                self._bind(node.output[0], L.Tensor.splat(value, _dims_vec(dims), dtype))
+                return True
+            return False
+        if op == "Dropout":
+            if len(node.output) > 1 and node.output[1] and self._used(node.output[1]):
+                raise Unsupported("Dropout mask is used")
+            if len(node.input) > 2 and node.input[2]:
+                training = self._const_ints(node.input[2])
+                if training is None or any(training):
+                    raise Unsupported("Dropout training_mode")
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if attrs.get("is_test", 1) == 0 and self.opset < 7:
+                raise Unsupported("Dropout in training mode")
+            self._bind(node.output[0], L.identity(self.terms[node.input[0]]))
+            return True
+        if op == "Sum" and node.input:
+            acc = self.terms[node.input[0]]
+            for name in node.input[1:]:
+                acc = L.add(acc, self.terms[name])
+            if len(node.input) == 1:
+                acc = L.identity(acc)
+            self._bind(node.output[0], acc)
+            return True
+        return False
+
+    def _import_modelled(self, node: onnx.NodeProto, spec: OpSpec) -> None:
+        if self.opset < spec.min_opset:
+            raise Unsupported(f"opset {self.opset} older than modelled ({spec.min_opset})")
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+        inputs: list[Any] = [name if name else None for name in node.input]
+        infos = [self.infos.get(n) if isinstance(n, str) else None for n in inputs]
+        imp = ImportNode(
+            op_type=node.op_type,
+            inputs=inputs,
+            attrs=attrs,
+            opset=self.opset,
+            input_shapes=[i.dims if i else None for i in infos],
+            input_dtypes=[i.dtype if i else None for i in infos],
+            n_outputs=len(node.output),
+            const_ints=self._const_ints,
+        )
+        if spec.normalize is not None:
+            spec.normalize(imp)
+        names = {a.name for a in spec.attrs}
+        extra = set(imp.attrs) - names
+        if extra:
+            raise Unsupported(f"attributes {sorted(extra)} not modelled")
+        values = []
+        for attr in spec.attrs:
+            value = imp.attrs.get(attr.name, attr.default)
+            if value is None:
+                raise Unsupported(f"attribute {attr.name} missing")
+            values.append(_literal(attr.kind, value))
+        args = self._input_args(spec, imp.inputs)
+        outs = [o for o in node.output]
+        if spec.indexed_outputs:
+            for i, out in enumerate(outs):
+                if out:
+                    self._bind(out, spec.ctor(*args, *values, i))
+            return
+        if any(o and self._used(o) for o in outs[1:]):
+            raise Unsupported("extra outputs are used")
+        self._bind(outs[0], spec.ctor(*args, *values))
+
+    def _input_args(self, spec: OpSpec, inputs: list[Any]) -> list[Any]:
+        if spec.variadic:
+            return [L.tlist([self._input_term(i) for i in inputs])]
+        args = []
+        for pos, decl in enumerate(spec.inputs):
+            ref = inputs[pos] if pos < len(inputs) else None
+            if ref is None and not decl.endswith("?"):
+                raise Unsupported(f"required input {decl} missing")
+            args.append(self._input_term(ref))
+        if len(inputs) > len(spec.inputs):
+            raise Unsupported("more inputs than modelled")
+        return args
+
+    def _import_opaque(self, index: int, node: onnx.NodeProto) -> None:
+        captured: list[str] = []
+        for attr in node.attribute:
+            subs = ([attr.g] if attr.HasField("g") else []) + list(attr.graphs)
+            for sub in subs:
+                for name in _outer_names(sub):
+                    if name not in captured and name in self.terms:
+                        captured.append(name)
+        inputs = [self._input_term(n if n else None) for n in node.input] + [self.terms[n] for n in captured]
+        self.opaque[index] = OpaqueNode(node, len(node.input), captured)
+        args = L.tlist(inputs)
+        for i, out in enumerate(node.output):
+            if out:
+                self._bind(out, L.opaque(index, args, i), leaf=True)
+
+    # ------------------------------------------------------------ analysis
+    def _fill_shapes(self) -> None:
+        """Saturate the analysis; give ONNX's answer to tensors it leaves open, frontier first."""
+        pending = list(self.pending_shapes)
+        while True:
+            self.egraph.run(shape_rules.saturate())
+            missing = [n for n in pending if self.egraph.lookup_function_value(L.shape(self.terms[n])) is None]
+            missing_dt = [n for n in pending if self.egraph.lookup_function_value(L.dtype(self.terms[n])) is None]
+            filled = False
+            for name in missing_dt:
+                info = self.infos.get(name)
+                if info is not None and info.dtype:
+                    self.egraph.register(set_(L.dtype(self.terms[name])).to(i64(info.dtype)))
+                    filled = True
+            frontier = [n for n in missing if self._inputs_shaped(n)]
+            for name in frontier:
+                info = self.infos.get(name)
+                if info is not None and info.dims is not None:
+                    self.egraph.register(set_(L.shape(self.terms[name])).to(_dims_vec(info.dims)))
+                    filled = True
+            done = set(frontier)
+            pending = [n for n in missing if n not in done]
+            if not filled:
+                return
+
+    def _inputs_shaped(self, name: str) -> bool:
+        producer = self.producers.get(name)
+        if producer is None:
+            return True
+        for inp in producer.input:
+            if inp and inp in self.terms and self.egraph.lookup_function_value(L.shape(self.terms[inp])) is None:
+                return False
+        return True
+
+    # ------------------------------------------------------------ driver
+    def run(self) -> Program:
+        model = self.model
+        graph = model.graph
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception:  # inference is advisory: shapes then come from the analysis alone
+            inferred = model
+        for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+            self.infos[vi.name] = _type_info(vi.type, self.symbols)
+        for name, dims in self.input_shapes.items():
+            if name in self.infos:
+                self.infos[name] = TensorInfo(self.infos[name].dtype, tuple(dims))
+        initializers = {t.name: t for t in graph.initializer}
+        input_names = [i.name for i in graph.input]
+        overridable = {n for n in input_names if n in initializers and model.ir_version >= 4}
+        true_inputs = [n for n in input_names if n not in initializers or n in overridable]
+        for name in true_inputs:
+            self._bind(name, L.Tensor.input(name), leaf=True)
+        for name, tensor in initializers.items():
+            if name not in overridable:
+                self._add_weight(name, tensor)
+        nodes = topological_nodes(graph)
+        self.producers = {out: node for node in nodes for out in node.output if out}
+        self.used_names = {n for node in nodes for n in node.input} | {o.name for o in graph.output}
+        for node in nodes:
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    self.used_names.update(_outer_names(sub))
+        for index, node in enumerate(nodes):
+            self._import_node(index, node)
+        self._fill_shapes()
+        outputs = [(o.name, self.terms[o.name]) for o in graph.output]
+        for k, (_, ref) in enumerate(outputs):
+            self.egraph.register(union(L.graph_output(k)).with_(ref))
+        from collections import Counter
+
+        return Program(
+            egraph=self.egraph,
+            model=model,
+            opset=self.opset,
+            outputs=outputs,
+            names=self.names,
+            weights=self.weights,
+            opaque=self.opaque,
+            symbols=dict(self.symbols.names),
+            true_inputs=true_inputs,
+            overridable=overridable,
+            node_meta=self.node_meta,
+            unknown_ops=Counter(self.program_unknown),
+            opaque_reasons=Counter(self.opaque_reasons),
+            terms=self.terms,
+            infos=self.infos,
+        )
+
+
+def _literal(kind: str, value: Any) -> Any:
+    if kind == "int":
+        return i64(int(value))
+    if kind == "float":
+        return float(value)
+    if kind == "string":
+        return str(value)
+    return L.ivec([int(v) for v in value])
+
+
+def from_onnx(model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None) -> Program:
+    """Import a (checked) model into a fresh e-graph with its analyses run."""
+    return _Importer(model, input_shapes).run()

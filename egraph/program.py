@@ -1,0 +1,59 @@
+"""``Program``: an e-graph plus the side tables that import fills and export reads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx
+from egglog import EGraph
+
+from . import lang as L
+
+
+@dataclass
+class OpaqueNode:
+    """An unmodelled node kept verbatim; its TList holds real inputs then captured outer names."""
+
+    node: onnx.NodeProto
+    n_inputs: int
+    captured: list[str]
+
+
+@dataclass
+class TensorInfo:
+    """What ONNX shape inference said about a tensor (dims: >= 0 known, < 0 symbolic)."""
+
+    dtype: int | None
+    dims: tuple[int, ...] | None
+
+
+@dataclass
+class Program:
+    """Everything between import and export.
+
+    ``names[i]`` is the original tensor with origin index ``i``; ``outputs`` are the graph
+    outputs in order, each with the term that computes it.
+    """
+
+    egraph: EGraph
+    model: onnx.ModelProto
+    opset: int
+    outputs: list[tuple[str, L.Tensor]]
+    names: list[str]
+    weights: dict[str, onnx.TensorProto]
+    opaque: dict[int, OpaqueNode]
+    symbols: dict[int, str]
+    true_inputs: list[str]
+    overridable: set[str]
+    node_meta: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    """First output name -> (op_type, node name, doc_string) of original nodes."""
+    unknown_ops: Counter[str] = field(default_factory=Counter)
+    opaque_reasons: Counter[str] = field(default_factory=Counter)
+    terms: dict[str, Any] = field(default_factory=dict)
+    """Original tensor name -> its term (an egglog let binding)."""
+    infos: dict[str, TensorInfo] = field(default_factory=dict)
+
+    def node_count(self) -> int:
+        return sum(n for _, n in self.egraph.all_function_sizes())

@@ -1,0 +1,650 @@
+"""Reading and writing ONNX files: strict validation with one-line errors, atomic writes.
+
+`load_model` turns every way an input file can be broken into a `BadInputError` whose message
+is one line, so the CLI can fail fast and clearly before any long work starts. The file itself
+is only ever opened for reading. `save_model_atomic` writes through a temporary file in the
+target directory and `os.replace`, so a crash or error never leaves a half-written model, and
+`check_output_path` lets callers reject an unusable output path before optimizing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, external_data_helper
+
+from onnxsat.errors import BadInputError, OnnxsatError, one_line
+
+__all__ = [
+    "MAX_PROTO_BYTES",
+    "check_output_path",
+    "load_model",
+    "save_model_atomic",
+    "topological_nodes",
+]
+
+# Protobuf cannot serialize one message of 2 GiB or more; larger models need external data.
+MAX_PROTO_BYTES = 2**31 - 1
+# Initializers at least this large go to the sidecar file (onnx's own default threshold).
+EXTERNAL_SIZE_THRESHOLD = 1024
+# Sidecar offsets are aligned so that runtimes can mmap the weights.
+_EXTERNAL_ALIGN = 4096
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+# Types whose raw data is bit-packed: bits per element.
+_PACKED_BITS: dict[int, int] = {
+    getattr(TensorProto, name): bits
+    for name, bits in (
+        ("INT4", 4),
+        ("UINT4", 4),
+        ("FLOAT4E2M1", 4),
+        ("INT2", 2),
+        ("UINT2", 2),
+        ("FLOAT6E2M3", 6),
+        ("FLOAT6E3M2", 6),
+    )
+    if hasattr(TensorProto, name)
+}
+
+# Typed (non-raw) storage: data type -> (field, values per element).
+_TYPED_FIELD: dict[int, tuple[str, int]] = {
+    TensorProto.FLOAT: ("float_data", 1),
+    TensorProto.COMPLEX64: ("float_data", 2),
+    TensorProto.DOUBLE: ("double_data", 1),
+    TensorProto.COMPLEX128: ("double_data", 2),
+    TensorProto.INT64: ("int64_data", 1),
+    TensorProto.UINT32: ("uint64_data", 1),
+    TensorProto.UINT64: ("uint64_data", 1),
+    TensorProto.STRING: ("string_data", 1),
+    **{
+        getattr(TensorProto, name): ("int32_data", 1)
+        for name in (
+            "INT32 INT16 INT8 UINT16 UINT8 BOOL FLOAT16 BFLOAT16 "
+            "FLOAT8E4M3FN FLOAT8E4M3FNUZ FLOAT8E5M2 FLOAT8E5M2FNUZ FLOAT8E8M0"
+        ).split()
+        if hasattr(TensorProto, name)
+    },
+}
+
+_TENSOR_DATA_FIELDS = frozenset(
+    "raw_data float_data int32_data string_data int64_data double_data uint64_data "
+    "data_location external_data".split()
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def load_model(path: str | Path, *, load_external_data: bool = True) -> ModelProto:
+    """Load and validate an ONNX model, raising `BadInputError` with a one-line message.
+
+    Beyond `onnx.checker`, this rejects what the checker lets through or reports poorly
+    (garbage that parses as protobuf, opsets newer than the installed onnx, cycles, dangling
+    names, duplicate producers, initializer data that does not match its dims). A graph whose
+    nodes are acyclic but not in topological order is reordered in memory; the file is never
+    written.
+    """
+    p = Path(path)
+    _check_input_file(p)
+    try:
+        model = onnx.load_model(str(p), load_external_data=False)
+    except OSError as e:
+        raise BadInputError(f"{p}: cannot read file ({e.strerror or e})") from e
+    except Exception as e:
+        raise BadInputError(f"{p}: not a valid ONNX protobuf file ({one_line(e)})") from e
+
+    try:
+        _check_header(model)
+        _check_opsets(model)
+        _check_structure(model.graph, frozenset(), "")
+        _sort_graphs_in_place(model.graph)
+        if load_external_data and _has_external_refs(model):
+            try:
+                external_data_helper.load_external_data_for_model(model, str(p.parent))
+            except Exception as e:
+                raise BadInputError(f"cannot load external data: {one_line(e)}") from e
+            # onnx leaves data_location explicitly DEFAULT; clear it so the proto equals an in-memory one
+            for _what, tensor in _all_tensors(model.graph):
+                if tensor.HasField("data_location") and tensor.data_location == TensorProto.DEFAULT:
+                    tensor.ClearField("data_location")
+        _check_tensor_sizes(model)
+        _run_checker(model, p)
+    except BadInputError as e:
+        raise BadInputError(f"{p}: {e}") from e
+    return model
+
+
+def _check_input_file(p: Path) -> None:
+    if not p.exists():
+        raise BadInputError(f"input model not found: {p}")
+    if p.is_dir():
+        raise BadInputError(f"{p}: is a directory, not an ONNX file")
+    if not p.is_file():
+        raise BadInputError(f"{p}: is not a regular file")
+    try:
+        size = p.stat().st_size
+    except OSError as e:
+        raise BadInputError(f"{p}: cannot read file ({e.strerror or e})") from e
+    if size == 0:
+        raise BadInputError(f"{p}: file is empty")
+
+
+def _check_header(model: ModelProto) -> None:
+    # Arbitrary bytes can parse as a protobuf with only unknown fields; a real model has these.
+    if not model.HasField("graph"):
+        raise BadInputError("not an ONNX model (no graph)")
+    if model.ir_version <= 0:
+        raise BadInputError("not an ONNX model (no ir_version)")
+    if model.ir_version > onnx.IR_VERSION:
+        raise BadInputError(
+            f"model IR version {model.ir_version} is newer than the installed onnx "
+            f"{onnx.__version__} supports (up to {onnx.IR_VERSION})"
+        )
+    if len(model.graph.output) == 0:
+        raise BadInputError("graph has no outputs")
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in _DEFAULT_DOMAINS else domain
+
+
+def _known_domain_versions() -> dict[str, int]:
+    """Newest opset the installed onnx knows per domain it defines (default domain always)."""
+    known: dict[str, int] = {}
+    version_map = getattr(onnx.defs, "C", None)
+    if version_map is not None and hasattr(version_map, "schema_version_map"):
+        known = {_norm_domain(d): hi for d, (_lo, hi) in version_map.schema_version_map().items()}
+    known[""] = onnx.defs.onnx_opset_version()
+    return known
+
+
+def _check_opsets(model: ModelProto) -> None:
+    known = _known_domain_versions()
+    imported: set[str] = set()
+    for opset in model.opset_import:
+        domain = _norm_domain(opset.domain)
+        imported.add(domain)
+        newest = known.get(domain)
+        if newest is not None and opset.version > newest:
+            label = "the default ONNX domain" if domain == "" else f"domain '{domain}'"
+            raise BadInputError(
+                f"model uses opset {opset.version} of {label}; the installed onnx {onnx.__version__} "
+                f"knows opsets up to {newest}"
+            )
+    for graph in _all_graphs(model.graph):
+        for idx, node in enumerate(graph.node):
+            domain = _norm_domain(node.domain)
+            if domain not in imported:
+                shown = "ai.onnx" if domain == "" else domain
+                raise BadInputError(
+                    f"node {_node_label(node, idx)} uses op domain '{shown}', which has no opset_import entry"
+                )
+
+
+def _check_structure(graph: GraphProto, outer: frozenset[str], where: str) -> None:
+    """Every name read is defined exactly once: in scope, as an input/initializer or by one node."""
+    defined = _graph_defined_names(graph)
+    producers: dict[str, int] = {}
+    for idx, node in enumerate(graph.node):
+        for name in node.output:
+            if not name:  # an omitted optional output
+                continue
+            if name in producers:
+                first = graph.node[producers[name]]
+                raise BadInputError(
+                    f"{where}tensor '{name}' is produced by two nodes: "
+                    f"{_node_label(first, producers[name])} and {_node_label(node, idx)}"
+                )
+            if name in defined:
+                raise BadInputError(
+                    f"{where}tensor '{name}' is produced by node {_node_label(node, idx)} but is "
+                    "also a graph input or initializer"
+                )
+            producers[name] = idx
+    available = outer | defined | producers.keys()
+    for idx, node in enumerate(graph.node):
+        for name in node.input:
+            if name and name not in available:  # "" marks an omitted optional input
+                raise BadInputError(
+                    f"{where}node {_node_label(node, idx)} reads '{name}', which is not a graph "
+                    "input, initializer or node output"
+                )
+        for attr_name, sub in _subgraphs(node):
+            _check_structure(
+                sub, available, f"{where}in subgraph '{attr_name}' of node {_node_label(node, idx)}: "
+            )
+    for out in graph.output:
+        if out.name not in available:
+            raise BadInputError(
+                f"{where}graph output '{out.name}' is not produced by any node, input or initializer"
+            )
+
+
+def _check_tensor_sizes(model: ModelProto) -> None:
+    for what, tensor in _all_tensors(model.graph):
+        _check_tensor_data(tensor, what)
+
+
+def _check_tensor_data(t: TensorProto, what: str) -> None:
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        raise BadInputError(f"{what} has negative dims {dims}")
+    count = math.prod(dims)
+    type_name = _type_name(t.data_type)
+    if external_data_helper.uses_external_data(t):
+        info = {e.key: e.value for e in t.external_data}
+        expected = _expected_raw_bytes(t.data_type, count)
+        length = info.get("length")
+        if length is not None and expected is not None and length.isdigit() and int(length) != expected:
+            raise BadInputError(
+                f"{what} declares {length} bytes of external data but dims {dims} of "
+                f"type {type_name} need {expected}"
+            )
+        return
+    if t.HasField("raw_data"):
+        expected = _expected_raw_bytes(t.data_type, count)
+        if expected is not None and len(t.raw_data) != expected:
+            raise BadInputError(
+                f"{what} holds {len(t.raw_data)} bytes of data but dims {dims} of "
+                f"type {type_name} need {expected}"
+            )
+        return
+    field = _TYPED_FIELD.get(t.data_type)
+    if field is not None:
+        name, per_element = field
+        have = len(getattr(t, name))
+        if have != count * per_element:
+            raise BadInputError(
+                f"{what} holds {have} values in {name} but dims {dims} of type "
+                f"{type_name} need {count * per_element}"
+            )
+        return
+    try:  # rare packed types stored in typed fields: let numpy_helper decode them
+        size = onnx.numpy_helper.to_array(t).size
+    except Exception as e:
+        raise BadInputError(f"{what} has data that does not match dims {dims}: {one_line(e)}") from e
+    if size != count:
+        raise BadInputError(f"{what} holds {size} values but dims {dims} need {count}")
+
+
+def _expected_raw_bytes(data_type: int, count: int) -> int | None:
+    """Bytes of raw data for `count` elements, or None when the type has no raw form we know."""
+    bits = _PACKED_BITS.get(data_type)
+    if bits is not None:
+        return math.ceil(count * bits / 8)
+    if data_type in (TensorProto.UNDEFINED, TensorProto.STRING):
+        return None
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type)).itemsize
+    except Exception:
+        return None
+    return count * itemsize
+
+
+def _type_name(data_type: int) -> str:
+    try:
+        return TensorProto.DataType.Name(data_type)
+    except ValueError:
+        return str(data_type)
+
+
+def _run_checker(model: ModelProto, p: Path) -> None:
+    # The checker resolves external data relative to the model file only when given a path, and a
+    # proto over 2 GiB cannot be handed to its C++ side at all; otherwise check the (possibly
+    # reordered) in-memory model.
+    use_path = _has_external_refs(model) or serialized_size(model) > MAX_PROTO_BYTES
+    try:
+        onnx.checker.check_model(str(p) if use_path else model)
+    except Exception as e:
+        raise BadInputError(f"invalid ONNX model: {one_line(e)}") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# topological order
+
+
+def topological_nodes(graph: GraphProto) -> list[NodeProto]:
+    """Nodes of `graph` in a topological order that keeps the original order where it can.
+
+    Stable Kahn (ready nodes leave in original index order), so an already sorted graph comes
+    back unchanged. Names a node's subgraphs read from the enclosing scope count as its inputs.
+    Raises `BadInputError` naming a node on a cycle.
+    """
+    return [graph.node[i] for i in _topological_order(graph)]
+
+
+def _topological_order(graph: GraphProto) -> list[int]:
+    nodes = graph.node
+    producer: dict[str, int] = {}
+    for idx, node in enumerate(nodes):
+        for name in node.output:
+            if name:
+                producer.setdefault(name, idx)
+    preds: list[set[int]] = []
+    for node in nodes:
+        reads = [name for name in node.input if name]
+        for _attr, sub in _subgraphs(node):
+            reads.extend(sorted(_free_names(sub)))
+        preds.append({producer[name] for name in reads if name in producer})
+    succs: list[list[int]] = [[] for _ in nodes]
+    for idx, ps in enumerate(preds):
+        for q in ps:
+            succs[q].append(idx)
+    indegree = [len(ps) for ps in preds]
+    ready = [idx for idx, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        idx = heapq.heappop(ready)
+        order.append(idx)
+        for s in succs[idx]:
+            indegree[s] -= 1
+            if indegree[s] == 0:
+                heapq.heappush(ready, s)
+    if len(order) < len(nodes):
+        remaining = set(range(len(nodes))) - set(order)
+        # Every unsorted node still has an unsorted predecessor: walk back until a node repeats.
+        seen: set[int] = set()
+        cur = min(remaining)
+        while cur not in seen:
+            seen.add(cur)
+            cur = min(q for q in preds[cur] if q in remaining)
+        raise BadInputError(f"graph has a cycle through node {_node_label(nodes[cur], cur)}")
+    return order
+
+
+def _sort_graphs_in_place(graph: GraphProto) -> None:
+    order = _topological_order(graph)
+    if order != list(range(len(graph.node))):
+        reordered = []
+        for idx in order:
+            copy = NodeProto()
+            copy.CopyFrom(graph.node[idx])
+            reordered.append(copy)
+        del graph.node[:]
+        graph.node.extend(reordered)
+    for node in graph.node:
+        for _attr, sub in _subgraphs(node):
+            _sort_graphs_in_place(sub)
+
+
+# ---------------------------------------------------------------------------------------------
+# saving
+
+
+def check_output_path(out: str | Path, inp: str | Path | None = None) -> Path:
+    """Fail early (`BadInputError`) if `out` cannot be written or would overwrite the input.
+
+    Meant to be called before long work, so a bad `-o` is reported in seconds. Writability is
+    probed by creating and removing a temporary file, which also works when running as root.
+    """
+    o = Path(out)
+    if str(out) == "":
+        raise BadInputError("output path is empty")
+    if o.is_dir():
+        raise BadInputError(f"output path {o} is a directory")
+    parent = o.parent
+    if not parent.exists():
+        raise BadInputError(f"output directory {parent} does not exist")
+    if not parent.is_dir():
+        raise BadInputError(f"output directory {parent} is not a directory")
+    if o.exists() and not o.is_file():
+        raise BadInputError(f"output path {o} exists and is not a regular file")
+    if inp is not None and _same_file(o, Path(inp)):
+        raise BadInputError(f"output path {o} is the input model; refusing to overwrite the input")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".onnxsat-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise BadInputError(f"output directory {parent} is not writable ({e.strerror or e})") from e
+    return o
+
+
+def save_model_atomic(
+    model: ModelProto,
+    path: str | Path,
+    *,
+    external_data: bool = False,
+    input_path: str | Path | None = None,
+) -> None:
+    """Write `model` to `path` atomically (temp file in the same directory, then `os.replace`).
+
+    With `external_data=True`, or automatically when the model would not fit in one protobuf
+    (2 GiB), initializers of at least `EXTERNAL_SIZE_THRESHOLD` bytes go to the sidecar
+    `<name>.data`, itself written atomically. `model` is not modified. On failure no temporary
+    or partial file is left behind.
+    """
+    out = check_output_path(path, input_path)
+    _reject_external_refs(model)
+    use_external = external_data or serialized_size(model) > MAX_PROTO_BYTES
+    sidecar = out.with_name(out.name + ".data")
+    if use_external:
+        if sidecar.is_dir():
+            raise BadInputError(f"external data path {sidecar} is a directory")
+        if input_path is not None and _same_file(sidecar, Path(input_path)):
+            raise BadInputError(f"external data path {sidecar} is the input model")
+
+    mode = _new_file_mode(out)
+    temps: list[str] = []
+    sidecar_existed = sidecar.exists()
+    sidecar_replaced = False
+    try:
+        if use_external:
+            data_tmp = _mkstemp_for(sidecar)
+            temps.append(data_tmp)
+            with open(data_tmp, "wb") as f:
+                shell = _externalized_copy(model, f, sidecar.name)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(data_tmp, mode)
+            payload = _serialize(shell)
+        else:
+            payload = _serialize(model)
+        model_tmp = _mkstemp_for(out)
+        temps.append(model_tmp)
+        with open(model_tmp, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(model_tmp, mode)
+        if use_external:
+            os.replace(data_tmp, sidecar)
+            sidecar_replaced = True
+        os.replace(model_tmp, out)
+        temps.clear()
+        _fsync_dir(out.parent)
+    except OSError as e:
+        if sidecar_replaced and not sidecar_existed:
+            with contextlib.suppress(OSError):
+                os.unlink(sidecar)
+        raise BadInputError(f"cannot write {out}: {e.strerror or one_line(e)}") from e
+    finally:
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def serialized_size(model: ModelProto) -> int:
+    """Serialized size in bytes, or more than `MAX_PROTO_BYTES` when protobuf refuses to say."""
+    try:
+        return model.ByteSize()
+    except Exception:  # protobuf raises instead of returning sizes past its 2 GiB limit
+        return MAX_PROTO_BYTES + 1
+
+
+def _serialize(model: ModelProto) -> bytes:
+    try:
+        return model.SerializeToString()
+    except Exception as e:
+        raise OnnxsatError(f"cannot serialize the model ({one_line(e)})") from e
+
+
+def _reject_external_refs(model: ModelProto) -> None:
+    for what, tensor in _all_tensors(model.graph):
+        if external_data_helper.uses_external_data(tensor):
+            raise OnnxsatError(
+                f"{what} still refers to external data; load the model with "
+                "load_external_data=True before saving it"
+            )
+
+
+def _externalized_copy(model: ModelProto, data_file, location: str) -> ModelProto:
+    """A copy of `model` whose large main-graph initializers point into `data_file`.
+
+    Built field by field so that the weights are never held twice and `model` stays untouched.
+    """
+    shell = ModelProto()
+    _copy_fields_except(model, shell, {"graph"})
+    _copy_fields_except(model.graph, shell.graph, {"initializer"})
+    offset = 0
+    for tensor in model.graph.initializer:
+        raw = _raw_bytes(tensor)
+        if raw is None or len(raw) < EXTERNAL_SIZE_THRESHOLD:
+            shell.graph.initializer.add().CopyFrom(tensor)
+            continue
+        pad = -offset % _EXTERNAL_ALIGN
+        if pad:
+            data_file.write(b"\0" * pad)
+            offset += pad
+        data_file.write(raw)
+        ext = shell.graph.initializer.add()
+        _copy_fields_except(tensor, ext, _TENSOR_DATA_FIELDS)
+        ext.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(raw)))):
+            entry = ext.external_data.add()
+            entry.key = key
+            entry.value = value
+        offset += len(raw)
+    return shell
+
+
+def _raw_bytes(tensor: TensorProto) -> bytes | None:
+    """The tensor's little-endian raw bytes, or None for data that cannot be stored externally."""
+    if tensor.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    try:
+        return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor)).raw_data
+    except Exception:
+        return None
+
+
+def _copy_fields_except(src, dst, skip: Iterable[str]) -> None:
+    skip = set(skip)
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        repeated = getattr(field, "is_repeated", None)
+        if repeated is None:
+            repeated = field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _mkstemp_for(target: Path) -> str:
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    return name
+
+
+def _new_file_mode(target: Path) -> int:
+    """Keep an existing file's mode; new files get the usual 0o666 minus umask (mkstemp uses 0o600)."""
+    with contextlib.suppress(OSError):
+        return target.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    with contextlib.suppress(OSError):
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+# ---------------------------------------------------------------------------------------------
+# graph walking
+
+
+def _subgraphs(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH or attr.HasField("g"):
+            yield attr.name, attr.g
+        for sub in attr.graphs:
+            yield attr.name, sub
+
+
+def _all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
+    yield graph
+    for node in graph.node:
+        for _attr, sub in _subgraphs(node):
+            yield from _all_graphs(sub)
+
+
+def _graph_defined_names(graph: GraphProto) -> set[str]:
+    names = {vi.name for vi in graph.input}
+    names.update(t.name for t in graph.initializer)
+    names.update(s.values.name for s in graph.sparse_initializer)
+    return names
+
+
+def _free_names(graph: GraphProto) -> set[str]:
+    """Names a (sub)graph reads from its enclosing scopes."""
+    defined = _graph_defined_names(graph)
+    used: set[str] = set()
+    for node in graph.node:
+        defined.update(name for name in node.output if name)
+        used.update(name for name in node.input if name)
+        for _attr, sub in _subgraphs(node):
+            used.update(_free_names(sub))
+    used.update(out.name for out in graph.output)
+    return used - defined
+
+
+def _all_tensors(graph: GraphProto) -> Iterator[tuple[str, TensorProto]]:
+    """(label, tensor) for initializers and tensor-valued attributes of a graph and its subgraphs."""
+    for tensor in graph.initializer:
+        yield f"initializer '{tensor.name}'", tensor
+    for idx, node in enumerate(graph.node):
+        for attr in node.attribute:
+            label = f"tensor attribute '{attr.name}' of node {_node_label(node, idx)}"
+            if attr.HasField("t"):
+                yield label, attr.t
+            for tensor in attr.tensors:
+                yield label, tensor
+        for _attr, sub in _subgraphs(node):
+            yield from _all_tensors(sub)
+
+
+def _has_external_refs(model: ModelProto) -> bool:
+    return any(external_data_helper.uses_external_data(t) for _what, t in _all_tensors(model.graph))
+
+
+def _node_label(node: NodeProto, idx: int) -> str:
+    return f"'{node.name}' ({node.op_type})" if node.name else f"#{idx} ({node.op_type})"

@@ -1,0 +1,38 @@
+"""``Options``: every budget and setting of a run, passed down explicitly (no globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Limits on exploration; saturation stops at the first one reached (the report says which)."""
+
+    iterations: int = 12
+    enodes: int = 60_000
+    seconds: float = 30.0
+    match_limit: int = 2_000
+    """egglog back-off scheduler: matches per rule per iteration before the rule is banned."""
+    ban_length: int = 3
+
+
+@dataclass(frozen=True)
+class Options:
+    """Settings of one ``onnxsat.optimize`` run."""
+
+    budgets: Budgets = field(default_factory=Budgets)
+    rules_only: tuple[str, ...] = ()
+    """Run only these rules (names or family names); empty = all."""
+    disable_rules: tuple[str, ...] = ()
+    target: str = "ort-cpu"
+    extractor: str = "greedy-dag"
+    verify: bool = True
+    verify_seeds: tuple[int, ...] = (0, 1)
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Pins symbolic input dims: name -> full shape."""
+    materialize_constants: bool = False
+    """Allow folded constants to grow the file by more than max(1 MiB, 10%)."""
+    minimize_seconds: float = 120.0
+    """Time budget for finding a minimal failing rule set when verification fails."""
+    progress: bool = False

@@ -1,0 +1,140 @@
+"""``optimize``: the whole flow as one readable function of named stages."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import onnx
+
+from onnxsat.egraph.exporter import to_onnx
+from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.importer import from_onnx
+from onnxsat.errors import OnnxsatError, VerificationError
+from onnxsat.extract.cost import PROFILES, CostModel
+from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.serialized import serialize
+from onnxsat.options import Options
+from onnxsat.report import Report, VerificationSummary
+from onnxsat.rules.schedule import UnsoundRuleError, saturate, select_rules
+
+
+class OptionsError(OnnxsatError):
+    exit_code = 2
+
+
+@contextmanager
+def _stage(report: Report, name: str, progress: bool) -> Iterator[None]:
+    if progress:
+        import sys
+
+        print(f"[onnxsat] {name} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    yield
+    report.stage_seconds[name] = round(time.perf_counter() - start, 4)
+
+
+def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
+    return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
+
+
+def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
+    """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
+    progress = options.progress
+    with _stage(report, "import", progress):
+        program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
+    report.opset = program.opset
+    report.unknown_ops = dict(program.unknown_ops)
+    report.opaque_reasons = dict(program.opaque_reasons)
+    cost = _cost_model(options)
+    with _stage(report, "cost-before", progress):
+        before = serialize(program.egraph)
+        roots = [before.roots[i] for i in range(len(program.outputs))]
+        report.cost_before = extract_greedy(before, cost, roots).cost
+    with _stage(report, "saturate", progress):
+        report.saturation = saturate(program, options.budgets, enabled)
+    with _stage(report, "extract", progress):
+        graph = _extract(program, cost, options)
+    report.cost_after = graph.cost
+    report.extractor = graph.method
+    with _stage(report, "export", progress):
+        exported = to_onnx(program, graph)
+        folded, _ = fold_constants(exported, model.ByteSize(), materialize=options.materialize_constants)
+    return folded
+
+
+def _cost_model(options: Options) -> CostModel:
+    if options.target not in PROFILES:
+        raise OptionsError(f"unknown target {options.target!r} (known: {', '.join(PROFILES)})")
+    return PROFILES[options.target]
+
+
+def _extract(program, cost: CostModel, options: Options) -> ExtractedGraph:  # type: ignore[no-untyped-def]
+    serialized = serialize(program.egraph)
+    roots = [serialized.roots[i] for i in range(len(program.outputs))]
+    if options.extractor not in ("greedy-dag", "tree"):
+        raise OptionsError(f"unknown extractor {options.extractor!r}")
+    return extract_greedy(serialized, cost, roots, tree_only=options.extractor == "tree")
+
+
+def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[onnx.ModelProto, Report]:
+    """Optimize a model; the result is checked against the original before it is returned.
+
+    Raises ``VerificationError`` (naming a minimal failing rule set) instead of returning a
+    model whose outputs differ from the original's.
+    """
+    options = options or Options()
+    report = Report(model_name=model.graph.name, file_bytes_before=model.ByteSize())
+    report.nodes_before = _op_counts(model)
+    try:
+        enabled = select_rules(options.rules_only, options.disable_rules)
+    except ValueError as exc:
+        raise OptionsError(str(exc)) from exc
+    try:
+        optimized = _rewrite(model, options, enabled, report)
+    except UnsoundRuleError as exc:
+        raise VerificationError("", float("nan"), str(exc), culprit_rules=exc.rules) from exc
+    with _stage(report, "check", options.progress):
+        onnx.checker.check_model(optimized, full_check=True)
+    if options.verify:
+        with _stage(report, "verify", options.progress):
+            report.verification = _verify(model, optimized, options, enabled)
+    else:
+        report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
+    report.nodes_after = _op_counts(optimized)
+    report.file_bytes_after = optimized.ByteSize()
+    return optimized, report
+
+
+def _verify(original: onnx.ModelProto, optimized: onnx.ModelProto, options: Options, enabled: list[str]) -> VerificationSummary:
+    from onnxsat.verification import compare_models
+
+    dims = _pinned_dims(original, options)
+    result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
+    errors = {o.name: float(o.max_abs_err) for o in result.outputs}
+    if result.ok:
+        return VerificationSummary("passed", f"onnxruntime, seeds {list(options.verify_seeds)}", errors)
+    if result.skipped_reason:
+        return VerificationSummary(
+            "unverified", f"onnxruntime cannot run the original model ({result.skipped_reason})", errors
+        )
+    bad = next(o for o in result.outputs if not o.ok)
+    from onnxsat.minimize import minimal_failing_rules
+
+    culprits = minimal_failing_rules(original, options, enabled)
+    raise VerificationError(bad.name, bad.max_abs_err, bad.detail or "outputs differ", culprit_rules=culprits)
+
+
+def _pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
+    """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
+    dims: dict[str, int] = {}
+    for vi in model.graph.input:
+        pinned = options.input_shapes.get(vi.name)
+        if pinned is None:
+            continue
+        for d, value in zip(vi.type.tensor_type.shape.dim, pinned, strict=False):
+            if d.dim_param:
+                dims[d.dim_param] = int(value)
+    return dims

@@ -1,0 +1,123 @@
+"""``Report``: what a run did, for people (a table) and machines (JSON).
+
+Per-iteration, per-rule records are kept so research notebooks can study rule effectiveness.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class IterationRecord:
+    """One saturation iteration: e-graph size after it, matches and time per rule."""
+
+    phase: str
+    index: int
+    enodes: int
+    seconds: float
+    matches: dict[str, int] = field(default_factory=dict)
+    rule_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SaturationReport:
+    iterations: list[IterationRecord] = field(default_factory=list)
+    stop_reason: str = ""
+    """Which budget stopped saturation: saturated, iterations, enodes, seconds."""
+    enodes_before: int = 0
+    enodes_after: int = 0
+    seconds: float = 0.0
+
+    def rule_matches(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for it in self.iterations:
+            for rule, n in it.matches.items():
+                total[rule] = total.get(rule, 0) + n
+        return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+@dataclass
+class VerificationSummary:
+    status: str
+    """passed, failed, skipped (--no-verify), or regionwise (ORT could not run the original)."""
+    detail: str = ""
+    max_abs_err: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """The summary of one optimize run."""
+
+    model_name: str = ""
+    opset: int = 0
+    nodes_before: dict[str, int] = field(default_factory=dict)
+    nodes_after: dict[str, int] = field(default_factory=dict)
+    cost_before: float = 0.0
+    cost_after: float = 0.0
+    saturation: SaturationReport = field(default_factory=SaturationReport)
+    extractor: str = ""
+    verification: VerificationSummary = field(default_factory=lambda: VerificationSummary("skipped"))
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    file_bytes_before: int = 0
+    file_bytes_after: int = 0
+    unknown_ops: dict[str, int] = field(default_factory=dict)
+    opaque_reasons: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total_before(self) -> int:
+        return sum(self.nodes_before.values())
+
+    @property
+    def total_after(self) -> int:
+        return sum(self.nodes_after.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["total_nodes_before"] = self.total_before
+        data["total_nodes_after"] = self.total_after
+        data["rule_matches"] = self.saturation.rule_matches()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def render(self) -> str:
+        """A plain-text summary table."""
+        lines = [f"onnxsat report: {self.model_name} (opset {self.opset})", ""]
+        ops = sorted(set(self.nodes_before) | set(self.nodes_after))
+        width = max([len(o) for o in ops] + [8])
+        lines.append(f"  {'op':<{width}}  {'before':>7}  {'after':>7}")
+        for op in ops:
+            b, a = self.nodes_before.get(op, 0), self.nodes_after.get(op, 0)
+            mark = "" if a == b else ("  -" if a < b else "  +")
+            lines.append(f"  {op:<{width}}  {b:>7}  {a:>7}{mark}")
+        lines.append(f"  {'total':<{width}}  {self.total_before:>7}  {self.total_after:>7}")
+        lines.append("")
+        gain = self.cost_before / self.cost_after if self.cost_after > 0 else float("inf")
+        lines.append(
+            f"  estimated cost   {self.cost_before:,.1f} us -> {self.cost_after:,.1f} us  (x{gain:.2f}, extractor {self.extractor})"
+        )
+        sat = self.saturation
+        lines.append(
+            f"  e-graph          {sat.enodes_before} -> {sat.enodes_after} e-nodes, {len(sat.iterations)} iterations,"
+            f" stopped by: {sat.stop_reason}"
+        )
+        fired = sat.rule_matches()
+        if fired:
+            lines.append("  rules fired      " + ", ".join(f"{k} x{v}" for k, v in fired.items() if v))
+        lines.append(f"  file size        {self.file_bytes_before:,} -> {self.file_bytes_after:,} bytes")
+        v = self.verification
+        lines.append(f"  verification     {v.status}" + (f" ({v.detail})" if v.detail else ""))
+        if self.unknown_ops:
+            lines.append(
+                "  opaque ops       " + ", ".join(f"{k} x{n}" for k, n in sorted(self.unknown_ops.items()))
+            )
+        stages = ", ".join(f"{k} {s:.2f}s" for k, s in self.stage_seconds.items())
+        lines.append(f"  time             {stages}")
+        for w in self.warnings:
+            lines.append(f"  warning: {w}")
+        return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""The first ruleset: cancellations, identities and weight-algebra folds every exported model has.
+
+Each rule has a stable kebab-case name (``NAMES``), its guards inline, and a one-line why.
+Rules that depend on a rank are generated once per rank under one name.
+"""
+
+from __future__ import annotations
+
+from egglog import Fact, String, Vec, eq, f64, i64, rule, ruleset, union, vars_
+
+from ..egraph import lang as L
+from ..egraph.shapes import MAX_RANK
+
+FAMILY = "core"
+core = ruleset(name="core")
+NAMES: dict[str, str] = {}
+"""egglog rule name -> onnxsat rule name (one onnxsat rule may be several egglog rules)."""
+RULES: dict[str, object] = {}
+"""egglog rule name -> the rule object (for building rule subsets)."""
+RULE_NAMES: list[str] = []
+"""onnxsat rule names in declaration order."""
+
+t, x, y, w, b, scale, bias, mean, var, c = vars_("t x y w b scale bias mean var c", L.Tensor)
+sa, sb, ws, pa, pb, strides, pads, dil = vars_("sa sb ws pa pb strides pads dil", Vec[i64])
+ia, ib, dt, group = vars_("ia ib dt group", i64)
+eps, fv = vars_("eps fv", f64)
+(s_str,) = vars_("s_str", String)
+
+
+def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: Fact, variant: str = "") -> None:
+    """Register ``lhs => rhs`` under ``name`` (guards are extra facts on the match)."""
+    egg_name = f"{name}{'/' + variant if variant else ''}"
+    built = rule(eq(t).to(lhs), *guards, name=egg_name).then(union(t).with_(rhs))
+    core.append(built)
+    RULES[egg_name] = built
+    NAMES[egg_name] = name
+    if name not in RULE_NAMES:
+        RULE_NAMES.append(name)
+
+
+def _splat(value: float) -> L.Tensor:
+    return L.Tensor.splat(value, sb, dt)
+
+
+# Dropout and Identity are no-ops at inference.
+_add("identity-elim", L.identity(x), x)
+# Two negations cancel.
+_add("neg-neg", L.neg(L.neg(x)), x)
+# Relu is idempotent.
+_add("relu-relu", L.relu(L.relu(x)), L.relu(x))
+# x*1, x/1, x+0, x-0 are x when the constant does not broadcast x to a larger shape.
+for _i, (_name, _lhs) in enumerate(
+    (
+        ("mul-one", L.mul(x, _splat(1.0))),
+        ("mul-one", L.mul(_splat(1.0), x)),
+        ("div-one", L.div(x, _splat(1.0))),
+        ("add-zero", L.add(x, _splat(0.0))),
+        ("add-zero", L.add(_splat(0.0), x)),
+        ("sub-zero", L.sub(x, _splat(0.0))),
+    )
+):
+    _add(_name, _lhs, x, L.shape(t) == sa, L.shape(x) == sa, variant=str(_i))
+
+for _r in range(1, MAX_RANK + 1):
+    # Two transposes compose into one (and vanish when they are inverses, see below).
+    composed = Vec(*[pa[pb[i]] for i in range(_r)])
+    _add(
+        "transpose-compose",
+        L.transpose(L.transpose(x, pa), pb),
+        L.transpose(x, composed),
+        pa.length() == i64(_r),
+        pb.length() == i64(_r),
+        variant=str(_r),
+    )
+    # A transpose by the identity permutation is a copy.
+    _add(
+        "transpose-identity-elim",
+        L.transpose(x, pa),
+        x,
+        pa == Vec(*[i64(i) for i in range(_r)]),
+        variant=str(_r),
+    )
+    # Reshape of a reshape only needs the last target; written with the analysed shape.
+    _add(
+        "reshape-reshape",
+        L.reshape(L.reshape(x, y, ia), c, ib),
+        L.reshape(x, L.Tensor.ints(sa, i64(1)), i64(0)),
+        L.shape(t) == sa,
+        sa.length() == i64(_r),
+        *[sa[i] >= i64(1) for i in range(_r)],
+        variant=str(_r),
+    )
+
+# A reshape to the shape its input already has is a no-op.
+_add("reshape-noop", L.reshape(x, y, ia), x, L.shape(t) == sa, L.shape(x) == sa)
+
+# BatchNormalization after Conv folds into the conv's weights and bias (weight algebra).
+for _n in (1, 2, 3):
+    factor = L.div(scale, L.sqrt(L.add(var, L.Tensor.splat(eps, Vec[i64].empty(), dt))))
+    folded_w = L.mul(w, L.reshape(factor, L.Tensor.ints(Vec(ws[0], *[i64(1)] * (_n + 1)), i64(1)), i64(0)))
+    guards = (
+        L.shape(w) == ws,
+        ws.length() == i64(_n + 2),
+        L.dtype(var) == dt,
+        L.is_const(w),
+        L.is_const(scale),
+        L.is_const(bias),
+        L.is_const(mean),
+        L.is_const(var),
+    )
+    _add(
+        "conv-batchnorm-fold",
+        L.batch_norm(L.conv(x, w, b, strides, pads, dil, group), scale, bias, mean, var, eps),
+        L.conv(x, folded_w, L.add(L.mul(L.sub(b, mean), factor), bias), strides, pads, dil, group),
+        L.shape(b) == sa,
+        L.is_const(b),
+        *guards,
+        variant=f"bias{_n}",
+    )
+    _add(
+        "conv-batchnorm-fold",
+        L.batch_norm(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), scale, bias, mean, var, eps),
+        L.conv(x, folded_w, L.add(L.mul(L.neg(mean), factor), bias), strides, pads, dil, group),
+        *guards,
+        variant=f"nobias{_n}",
+    )
+
+# MatMul + Add of a bias broadcastable to [M, N] is one Gemm (one kernel, bias fused).
+for _variant, _lhs in (("right", L.add(L.matmul(x, w), c)), ("left", L.add(c, L.matmul(x, w)))):
+    _add(
+        "matmul-add-to-gemm",
+        _lhs,
+        L.gemm(x, w, c, 1.0, 1.0, i64(0), i64(0)),
+        L.shape(x) == sa,
+        sa.length() == i64(2),
+        L.shape(w) == sb,
+        sb.length() == i64(2),
+        L.shape(t) == pa,
+        L.shape(L.matmul(x, w)) == pa,
+        L.dtype(x) == dt,
+        variant=_variant,
+    )

@@ -1,0 +1,136 @@
+"""Bounded saturation: one rewrite iteration at a time, analyses to fixpoint between them.
+
+Budgets (iterations, e-nodes, seconds) are checked between iterations; every iteration runs
+under egglog's back-off scheduler so a single runaway iteration is bounded too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from egglog import EggSmolError, Ruleset, back_off, ruleset, run
+
+from onnxsat.options import Budgets
+from onnxsat.report import IterationRecord, SaturationReport
+
+from ..egraph.program import Program
+from ..egraph.shapes import shape_rules
+from . import core
+
+FAMILIES: dict[str, list[str]] = {core.FAMILY: list(core.RULE_NAMES)}
+"""Rule family -> onnxsat rule names, in declaration order."""
+
+
+class UnsoundRuleError(RuntimeError):
+    """The analysis found two different shapes/dtypes for one e-class after a rewrite."""
+
+    def __init__(self, rules: list[str], detail: str):
+        super().__init__(f"unsound rewrite (conflicting shapes or dtypes) from rule(s) {', '.join(rules)}: {detail}")
+        self.rules = rules
+
+
+def _rule_name(key: object) -> str:
+    """onnxsat name of a run-report key (egglog gives rule declarations or their names)."""
+    egg_name = str(getattr(key, "name", None) or key)
+    return core.NAMES.get(egg_name, egg_name)
+
+
+def all_rule_names() -> list[str]:
+    return [name for names in FAMILIES.values() for name in names]
+
+
+def select_rules(rules_only: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> list[str]:
+    """Rule names enabled by ``--rules-only`` / ``--disable-rules`` (names or family names)."""
+
+    def expand(items: tuple[str, ...]) -> set[str]:
+        out: set[str] = set()
+        for item in items:
+            if item in FAMILIES:
+                out.update(FAMILIES[item])
+            elif item in all_rule_names():
+                out.add(item)
+            else:
+                raise ValueError(f"unknown rule or family {item!r} (see `onnxsat rules list`)")
+        return out
+
+    enabled = expand(rules_only) if rules_only else set(all_rule_names())
+    enabled -= expand(disable)
+    return [n for n in all_rule_names() if n in enabled]
+
+
+def _ruleset_for(enabled: list[str]) -> Ruleset:
+    """A ruleset holding the egglog rules of the enabled onnxsat rules."""
+    if set(enabled) == set(all_rule_names()):
+        return core.core
+    wanted = set(enabled)
+    key = ",".join(sorted(wanted))
+    if key not in _SUBSETS:
+        chosen = ruleset(name=f"rewrites-{len(_SUBSETS)}")
+        for egg_name, onnxsat_name in core.NAMES.items():
+            if onnxsat_name in wanted:
+                chosen.append(core.RULES[egg_name])
+        _SUBSETS[key] = chosen
+    return _SUBSETS[key]
+
+
+_SUBSETS: dict[str, Ruleset] = {}
+
+
+def saturate(
+    program: Program,
+    budgets: Budgets,
+    enabled: list[str],
+    on_iteration: Callable[[IterationRecord], None] | None = None,
+) -> SaturationReport:
+    """Run the enabled rules within budgets; returns per-iteration records and the stop reason."""
+    egraph = program.egraph
+    report = SaturationReport(enodes_before=program.node_count())
+    if not enabled:
+        report.stop_reason = "no rules enabled"
+        report.enodes_after = report.enodes_before
+        return report
+    rewrites = _ruleset_for(enabled)
+    step = run(rewrites, scheduler=back_off(match_limit=budgets.match_limit, ban_length=budgets.ban_length))
+    start = time.perf_counter()
+    for index in range(budgets.iterations):
+        t0 = time.perf_counter()
+        try:
+            run_report = egraph.run(step)
+            egraph.run(shape_rules.saturate())
+        except EggSmolError as exc:
+            fired = [core.NAMES.get(r, r) for r in report.iterations[-1].matches] if report.iterations else enabled
+            raise UnsoundRuleError(sorted(set(fired)) or enabled, str(exc).splitlines()[0]) from exc
+        matches: dict[str, int] = {}
+        seconds: dict[str, float] = {}
+        for key, n in run_report.num_matches_per_rule.items():
+            name = _rule_name(key)
+            matches[name] = matches.get(name, 0) + int(n)
+        for key, dt in run_report.search_and_apply_time_per_rule.items():
+            name = _rule_name(key)
+            seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
+        record = IterationRecord(
+            phase="rewrite",
+            index=index,
+            enodes=program.node_count(),
+            seconds=time.perf_counter() - t0,
+            matches=matches,
+            rule_seconds=seconds,
+        )
+        report.iterations.append(record)
+        if on_iteration is not None:
+            on_iteration(record)
+        if not run_report.updated:
+            report.stop_reason = "saturated"
+            break
+        if record.enodes >= budgets.enodes:
+            report.stop_reason = "enodes"
+            break
+        if time.perf_counter() - start >= budgets.seconds:
+            report.stop_reason = "seconds"
+            break
+    else:
+        report.stop_reason = "iterations"
+    report.enodes_after = program.node_count()
+    report.seconds = time.perf_counter() - start
+    return report

@@ -118,7 +118,7 @@ class _Exporter:
             return
         if op == "Tensor.ints":
             name = self._name_for(eclass)
-            self.initializers[name] = numpy_helper.from_array(self._const_value(eclass), name)
+            self.initializers[name] = numpy_helper.from_array(np.asarray(self._const_value(eclass)), name)
             return
         if op == "Tensor.splat":
             self._emit_splat(eclass, node)

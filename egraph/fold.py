@@ -40,7 +40,7 @@ def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: lis
     outs = [f"out{i}" for i in range(len(node.output))]
     del proto.output[:]
     proto.output.extend(outs)
-    feeds = {n: a for n, a in zip(names, inputs, strict=True) if n}
+    feeds = {n: a for n, a in zip(names, inputs, strict=True) if n and a is not None}
     graph = helper.make_graph(
         [proto],
         "fold",
@@ -48,7 +48,7 @@ def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: lis
         [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
     )
     model = helper.make_model(graph, opset_imports=list(opset))
-    return ReferenceEvaluator(model).run(None, feeds)
+    return list(ReferenceEvaluator(model).run(None, feeds))
 
 
 def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: bool = False) -> tuple[onnx.ModelProto, int]:

@@ -9,12 +9,12 @@ frontier, so the two never both claim one tensor unless they agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
 from typing import Any
 
 import numpy as np
 import onnx
-from egglog import EGraph, Vec, i64, set_, union
+from egglog import EggSmolError, EGraph, Vec, i64, set_, union
 from onnx import helper, numpy_helper
 
 from ..modelio import topological_nodes
@@ -33,7 +33,9 @@ SMALL_SPLAT = 16
 _SPLAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.INT32}
 
 
-def _dims_vec(dims: Iterable[int]) -> Vec[i64]:
+@functools.lru_cache(maxsize=4096)
+def _dims_vec(dims: tuple[int, ...]) -> Vec[i64]:
+    """A shape literal (cached: building egglog expressions is the slow part of import)."""
     return L.ivec(list(dims))
 
 
@@ -99,7 +101,13 @@ def _outer_names(graph: onnx.GraphProto) -> list[str]:
 
 
 class _Importer:
-    def __init__(self, model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        input_shapes: dict[str, list[int]] | None,
+        trust_onnx_shapes: bool,
+        seed_shapes: bool,
+    ):
         self.model = model
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.egraph = EGraph()
@@ -115,34 +123,32 @@ class _Importer:
         self.input_shapes = input_shapes or {}
         self.pending_shapes: list[str] = []
         self.node_meta: dict[str, tuple[str, str, str]] = {}
+        self.trust_onnx_shapes = trust_onnx_shapes
+        self.seed_shapes = seed_shapes
+        self.actions: list[Any] = []
 
     # ------------------------------------------------------------ helpers
     def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
-        """Bind an original tensor to a term (shallow let) and record its origin."""
+        """Bind original tensor ``name`` to ``expr`` through its ``tensor_ref`` marker."""
         index = len(self.names)
         self.names.append(name)
-        ref = self.egraph.let(f"t{index}", expr)
-        self.egraph.register(set_(L.origin(ref)).to(i64(index)))
+        ref = L.tensor_ref(index)
+        self.actions.append(union(ref).with_(expr))
         self.terms[name] = ref
-        if leaf:
-            self._set_info(name, ref)
-        else:
+        info = self.infos.get(name)
+        if info is not None and info.dtype:
+            self.actions.append(set_(L.dtype(ref)).to(i64(info.dtype)))
+        known = info is not None and info.dims is not None and all(d >= 0 for d in info.dims)
+        if info is not None and info.dims is not None and (leaf or (known and self.seed_shapes)):
+            self.actions.append(set_(L.shape(ref)).to(_dims_vec(tuple(info.dims))))
+        elif not leaf:
             self.pending_shapes.append(name)
         return ref
-
-    def _set_info(self, name: str, ref: Any) -> None:
-        info = self.infos.get(name)
-        if info is None:
-            return
-        if info.dtype:
-            self.egraph.register(set_(L.dtype(ref)).to(i64(info.dtype)))
-        if info.dims is not None:
-            self.egraph.register(set_(L.shape(ref)).to(_dims_vec(info.dims)))
 
     def _const_term(self, ref: IntsConst | SplatConst) -> Any:
         if isinstance(ref, IntsConst):
             return L.Tensor.ints(L.ivec(ref.values), ref.rank)
-        return L.Tensor.splat(float(ref.value), _dims_vec(ref.dims), ref.dtype)
+        return L.Tensor.splat(float(ref.value), _dims_vec(tuple(ref.dims)), ref.dtype)
 
     def _input_term(self, ref: Any) -> Any:
         if ref is None or ref == "":
@@ -170,7 +176,7 @@ class _Importer:
             array = numpy_helper.to_array(tensor)
             flat = array.reshape(-1)
             if np.all(flat == flat[0]) and float(flat[0]) == flat[0]:
-                self._bind(name, L.Tensor.splat(float(flat[0]), _dims_vec(tensor.dims), tensor.data_type), leaf=True)
+                self._bind(name, L.Tensor.splat(float(flat[0]), _dims_vec(tuple(tensor.dims)), tensor.data_type), leaf=True)
                 return
         self.weights[name] = tensor
         self._bind(name, L.Tensor.weight(name), leaf=True)
@@ -214,7 +220,7 @@ class _Importer:
                 if node.attribute:
                     array = numpy_helper.to_array(node.attribute[0].t)
                     value, dtype = float(array.reshape(-1)[0]), node.attribute[0].t.data_type
-                self._bind(node.output[0], L.Tensor.splat(value, _dims_vec(dims), dtype))
+                self._bind(node.output[0], L.Tensor.splat(value, _dims_vec(tuple(dims)), dtype))
                 return True
             return False
         if op == "Dropout":
@@ -314,23 +320,17 @@ class _Importer:
         while True:
             self.egraph.run(shape_rules.saturate())
             missing = [n for n in pending if self.egraph.lookup_function_value(L.shape(self.terms[n])) is None]
-            missing_dt = [n for n in pending if self.egraph.lookup_function_value(L.dtype(self.terms[n])) is None]
-            filled = False
-            for name in missing_dt:
-                info = self.infos.get(name)
-                if info is not None and info.dtype:
-                    self.egraph.register(set_(L.dtype(self.terms[name])).to(i64(info.dtype)))
-                    filled = True
-            frontier = [n for n in missing if self._inputs_shaped(n)]
+            frontier = [n for n in missing if self._inputs_shaped(n)] if self.trust_onnx_shapes else []
+            filled = []
             for name in frontier:
                 info = self.infos.get(name)
                 if info is not None and info.dims is not None:
-                    self.egraph.register(set_(L.shape(self.terms[name])).to(_dims_vec(info.dims)))
-                    filled = True
-            done = set(frontier)
-            pending = [n for n in missing if n not in done]
+                    filled.append(set_(L.shape(self.terms[name])).to(_dims_vec(tuple(info.dims))))
             if not filled:
                 return
+            self.egraph.register(*filled)
+            done = set(frontier)
+            pending = [n for n in missing if n not in done]
 
     def _inputs_shaped(self, name: str) -> bool:
         producer = self.producers.get(name)
@@ -372,10 +372,12 @@ class _Importer:
                     self.used_names.update(_outer_names(sub))
         for index, node in enumerate(nodes):
             self._import_node(index, node)
-        self._fill_shapes()
         outputs = [(o.name, self.terms[o.name]) for o in graph.output]
         for k, (_, ref) in enumerate(outputs):
-            self.egraph.register(union(L.graph_output(k)).with_(ref))
+            self.actions.append(union(L.graph_output(k)).with_(ref))
+        for start in range(0, len(self.actions), 2000):
+            self.egraph.register(*self.actions[start : start + 2000])
+        self._fill_shapes()
         from collections import Counter
 
         return Program(
@@ -407,6 +409,22 @@ def _literal(kind: str, value: Any) -> Any:
     return L.ivec([int(v) for v in value])
 
 
-def from_onnx(model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None) -> Program:
-    """Import a (checked) model into a fresh e-graph with its analyses run."""
-    return _Importer(model, input_shapes).run()
+def from_onnx(
+    model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None, *, trust_onnx_shapes: bool = True
+) -> Program:
+    """Import a (checked) model into a fresh e-graph with its analyses run.
+
+    Fully known shapes from ONNX shape inference seed the analysis (so a deep network does not
+    need one analysis iteration per layer); symbolic ones are computed by the egglog rules. If
+    the two ever disagree, the import is redone with the egglog analysis alone.
+    ``trust_onnx_shapes=False`` uses the egglog analysis alone and leaves tensors it cannot
+    shape without a shape (tests use it to check the analysis against ONNX shape inference).
+    """
+    if trust_onnx_shapes:
+        try:
+            return _Importer(model, input_shapes, True, seed_shapes=True).run()
+        except EggSmolError as exc:
+            program = _Importer(model, input_shapes, True, seed_shapes=False).run()
+            program.warnings.append(f"shape analysis disagreed with ONNX shape inference: {exc}".splitlines()[0])
+            return program
+    return _Importer(model, input_shapes, False, seed_shapes=False).run()

@@ -23,7 +23,7 @@ __all__ = [
     "TList",
     "shape",
     "dtype",
-    "origin",
+    "tensor_ref",
     "is_const",
 ]
 
@@ -73,9 +73,13 @@ def dtype(t: Tensor) -> i64:
     """Element type (onnx.TensorProto enum). No merge, like shape."""
 
 
-@function(merge=lambda old, new: old.min(new))
-def origin(t: Tensor) -> i64:
-    """Index of the first original tensor in this e-class (names the tensor on export)."""
+@function
+def tensor_ref(index: i64Like) -> Tensor:
+    """Original tensor ``index`` of the imported graph (a marker, never an extraction choice).
+
+    Terms refer to their inputs through these, so every imported term is shallow; the
+    smallest index in an e-class names the tensor on export.
+    """
 
 
 is_const = relation("is_const", Tensor)

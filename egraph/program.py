@@ -54,6 +54,7 @@ class Program:
     terms: dict[str, Any] = field(default_factory=dict)
     """Original tensor name -> its term (an egglog let binding)."""
     infos: dict[str, TensorInfo] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def node_count(self) -> int:
         return sum(n for _, n in self.egraph.all_function_sizes())

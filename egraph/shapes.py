@@ -60,7 +60,7 @@ def _broadcast(shapes: list[Vec[i64]], ranks: list[int]) -> Vec[i64]:
     return _vec(_broadcast_dims(shapes, ranks))
 
 
-def _broadcast_dims(shapes: list[Vec[i64]], ranks: list[int]) -> list[i64]:
+def _broadcast_dims(shapes: list[Vec[i64]], ranks: list[int]) -> list[i64 | None]:
     """Numpy broadcasting of the leading ``ranks[k]`` dims of each shape (right-aligned)."""
     r = max(ranks)
     dims = []

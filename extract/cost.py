@@ -34,7 +34,8 @@ class NodeCtx:
 
 
 class CostModel(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def node_cost(self, ctx: NodeCtx) -> float: ...
 
@@ -72,7 +73,7 @@ def _named_attrs(node: ENode) -> dict[str, object]:
     return {attr.name: value for attr, value in zip(spec.attrs, literals, strict=False)}
 
 
-PROFILES: dict[str, CostModel] = {"ort-cpu": RooflineCost()}
+PROFILES: dict[str, CostModel] = {"ort-cpu": RooflineCost(name="ort-cpu")}
 
 
 def known_dims(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:

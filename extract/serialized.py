@@ -50,6 +50,7 @@ class SerializedEGraph:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dtypes: dict[str, int] = field(default_factory=dict)
     origins: dict[str, int] = field(default_factory=dict)
+    """E-class -> smallest original tensor index in it (from ``tensor_ref`` markers)."""
     roots: dict[int, str] = field(default_factory=dict)
     """Graph output index -> its e-class."""
 
@@ -103,7 +104,11 @@ def serialize(egraph: EGraph) -> SerializedEGraph:
     values = {n["eclass"]: n for nid, n in nodes.items() if nid.startswith("primitive-")}
     for node in nodes.values():
         op = node["op"]
-        if op in ("shape", "dtype", "origin") and node["children"]:
+        if op == "tensor_ref":
+            index = int(_literal(nodes[node["children"][0]], nodes))
+            eclass = node["eclass"]
+            out.origins[eclass] = min(index, out.origins.get(eclass, index))
+        elif op in ("shape", "dtype") and node["children"]:
             tensor_class = nodes[node["children"][0]]["eclass"]
             value_node = values.get(node["eclass"])
             if value_node is None:
@@ -111,10 +116,8 @@ def serialize(egraph: EGraph) -> SerializedEGraph:
             value = _literal(value_node, nodes)
             if op == "shape":
                 out.shapes[tensor_class] = tuple(value)
-            elif op == "dtype":
-                out.dtypes[tensor_class] = int(value)
             else:
-                out.origins[tensor_class] = int(value)
+                out.dtypes[tensor_class] = int(value)
         elif op == "graph_output":
             out.roots[int(_literal(nodes[node["children"][0]], nodes))] = node["eclass"]
     for cls in out.classes.values():

@@ -7,6 +7,8 @@ about the CLI.
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["OnnxsatError", "BadInputError", "VerificationError", "one_line"]
 
 
@@ -45,12 +47,18 @@ class VerificationError(OnnxsatError):
         super().__init__(self._message())
 
     def _message(self) -> str:
-        msg = (
-            f"optimized model does not match the original on output '{self.output_name}': "
-            f"max abs error {self.max_abs_err:.3g}"
-        )
+        # output_name "" and a NaN error mean "not tied to one output" (e.g. an unsound rule caught
+        # before any output was compared): say only what is known.
+        msg = "optimized model does not match the original"
+        parts = []
+        if self.output_name:
+            msg += f" on output '{self.output_name}'"
+        if not math.isnan(self.max_abs_err):
+            parts.append(f"max abs error {self.max_abs_err:.3g}")
         if self.detail:
-            msg += f" ({self.detail})"
+            parts.append(self.detail)
+        if parts:
+            msg += ": " + "; ".join(parts)
         if self.culprit_rules:
             msg += f"; rules involved: {', '.join(self.culprit_rules)}"
         return msg

@@ -22,7 +22,19 @@ from onnxsat.rules.schedule import UnsoundRuleError, saturate, select_rules
 
 
 class OptionsError(OnnxsatError):
+    """Options that make no sense (unknown rule, target or extractor)."""
+
     exit_code = 2
+
+
+class UnsoundRewriteError(OnnxsatError):
+    """A rule made two different shapes/dtypes meet in one e-class: nothing is written."""
+
+    exit_code = 3
+
+    def __init__(self, rules: list[str], detail: str):
+        super().__init__(f"unsound rewrite rule(s) {', '.join(rules)}: {detail}")
+        self.rules = rules
 
 
 @contextmanager
@@ -95,7 +107,10 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     try:
         optimized = _rewrite(model, options, enabled, report)
     except UnsoundRuleError as exc:
-        raise VerificationError("", float("nan"), str(exc), culprit_rules=exc.rules) from exc
+        from onnxsat.minimize import find_unsound_rules
+
+        culprits = find_unsound_rules(model, options, enabled, exc.iteration)
+        raise UnsoundRewriteError(culprits, exc.detail) from exc
     with _stage(report, "check", options.progress):
         onnx.checker.check_model(optimized, full_check=True)
     if options.verify:

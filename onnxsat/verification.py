@@ -38,12 +38,12 @@ _OPT_LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
 
-_FLOAT_TYPES = {
+_FLOAT_TYPES: dict[int, type] = {
     TensorProto.FLOAT: np.float32,
     TensorProto.FLOAT16: np.float16,
     TensorProto.DOUBLE: np.float64,
 }
-_INT_TYPES = {
+_INT_TYPES: dict[int, type] = {
     TensorProto.INT8: np.int8,
     TensorProto.INT16: np.int16,
     TensorProto.INT32: np.int32,
@@ -198,7 +198,7 @@ def _inferred_static_shapes(model: ModelProto) -> dict[str, tuple[int, ...]]:
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
         tt = vi.type.tensor_type
         if vi.type.WhichOneof("value") == "tensor_type" and tt.HasField("shape"):
-            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)  # type: ignore[misc]
     return shapes
 
 
@@ -244,7 +244,9 @@ def _session(model: ModelProto, optimization_level: str) -> Iterator[ort.Inferen
         )
     options = ort.SessionOptions()
     options.graph_optimization_level = _OPT_LEVELS[optimization_level]
-    options.log_severity_level = 3  # errors only: warnings about unused initializers are noise here
+    # Fatal only: failures come back as exceptions that the caller reports in one line; warnings
+    # (e.g. about unused initializers) and error logs would only add noise to stderr.
+    options.log_severity_level = 4
     providers = ["CPUExecutionProvider"]
     if modelio.serialized_size(model) <= modelio.MAX_PROTO_BYTES:
         yield ort.InferenceSession(model.SerializeToString(), options, providers=providers)

@@ -6,36 +6,25 @@ Rules that depend on a rank are generated once per rank under one name.
 
 from __future__ import annotations
 
-from egglog import Fact, String, Vec, eq, f64, i64, rule, ruleset, union, vars_
+from egglog import String, Vec, f64, i64, vars_
+from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from ..egraph.shapes import MAX_RANK
+from .registry import ROOT as t
+from .registry import RULES, rewrite_rule
 
 FAMILY = "core"
-core = ruleset(name="core")
-NAMES: dict[str, str] = {}
-"""egglog rule name -> onnxsat rule name (one onnxsat rule may be several egglog rules)."""
-RULES: dict[str, object] = {}
-"""egglog rule name -> the rule object (for building rule subsets)."""
-RULE_NAMES: list[str] = []
-"""onnxsat rule names in declaration order."""
 
-t, x, y, w, b, scale, bias, mean, var, c = vars_("t x y w b scale bias mean var c", L.Tensor)
+x, y, w, b, scale, bias, mean, var, c = vars_("x y w b scale bias mean var c", L.Tensor)
 sa, sb, ws, pa, pb, strides, pads, dil = vars_("sa sb ws pa pb strides pads dil", Vec[i64])
 ia, ib, dt, group = vars_("ia ib dt group", i64)
 eps, fv = vars_("eps fv", f64)
 (s_str,) = vars_("s_str", String)
 
 
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: Fact, variant: str = "") -> None:
-    """Register ``lhs => rhs`` under ``name`` (guards are extra facts on the match)."""
-    egg_name = f"{name}{'/' + variant if variant else ''}"
-    built = rule(eq(t).to(lhs), *guards, name=egg_name).then(union(t).with_(rhs))
-    core.append(built)
-    RULES[egg_name] = built
-    NAMES[egg_name] = name
-    if name not in RULE_NAMES:
-        RULE_NAMES.append(name)
+def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
+    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 def _splat(value: float) -> L.Tensor:
@@ -140,3 +129,7 @@ for _variant, _lhs in (("right", L.add(L.matmul(x, w), c)), ("left", L.add(c, L.
         L.dtype(x) == dt,
         variant=_variant,
     )
+
+
+RULE_NAMES = list(RULES.families[FAMILY])
+"""This family's rule names, in declaration order."""

@@ -9,72 +9,60 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from egglog import EggSmolError, Ruleset, back_off, ruleset, run
+from egglog import EggSmolError, Schedule, back_off, run
 
 from onnxsat.options import Budgets
 from onnxsat.report import IterationRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
-from . import core
-
-FAMILIES: dict[str, list[str]] = {core.FAMILY: list(core.RULE_NAMES)}
-"""Rule family -> onnxsat rule names, in declaration order."""
+from . import core  # noqa: F401  (registers the core family)
+from .registry import RULES
 
 
 class UnsoundRuleError(RuntimeError):
-    """The analysis found two different shapes/dtypes for one e-class after a rewrite."""
+    """The analysis found two different shapes/dtypes for one e-class after a rewrite.
 
-    def __init__(self, rules: list[str], detail: str):
-        super().__init__(f"unsound rewrite (conflicting shapes or dtypes) from rule(s) {', '.join(rules)}: {detail}")
+    ``iteration`` is where it happened; ``rules`` the rules found responsible (all enabled rules
+    until ``onnxsat.minimize.find_unsound_rules`` narrows them down).
+    """
+
+    def __init__(self, rules: list[str], detail: str, iteration: int):
+        super().__init__(f"unsound rewrite (two shapes or dtypes for one tensor) by rule(s) {', '.join(rules)}: {detail}")
         self.rules = rules
+        self.detail = detail
+        self.iteration = iteration
 
 
 def _rule_name(key: object) -> str:
     """onnxsat name of a run-report key (egglog gives rule declarations or their names)."""
-    egg_name = str(getattr(key, "name", None) or key)
-    return core.NAMES.get(egg_name, egg_name)
-
-
-def all_rule_names() -> list[str]:
-    return [name for names in FAMILIES.values() for name in names]
+    return RULES.name_of(str(getattr(key, "name", None) or key))
 
 
 def select_rules(rules_only: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> list[str]:
     """Rule names enabled by ``--rules-only`` / ``--disable-rules`` (names or family names)."""
+    known = RULES.names()
 
     def expand(items: tuple[str, ...]) -> set[str]:
         out: set[str] = set()
         for item in items:
-            if item in FAMILIES:
-                out.update(FAMILIES[item])
-            elif item in all_rule_names():
+            if item in RULES.families:
+                out.update(RULES.families[item])
+            elif item in known:
                 out.add(item)
             else:
                 raise ValueError(f"unknown rule or family {item!r} (see `onnxsat rules list`)")
         return out
 
-    enabled = expand(rules_only) if rules_only else set(all_rule_names())
+    enabled = expand(rules_only) if rules_only else set(known)
     enabled -= expand(disable)
-    return [n for n in all_rule_names() if n in enabled]
+    return [n for n in known if n in enabled]
 
 
-def _ruleset_for(enabled: list[str]) -> Ruleset:
-    """A ruleset holding the egglog rules of the enabled onnxsat rules."""
-    if set(enabled) == set(all_rule_names()):
-        return core.core
-    wanted = set(enabled)
-    key = ",".join(sorted(wanted))
-    if key not in _SUBSETS:
-        chosen = ruleset(name=f"rewrites-{len(_SUBSETS)}")
-        for egg_name, onnxsat_name in core.NAMES.items():
-            if onnxsat_name in wanted:
-                chosen.append(core.RULES[egg_name])
-        _SUBSETS[key] = chosen
-    return _SUBSETS[key]
-
-
-_SUBSETS: dict[str, Ruleset] = {}
+def rewrite_step(enabled: list[str], budgets: Budgets) -> Schedule:
+    """One iteration of the enabled rules under the back-off scheduler."""
+    scheduler = back_off(match_limit=budgets.match_limit, ban_length=budgets.ban_length)
+    return run(RULES.ruleset_for(enabled), scheduler=scheduler)
 
 
 def saturate(
@@ -90,8 +78,7 @@ def saturate(
         report.stop_reason = "no rules enabled"
         report.enodes_after = report.enodes_before
         return report
-    rewrites = _ruleset_for(enabled)
-    step = run(rewrites, scheduler=back_off(match_limit=budgets.match_limit, ban_length=budgets.ban_length))
+    step = rewrite_step(enabled, budgets)
     start = time.perf_counter()
     for index in range(budgets.iterations):
         t0 = time.perf_counter()
@@ -99,8 +86,7 @@ def saturate(
             run_report = egraph.run(step)
             egraph.run(shape_rules.saturate())
         except EggSmolError as exc:
-            fired = [core.NAMES.get(r, r) for r in report.iterations[-1].matches] if report.iterations else enabled
-            raise UnsoundRuleError(sorted(set(fired)) or enabled, str(exc).splitlines()[0]) from exc
+            raise UnsoundRuleError(enabled, str(exc).splitlines()[0], index) from exc
         matches: dict[str, int] = {}
         seconds: dict[str, float] = {}
         for key, n in run_report.num_matches_per_rule.items():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 from .. import lang as L
-from .registry import Attr, numel, ExportNode, ImportNode, OpSpec, SplatConst, Unsupported, register
+from .registry import Attr, ExportNode, ImportNode, OpSpec, SplatConst, Unsupported, numel, register
 
 
 def _clip_normalize(node: ImportNode) -> None:
@@ -57,11 +59,11 @@ def _legacy_broadcast(node: ImportNode) -> None:
         node.attrs.pop("consumed_inputs", None)
 
 
-def _unary(op_type: str, ctor: object, min_opset: int = 6) -> OpSpec:
+def _unary(op_type: str, ctor: Callable[..., Any], min_opset: int = 6) -> OpSpec:
     return OpSpec(op_type, ctor, ("X",), family="unary", min_opset=min_opset)
 
 
-def _binary(op_type: str, ctor: object) -> OpSpec:
+def _binary(op_type: str, ctor: Callable[..., Any]) -> OpSpec:
     return OpSpec(op_type, ctor, ("A", "B"), family="binary", normalize=_legacy_broadcast)
 
 

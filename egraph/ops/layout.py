@@ -8,6 +8,9 @@ export turns constant inputs back into attributes where the target opset wants t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from .. import lang as L
 from .registry import (
     INT64_MAX,
@@ -54,6 +57,17 @@ def _transpose_normalize(node: ImportNode) -> None:
         node.attrs["perm"] = list(range(rank))[::-1]
 
 
+def _axis_normalize(node: ImportNode) -> None:
+    """A negative ``axis`` (opset >= 11) counted from the front when the rank is known, so the
+    shape rules (written per non-negative axis) and rewrite patterns see one form."""
+    axis = node.attrs.get("axis")
+    if axis is None or axis >= 0:
+        return
+    rank = next((r for i in range(len(node.inputs)) if (r := node.input_rank(i)) is not None), None)
+    if rank is not None:
+        node.attrs["axis"] = axis + rank
+
+
 def _reshape_normalize(node: ImportNode) -> None:
     if node.opset < 5:
         node.inputs = [node.inputs[0], IntsConst(tuple(node.attrs.pop("shape")))]
@@ -85,6 +99,9 @@ def _split_normalize(node: ImportNode) -> None:
     _attr_to_input(node, "split", 1, 13)
     if len(node.inputs) < 2 or node.inputs[1] is None:
         node.attrs.setdefault("num_outputs", node.n_outputs)  # equal split: remember how many
+    elif node.const_ints(node.inputs[1]) is None:
+        # Sizes only known at run time: the node's output count is not recoverable from them.
+        node.attrs["num_outputs"] = node.n_outputs
 
 
 def _split_export(node: ExportNode) -> None:
@@ -187,7 +204,7 @@ def _constant_of_shape_export(node: ExportNode) -> None:
     node.attrs["value"] = onnx.numpy_helper.from_array(np.array([node.attrs.pop("value")], dtype=np_dtype), "value")
 
 
-def _reduce(op_type: str, ctor: object, axes_input_since: int) -> OpSpec:
+def _reduce(op_type: str, ctor: Callable[..., Any], axes_input_since: int) -> OpSpec:
     return OpSpec(
         op_type,
         ctor,
@@ -214,7 +231,15 @@ register(
         export=_reshape_export,
         flops=no_flops,
     ),
-    OpSpec("Flatten", L.flatten, ("input",), (Attr("axis", "int", 1),), family="layout", flops=no_flops),
+    OpSpec(
+        "Flatten",
+        L.flatten,
+        ("input",),
+        (Attr("axis", "int", 1),),
+        family="layout",
+        normalize=_axis_normalize,
+        flops=no_flops,
+    ),
     OpSpec(
         "Squeeze",
         L.squeeze,
@@ -233,7 +258,7 @@ register(
         export=_axes_export(13),
         flops=no_flops,
     ),
-    OpSpec("Concat", L.concat, ("inputs*",), (Attr("axis", "int"),), family="layout"),
+    OpSpec("Concat", L.concat, ("inputs*",), (Attr("axis", "int"),), family="layout", normalize=_axis_normalize),
     OpSpec(
         "Split",
         L.split,

@@ -1,0 +1,445 @@
+"""The ``onnxsat`` command line: flags -> ``Options``, then load, optimize, verify, write.
+
+Kept thin on purpose: every decision about the model lives in ``onnxsat.pipeline``; this module
+only parses flags, fails early on unusable paths, and turns exceptions into one-line messages
+and exit codes (0 ok, 1 internal error, 2 bad input or usage, 3 verification failed, 130
+interrupted). Heavy imports (onnx, egglog, onnxruntime) happen inside ``_run_optimize`` so that
+``onnxsat --help`` answers instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onnxsat.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.options import Budgets, Options
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
+
+PROG = "onnxsat"
+TARGETS = ("ort-cpu",)
+EXTRACTORS = ("greedy-dag", "tree")
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_DEFAULT_BUDGETS = Budgets()
+_DEFAULT_OPTIONS = Options()
+
+_OPTIMIZE_EPILOG = """\
+examples:
+  onnxsat optimize examples/small_cnn.onnx -o small_cnn.opt.onnx
+  onnxsat optimize model.onnx model.opt.onnx --input-shape input:1,3,224,224 --report-json report.json
+  onnxsat optimize model.onnx -o out.onnx --max-iterations 4 --time-limit 10 --disable-rules <rule-name>
+  onnxsat optimize model.onnx -o out.onnx --json --external-data > report.json
+
+exit status:
+  0 written; 1 internal error; 2 bad input, bad flag or unwritable output;
+  3 the optimized model did not match the original (nothing written); 130 interrupted.
+"""
+
+_MAIN_EPILOG = """\
+example:
+  onnxsat optimize examples/small_cnn.onnx -o small_cnn.opt.onnx
+
+Run 'onnxsat optimize --help' for every flag.
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# flag parsing
+
+
+def parse_input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse ``NAME:D1,D2,...`` into ``(name, dims)``; raises ``ValueError`` with a readable reason.
+
+    The name is split off at the last colon, since ONNX input names may themselves contain colons.
+    """
+    name, sep, dims_text = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"'{text}' is not NAME:D1,D2,... (missing ':')")
+    if not name:
+        raise ValueError(f"'{text}' has no input name before ':'")
+    if not dims_text.strip():
+        raise ValueError(f"'{text}' has no dimensions after ':'")
+    dims: list[int] = []
+    for part in dims_text.split(","):
+        part = part.strip()
+        try:
+            dim = int(part)
+        except ValueError:
+            raise ValueError(f"'{text}': dimension '{part}' is not an integer") from None
+        if dim < 1:
+            raise ValueError(f"'{text}': dimension {dim} must be a positive integer")
+        dims.append(dim)
+    return name, tuple(dims)
+
+
+def _input_shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        return parse_input_shape(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _name_list_arg(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"'{text}' names no rules")
+    return names
+
+
+def _int_arg(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum {minimum}")
+        return value
+
+    return parse
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive, finite number of seconds")
+    return value
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("onnxsat")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser, built in one place so the help text shows every flag and default."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Equality-saturation optimizer for ONNX models: rewrites the graph in an e-graph\n"
+            "(egglog), extracts the cheapest equivalent program, checks it against the original\n"
+            "on onnxruntime, and writes it as ONNX."
+        ),
+        epilog=_MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the full traceback of internal errors instead of one line"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    opt = sub.add_parser(
+        "optimize",
+        help="optimize an ONNX model and write the result",
+        description=(
+            "Optimize INPUT and write the result to OUTPUT (given as OUTPUT or -o OUTPUT).\n"
+            "The input file is never modified. The output is written atomically, and only after\n"
+            "the optimized model passes onnx.checker and (unless --no-verify) matches the original\n"
+            "on onnxruntime with seeded random inputs. The summary table goes to stdout, progress\n"
+            "bars and errors to stderr."
+        ),
+        epilog=_OPTIMIZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    opt.add_argument("input", metavar="INPUT", help="the ONNX model to optimize (read only)")
+    opt.add_argument(
+        "output_pos", metavar="OUTPUT", nargs="?", default=None, help="where to write the optimized model"
+    )
+    opt.add_argument(
+        "-o",
+        "--output",
+        dest="output_opt",
+        metavar="OUTPUT",
+        default=None,
+        help="same as the OUTPUT positional",
+    )
+
+    out = opt.add_argument_group("output and reporting")
+    out.add_argument(
+        "--report-json",
+        metavar="PATH",
+        default=None,
+        help="also write the report as JSON to PATH (atomically)",
+    )
+    out.add_argument(
+        "--external-data",
+        action="store_true",
+        help="store weights in a sidecar file OUTPUT.data next to OUTPUT (automatic past 2 GiB)",
+    )
+    out.add_argument(
+        "--materialize-constants",
+        action="store_true",
+        help="let folded constants grow the file by more than max(1 MiB, 10%%)",
+    )
+    out.add_argument(
+        "--quiet", action="store_true", help="print nothing on success: no progress bars, no table"
+    )
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout instead of the table (no progress)",
+    )
+    out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
+    out.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the full traceback of internal errors instead of one line",
+    )
+
+    bud = opt.add_argument_group("saturation budgets (saturation stops at the first one reached)")
+    bud.add_argument(
+        "--max-iterations",
+        metavar="N",
+        type=_int_arg(0),
+        default=None,
+        help=f"rewrite iterations (default {_DEFAULT_BUDGETS.iterations})",
+    )
+    bud.add_argument(
+        "--max-enodes",
+        metavar="N",
+        type=_int_arg(1),
+        default=None,
+        help=f"e-graph size limit in e-nodes (default {_DEFAULT_BUDGETS.enodes})",
+    )
+    bud.add_argument(
+        "--time-limit",
+        metavar="SECONDS",
+        type=_seconds_arg,
+        default=None,
+        help=f"saturation wall time (default {_DEFAULT_BUDGETS.seconds:g})",
+    )
+    bud.add_argument(
+        "--match-limit",
+        metavar="N",
+        type=_int_arg(1),
+        default=None,
+        help=(
+            "matches per rule per iteration before egglog's back-off scheduler bans the rule "
+            f"(default {_DEFAULT_BUDGETS.match_limit})"
+        ),
+    )
+
+    sel = opt.add_argument_group("rules, shapes and extraction")
+    sel.add_argument(
+        "--input-shape",
+        metavar="NAME:D1,D2,...",
+        type=_input_shape_arg,
+        action="append",
+        default=[],
+        help="pin the symbolic dims of input NAME to this full shape (repeatable), e.g. input:1,3,224,224",
+    )
+    sel.add_argument(
+        "--rules-only",
+        metavar="NAME,...",
+        type=_name_list_arg,
+        action="append",
+        default=[],
+        help="run only these rules or rule families (comma-separated, repeatable)",
+    )
+    sel.add_argument(
+        "--disable-rules",
+        metavar="NAME,...",
+        type=_name_list_arg,
+        action="append",
+        default=[],
+        help="never run these rules or rule families (comma-separated, repeatable)",
+    )
+    sel.add_argument(
+        "--target",
+        choices=TARGETS,
+        default=_DEFAULT_OPTIONS.target,
+        help="cost model the extractor minimizes (default %(default)s)",
+    )
+    sel.add_argument(
+        "--extractor",
+        choices=EXTRACTORS,
+        default=_DEFAULT_OPTIONS.extractor,
+        help="greedy-dag counts a shared tensor once; tree counts it per use (default %(default)s)",
+    )
+    return parser
+
+
+def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for group in groups:
+        for name in group:
+            seen.setdefault(name, None)
+    return tuple(seen)
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """Map parsed ``optimize`` flags onto ``Options``; flags not given keep the dataclass defaults."""
+    budget_changes: dict[str, Any] = {}
+    for flag, field_name in (
+        ("max_iterations", "iterations"),
+        ("max_enodes", "enodes"),
+        ("time_limit", "seconds"),
+        ("match_limit", "match_limit"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            budget_changes[field_name] = value
+
+    input_shapes: dict[str, tuple[int, ...]] = {}
+    for name, dims in args.input_shape:
+        if name in input_shapes and input_shapes[name] != dims:
+            raise BadInputError(f"--input-shape given twice for input '{name}' with different shapes")
+        input_shapes[name] = dims
+
+    return Options(
+        budgets=Budgets(**budget_changes),
+        rules_only=_flatten(args.rules_only),
+        disable_rules=_flatten(args.disable_rules),
+        target=args.target,
+        extractor=args.extractor,
+        verify=not args.no_verify,
+        input_shapes=input_shapes,
+        materialize_constants=args.materialize_constants,
+        progress=not (args.quiet or args.json),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+
+
+def _output_path(args: argparse.Namespace) -> str:
+    if args.output_pos is not None and args.output_opt is not None:
+        raise BadInputError("give the output path once: either as OUTPUT or with -o, not both")
+    out = args.output_pos if args.output_pos is not None else args.output_opt
+    if out is None:
+        raise BadInputError("no output path: give OUTPUT or -o OUTPUT")
+    return out
+
+
+def _check_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Reject ``--input-shape`` pins that name no graph input or contradict its declared shape.
+
+    Done right after loading so a typo costs seconds, not a saturation run.
+    """
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {vi.name: vi for vi in model.graph.input if vi.name not in initializers}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            known = ", ".join(sorted(inputs)) or "none"
+            raise BadInputError(f"--input-shape names '{name}', which is not a graph input (inputs: {known})")
+        ttype = inputs[name].type.tensor_type
+        if not ttype.HasField("shape"):
+            continue  # rank unknown: the pin defines it
+        declared = ttype.shape.dim
+        if len(declared) != len(dims):
+            raise BadInputError(
+                f"--input-shape {name}: {len(dims)} dims given, but the input has rank {len(declared)}"
+            )
+        for axis, (d, pinned) in enumerate(zip(declared, dims, strict=True)):
+            if d.HasField("dim_value") and d.dim_value != pinned:
+                raise BadInputError(
+                    f"--input-shape {name}: dim {axis} is fixed to {d.dim_value} in the model, not {pinned}"
+                )
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Write via a temp file in the same directory and ``os.replace``: never a half-written report."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise BadInputError(f"cannot write {path}: {e.strerror or one_line(e)}") from e
+
+
+def _run_optimize(args: argparse.Namespace) -> int:
+    from onnxsat.modelio import check_output_path, load_model, save_model_atomic
+
+    options = options_from_args(args)
+    out_path = check_output_path(_output_path(args), args.input)
+    report_path: Path | None = None
+    if args.report_json is not None:
+        report_path = check_output_path(args.report_json, args.input)
+        if report_path.resolve() == out_path.resolve():
+            raise BadInputError("--report-json must not be the output model path")
+
+    model = load_model(args.input)
+    _check_input_shapes(model, options.input_shapes)
+
+    from onnxsat.pipeline import optimize
+
+    optimized, report = optimize(model, options)
+    if report.verification.status == "failed":
+        # The pipeline raises VerificationError; this guards against a report that only records it.
+        detail = f" ({report.verification.detail})" if report.verification.detail else ""
+        print(f"{PROG}: error: optimized model does not match the original{detail}", file=sys.stderr)
+        return 3
+
+    save_model_atomic(optimized, out_path, external_data=args.external_data, input_path=args.input)
+    if report_path is not None:
+        _write_text_atomic(report_path, report.to_json() + "\n")
+
+    if args.json:
+        print(report.to_json())
+    elif not args.quiet:
+        print(report.render())
+        print(f"\nwrote {out_path}" + (f" (+ {out_path.name}.data)" if args.external_data else ""))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``onnxsat`` console script and ``python -m onnxsat``; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version and usage errors; keep main() returning an int
+        return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_USAGE)
+
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        return _run_optimize(args)
+    except OnnxsatError as e:
+        print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        if args.debug:
+            raise
+        print(
+            f"{PROG}: internal error: {type(e).__name__}: {one_line(e)} (rerun with --debug for a traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL

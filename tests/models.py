@@ -1,0 +1,70 @@
+"""Real models for tests: the ONNX light models (with optional seeded random weights) and examples/."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+LIGHT_MODELS = sorted(p.name for p in LIGHT_DIR.glob("*.onnx"))
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load_light(name: str) -> onnx.ModelProto:
+    return onnx.load(str(LIGHT_DIR / name))
+
+
+def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
+    """Replace every ConstantOfShape weight by seeded random values so numerics mean something.
+
+    Fan-in-scaled normals for weights, small biases, BatchNormalization scale near 1 and
+    variance positive (light models make every weight with ConstantOfShape of one value).
+    """
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    bn_role: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "BatchNormalization":
+            for role, name in zip(("scale", "bias", "mean", "var"), node.input[1:5], strict=False):
+                bn_role[name] = role
+    kept = []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in consts:
+            kept.append(node)
+            continue
+        shape = tuple(int(d) for d in consts[node.input[0]])
+        name = node.output[0]
+        role = bn_role.get(name)
+        if role == "var":
+            value = rng.uniform(0.5, 1.5, shape)
+        elif role == "scale":
+            value = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif role in ("bias", "mean") or len(shape) <= 1:
+            value = 0.05 * rng.standard_normal(shape)
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            value = rng.standard_normal(shape) * np.sqrt(2.0 / max(fan_in, 1))
+        graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
+    del graph.node[:]
+    graph.node.extend(kept)
+    return out
+
+
+def expose_pre_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Add the input of the final Softmax as an extra output (a saturated Softmax hides errors)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    softmaxes = [n for n in out.graph.node if n.op_type == "Softmax"]
+    if softmaxes:
+        name = softmaxes[-1].input[0]
+        inferred = onnx.shape_inference.infer_shapes(out)
+        info = next(vi for vi in inferred.graph.value_info if vi.name == name)
+        out.graph.output.append(info)
+    return out

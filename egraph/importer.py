@@ -343,7 +343,7 @@ class _Importer:
 
     # ------------------------------------------------------------ driver
     def run(self) -> Program:
-        model = self.model
+        model = self.model = _pin_inputs(self.model, self.input_shapes)
         graph = model.graph
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
@@ -351,9 +351,6 @@ class _Importer:
             inferred = model
         for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
             self.infos[vi.name] = _type_info(vi.type, self.symbols)
-        for name, dims in self.input_shapes.items():
-            if name in self.infos:
-                self.infos[name] = TensorInfo(self.infos[name].dtype, tuple(dims))
         initializers = {t.name: t for t in graph.initializer}
         input_names = [i.name for i in graph.input]
         overridable = {n for n in input_names if n in initializers and model.ir_version >= 4}
@@ -397,6 +394,22 @@ class _Importer:
             terms=self.terms,
             infos=self.infos,
         )
+
+
+def _pin_inputs(model: onnx.ModelProto, pins: dict[str, list[int]]) -> onnx.ModelProto:
+    """A copy whose inputs declare the pinned shapes (``--input-shape``): the optimized model is
+    specialized to them, so it says so, and shape inference sees them."""
+    if not pins:
+        return model
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    for vi in pinned.graph.input:
+        if vi.name in pins:
+            shape = vi.type.tensor_type.shape
+            del shape.dim[:]
+            for d in pins[vi.name]:
+                shape.dim.add().dim_value = int(d)
+    return pinned
 
 
 def _literal(kind: str, value: Any) -> Any:

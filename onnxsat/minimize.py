@@ -17,14 +17,13 @@ from onnxsat.report import Report
 
 
 def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
-    from onnxsat.pipeline import _rewrite
-    from onnxsat.verification import compare_models
+    from onnxsat.pipeline import _rewrite, compare
 
     try:
         optimized = _rewrite(original, options, rules, Report())
     except Exception:
         return True
-    result = compare_models(original, optimized, seeds=options.verify_seeds)
+    result, _ = compare(original, optimized, options)
     return not result.ok and not result.skipped_reason
 
 

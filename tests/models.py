@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(p.name for p in LIGHT_DIR.glob("*.onnx"))
@@ -52,6 +52,8 @@ def randomize_weights(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
             fan_in = int(np.prod(shape[1:]))
             value = rng.standard_normal(shape) * np.sqrt(2.0 / max(fan_in, 1))
         graph.initializer.append(numpy_helper.from_array(value.astype(np.float32), name))
+        if out.ir_version < 4:  # the IR 3 convention: every initializer is also listed as an input
+            graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
     del graph.node[:]
     graph.node.extend(kept)
     return out

@@ -45,8 +45,11 @@ def test_light_model_with_random_weights(name: str) -> None:
         assert np.all(np.isfinite(value)), key
         assert float(np.std(value)) > 0, f"{key} is degenerate"
         np.testing.assert_allclose(got[key], value, rtol=1e-3, atol=1e-4 * max(1.0, float(np.abs(value).max())))
-    if any(n.op_type == "BatchNormalization" for n in model.graph.node):
-        assert "BatchNormalization" not in report.nodes_after, "Conv+BatchNorm should fold"
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    after_conv = sum(producers.get(n.input[0]) == "Conv" for n in bns)
+    # Every BatchNormalization right after a Conv folds into it; the others (pre-activation) stay.
+    assert report.nodes_after.get("BatchNormalization", 0) == len(bns) - after_conv
 
 
 def test_layout_algebra_reaches_hand_derived_minimum() -> None:
@@ -78,7 +81,8 @@ def test_custom_domain_op_round_trips_intact() -> None:
     assert kept[0].op_type == original.op_type
     assert list(kept[0].attribute) == list(original.attribute)
     assert report.unknown_ops == {"com.example.MyOp": 1}
-    assert report.verification.status == "unverified"
+    # onnxruntime cannot run MyOp: the regions around it are verified on their own.
+    assert report.verification.status == "regionwise"
     assert {o.domain: o.version for o in out.opset_import} == {o.domain: o.version for o in model.opset_import}
 
 

@@ -44,8 +44,10 @@ def test_shape_unsound_rule_is_named(bad_rule: str) -> None:
 
 
 @pytest.mark.parametrize("bad_rule", ["bad-relu-is-identity"], indirect=True)
-def test_numerically_wrong_rule_is_caught_by_verification(bad_rule: str) -> None:
-    model = onnx.load(str(EXAMPLES / "small_cnn.onnx"))
+@pytest.mark.parametrize("model_file", ["small_cnn.onnx", "custom_op.onnx"])
+def test_numerically_wrong_rule_is_caught_by_verification(bad_rule: str, model_file: str) -> None:
+    """Also when onnxruntime cannot run the model whole (custom op: region-wise check)."""
+    model = onnx.load(str(EXAMPLES / model_file))
     with pytest.raises(VerificationError) as info:
         onnxsat.optimize(model, onnxsat.Options(minimize_seconds=120))
     assert info.value.culprit_rules == [bad_rule]

@@ -59,12 +59,25 @@ def _legacy_broadcast(node: ImportNode) -> None:
         node.attrs.pop("consumed_inputs", None)
 
 
+def _legacy_broadcast_export(node: ExportNode) -> None:
+    # Import dropped `broadcast=1`; without it an opset < 7 binary op needs equal shapes.
+    if node.opset < 7:
+        node.attrs["broadcast"] = 1
+
+
 def _unary(op_type: str, ctor: Callable[..., Any], min_opset: int = 6) -> OpSpec:
     return OpSpec(op_type, ctor, ("X",), family="unary", min_opset=min_opset)
 
 
 def _binary(op_type: str, ctor: Callable[..., Any]) -> OpSpec:
-    return OpSpec(op_type, ctor, ("A", "B"), family="binary", normalize=_legacy_broadcast)
+    return OpSpec(
+        op_type,
+        ctor,
+        ("A", "B"),
+        family="binary",
+        normalize=_legacy_broadcast,
+        export=_legacy_broadcast_export,
+    )
 
 
 register(

@@ -258,7 +258,9 @@ register(
         export=_axes_export(13),
         flops=no_flops,
     ),
-    OpSpec("Concat", L.concat, ("inputs*",), (Attr("axis", "int"),), family="layout", normalize=_axis_normalize),
+    OpSpec(
+        "Concat", L.concat, ("inputs*",), (Attr("axis", "int"),), family="layout", normalize=_axis_normalize
+    ),
     OpSpec(
         "Split",
         L.split,

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from ..extract.greedy import ExtractedGraph
 from ..extract.serialized import ENode, Ref
 from .ops import BY_CTOR
-from .ops.registry import INT64_MAX, ExportNode
+from .ops.registry import ExportNode
 from .program import Program
 
 MIN_IR_VERSION = 4
@@ -25,6 +25,16 @@ MIN_IR_VERSION = 4
 
 class ExportError(RuntimeError):
     """An extracted node has no valid ONNX form at the model's opset (a rule bug)."""
+
+
+def _multi_key(node: ENode) -> tuple[Any, ...] | None:
+    """Identity of the multi-output node an e-node is one output of (None for single-output)."""
+    if node.op == "opaque":
+        return ("opaque", node.args[0])
+    spec = BY_CTOR.get(node.op)
+    if spec is not None and spec.indexed_outputs:
+        return (node.op, node.args[:-1])
+    return None
 
 
 def _attr_value(kind: str, value: Any) -> Any:
@@ -46,6 +56,12 @@ class _Exporter:
         self.output_names = [name for name, _ in program.outputs]
         self.reserved = set(self.output_names) | set(program.true_inputs)
         self.done_multi: set[tuple[Any, ...]] = set()
+        self.multi: dict[tuple[Any, ...], dict[int, str]] = {}
+        """Multi-output node key -> output index -> e-class (Split parts, opaque outputs)."""
+        for eclass, node in graph.nodes:
+            key = _multi_key(node)
+            if key is not None:
+                self.multi.setdefault(key, {}).setdefault(int(node.args[-1]), eclass)
 
     def _fresh(self, hint: str = "onnxsat") -> str:
         while True:
@@ -142,9 +158,9 @@ class _Exporter:
 
     def _emit_opaque(self, eclass: str, node: ENode) -> None:
         key, args, _ = node.args
-        if key in self.done_multi:
+        if ("opaque", key) in self.done_multi:
             return
-        self.done_multi.add(key)
+        self.done_multi.add(("opaque", key))
         info = self.program.opaque[key]
         items = self._list_items(args.eclass)
         inputs = [self._input_name(c) for c in items[: info.n_inputs]]
@@ -154,10 +170,7 @@ class _Exporter:
                 # Subgraphs read this tensor by name: make the name exist.
                 self.nodes.append(helper.make_node("Identity", [have], [captured]))
                 self.used.add(captured)
-        outputs = self._multi_outputs(
-            len(info.node.output),
-            lambda e, n: n.op == "opaque" and n.args[0] == key,
-        )
+        outputs = self._multi_outputs(node, len(info.node.output))
         proto = onnx.NodeProto()
         proto.CopyFrom(info.node)
         del proto.input[:]
@@ -166,13 +179,10 @@ class _Exporter:
         proto.output.extend(outputs)
         self.nodes.append(proto)
 
-    def _multi_outputs(self, count: int, same_node: Any) -> list[str]:
+    def _multi_outputs(self, node: ENode, count: int) -> list[str]:
         """Names of all outputs of a multi-output node: extracted ones by class, others fresh."""
-        by_index: dict[int, str] = {}
-        for eclass, other in self.graph.nodes:
-            if same_node(eclass, other):
-                by_index.setdefault(int(other.args[-1]), self._name_for(eclass))
-        return [by_index.get(i) or self._fresh() for i in range(count)]
+        by_index = self.multi[_multi_key(node)]  # type: ignore[index]
+        return [self._name_for(by_index[i]) if i in by_index else self._fresh() for i in range(count)]
 
     def _emit_modelled(self, eclass: str, node: ENode) -> None:
         spec = BY_CTOR[node.op]
@@ -183,21 +193,18 @@ class _Exporter:
         else:
             input_classes = [r.eclass for r in refs]
         if spec.indexed_outputs:
-            key = (node.op, node.args[:-1])
-            if key in self.done_multi:
+            multi = (node.op, node.args[:-1])
+            if multi in self.done_multi:
                 return
-            self.done_multi.add(key)
-            n_out = self._split_count(node, input_classes)
-            outputs = self._multi_outputs(n_out, lambda e, n: n.op == node.op and n.args[:-1] == node.args[:-1])
+            self.done_multi.add(multi)
+            outputs = self._multi_outputs(node, self._split_count(node, input_classes))
             literals = literals[:-1]
         else:
             outputs = [self._name_for(eclass)]
         attrs = {}
         for attr, value in zip(spec.attrs, literals, strict=True):
             if attr.default is not None and value == attr.default:
-                continue
-            if attr.name in ("start", "end") and value in (0, INT64_MAX):
-                continue
+                continue  # defaults stay implicit: older opsets may not know the attribute
             attrs[attr.name] = _attr_value(attr.kind, value)
         inputs = [self._input_name(c) for c in input_classes]
         while inputs and inputs[-1] == "":

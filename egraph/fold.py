@@ -61,7 +61,8 @@ def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: 
     added = 0
     kept: list[onnx.NodeProto] = []
     folded = 0
-    new_inits: list[onnx.TensorProto] = []
+    new_dense: list[onnx.TensorProto] = []
+    new_uniform: list[str] = []
     opset = list(model.opset_import)
 
     def const(name: str) -> bool:
@@ -89,7 +90,7 @@ def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: 
                 continue
             dims = np.broadcast_shapes(*[uniform[i].dims for i in node.input if i])
             uniform[node.output[0]] = _Uniform(np.asarray(out).reshape(-1)[:1], tuple(dims))
-            new_inits.append(_uniform_node_marker(node.output[0]))
+            new_uniform.append(node.output[0])
             folded += 1
             continue
         arrays = [None if i == "" else _materialize(i, dense, uniform) for i in node.input]
@@ -106,13 +107,13 @@ def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: 
             out = np.asarray(out)
             if _is_uniform(out) and out.size > 16:
                 uniform[name] = _Uniform(out.reshape(-1)[:1], out.shape)
-                new_inits.append(_uniform_node_marker(name))
+                new_uniform.append(name)
             else:
                 dense[name] = numpy_helper.from_array(out, name)
-                new_inits.append(dense[name])
+                new_dense.append(dense[name])
                 added += out.nbytes
         folded += 1
-    return _rebuild(model, kept, dense, uniform, new_inits), folded
+    return _rebuild(model, kept, uniform, new_dense, new_uniform), folded
 
 
 def _is_uniform(a: np.ndarray) -> bool:
@@ -130,36 +131,27 @@ def _materialize(name: str, dense: dict[str, onnx.TensorProto], uniform: dict[st
     return np.full(u.dims, u.value[0], dtype=u.value.dtype)
 
 
-def _uniform_node_marker(name: str) -> onnx.TensorProto:
-    marker = onnx.TensorProto()
-    marker.name = "\0uniform\0" + name
-    return marker
-
-
 def _rebuild(
     model: onnx.ModelProto,
     kept: list[onnx.NodeProto],
-    dense: dict[str, onnx.TensorProto],
     uniform: dict[str, _Uniform],
-    new_inits: list[onnx.TensorProto],
+    new_dense: list[onnx.TensorProto],
+    new_uniform: list[str],
 ) -> onnx.ModelProto:
-    """Kept nodes + ConstantOfShape for new uniform values + live initializers only."""
+    """Kept nodes, a ConstantOfShape per new uniform value, and only the live initializers."""
     graph = model.graph
     nodes = list(kept)
-    produced = {o for n in kept for o in n.output}
-    extra_inits: list[onnx.TensorProto] = []
-    for marker in new_inits:
-        if marker.name.startswith("\0uniform\0"):
-            name = marker.name[len("\0uniform\0") :]
-            if name in produced:
-                continue
-            u = uniform[name]
-            shape_name = f"{name}__shape"
-            extra_inits.append(numpy_helper.from_array(np.array(u.dims, dtype=np.int64), shape_name))
-            value = numpy_helper.from_array(u.value.reshape(1), "value")
-            nodes.insert(0, helper.make_node("ConstantOfShape", [shape_name], [name], value=value))
-            produced.add(name)
-    inits = [t for t in graph.initializer] + [t for t in new_inits if not t.name.startswith("\0")] + extra_inits
+    inits = list(graph.initializer) + new_dense
+    taken = {t.name for t in inits} | {o for n in kept for o in n.output} | {i.name for i in graph.input}
+    for name in new_uniform:
+        u = uniform[name]
+        shape_name = f"{name}__shape"
+        while shape_name in taken:
+            shape_name += "_"
+        taken.add(shape_name)
+        inits.append(numpy_helper.from_array(np.array(u.dims, dtype=np.int64), shape_name))
+        value = numpy_helper.from_array(u.value.reshape(1), "value")
+        nodes.append(helper.make_node("ConstantOfShape", [shape_name], [name], value=value))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]
@@ -167,14 +159,12 @@ def _rebuild(
     live = _live_nodes(nodes, [o.name for o in graph.output])
     out.graph.node.extend(live)
     used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)
+    used |= {i.name for i in graph.input}  # overridable inputs keep their default initializer
     seen: set[str] = set()
     for t in inits:
         if t.name in used and t.name not in seen:
             seen.add(t.name)
             out.graph.initializer.append(t)
-    for vi in graph.input:
-        if vi.name in dense and vi.name not in seen:
-            pass
     return out
 
 

@@ -80,6 +80,18 @@ for _r in range(1, MAX_RANK + 1):
         variant=str(_r),
     )
 
+# Shape of a tensor whose dims are all known is a constant (then the shape arithmetic folds).
+for _r in range(MAX_RANK + 1):
+    _add(
+        "shape-of-known",
+        L.shape_of(x, i64(0), i64(2**63 - 1)),
+        L.Tensor.ints(sa, i64(1)),
+        L.shape(x) == sa,
+        sa.length() == i64(_r),
+        *[sa[i] >= i64(0) for i in range(_r)],
+        variant=str(_r),
+    )
+
 # A reshape to the shape its input already has is a no-op.
 _add("reshape-noop", L.reshape(x, y, ia), x, L.shape(t) == sa, L.shape(x) == sa)
 

@@ -21,6 +21,8 @@ from onnxsat.rules.registry import RULES
 import onnxsat
 from onnxsat.verification import compare_models
 
+from .models import EXAMPLES
+
 F = TensorProto.FLOAT
 
 
@@ -75,6 +77,19 @@ def test_prove_reshapes() -> None:
     t2 = L.Tensor.ints(L.ivec([3, 8]), 1)
     _prove(L.reshape(L.reshape(X, t1, 0), t2, 0), L.reshape(X, L.Tensor.ints(L.ivec([3, 8]), 1), 0), {"x": (2, 3, 4)})
     _prove(L.reshape(X, L.Tensor.ints(L.ivec([2, 3, 4]), 1), 0), X, {"x": (2, 3, 4)})
+
+
+def test_prove_shape_of_known_dims() -> None:
+    _prove(L.shape_of(X, 0, 2**63 - 1), L.Tensor.ints(L.ivec([2, 3, 4]), 1), {"x": (2, 3, 4)})
+
+
+def test_numeric_shape_chain_folds_when_input_shape_is_pinned() -> None:
+    model = onnx.load(str(EXAMPLES / "transformer_block.onnx"))
+    pins = {"input_ids": (1, 16), "attention_mask": (1, 16)}
+    out, report = onnxsat.optimize(model, onnxsat.Options(input_shapes=pins))
+    assert report.verification.status == "passed"
+    assert "Shape" in report.nodes_before and "Shape" not in report.nodes_after
+    assert report.total_after < report.total_before
 
 
 def test_prove_matmul_add_to_gemm() -> None:
@@ -162,6 +177,6 @@ def test_every_rule_is_tested_here(rule: str) -> None:
     covered = {
         "identity-elim", "neg-neg", "relu-relu", "mul-one", "div-one", "add-zero", "sub-zero",
         "transpose-compose", "transpose-identity-elim", "reshape-reshape", "reshape-noop",
-        "conv-batchnorm-fold", "matmul-add-to-gemm",
+        "conv-batchnorm-fold", "matmul-add-to-gemm", "shape-of-known",
     }  # fmt: skip
     assert rule in covered

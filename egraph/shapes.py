@@ -33,12 +33,28 @@ def _is_zero(x: i64) -> i64:
     return i64(1) - x.max(i64(0) - x).min(1)
 
 
+def _is_negative(x: i64) -> i64:
+    return i64(1) - (x + 1).max(0).min(1)
+
+
+PAIR_BASE = 1 << 40
+"""Symbolic dims at or below ``-PAIR_BASE`` stand for the broadcast of two other symbols."""
+
+
 def bdim(a: i64, b: i64) -> i64:
-    """The broadcast of two dims."""
+    """The broadcast of two dims.
+
+    Two different symbols give a third one named by the pair (either may be 1 at run time, so
+    the result is neither); the pair code is symmetric so ``a+b`` and ``b+a`` agree.
+    """
     fa = a - _is_one(a) * (_BIG + 1)
     fb = b - _is_one(b) * (_BIG + 1)
     r = fa.max(fb)
-    return r + _is_zero(r + _BIG) * (_BIG + 1)
+    r = r + _is_zero(r + _BIG) * (_BIG + 1)
+    lo, hi = a.min(b), a.max(b)
+    pair = i64(0) - (i64(PAIR_BASE) + ((i64(0) - lo) % (1 << 20)) * (1 << 20) + (i64(0) - hi) % (1 << 20))
+    two_symbols = _is_negative(a) * _is_negative(b) * (i64(1) - _is_zero(a - b))
+    return r + two_symbols * (pair - r)
 
 
 def _vec(items: list) -> Vec[i64]:

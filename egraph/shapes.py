@@ -13,7 +13,7 @@ symbolic one), and two 1s give 1.
 
 from __future__ import annotations
 
-from egglog import Ruleset, String, Vec, eq, f64, function, i64, relation, rule, ruleset, set_, vars_
+from egglog import Ruleset, String, Vec, eq, f64, function, i64, i64Like, relation, rule, ruleset, set_, vars_
 
 from . import lang as L
 
@@ -34,7 +34,8 @@ def _is_zero(x: i64) -> i64:
 
 
 def _is_negative(x: i64) -> i64:
-    return i64(1) - (x + 1).max(0).min(1)
+    """1 when ``x < 0`` else 0 (no overflow at the i64 extremes, e.g. INT64_MAX slice ends)."""
+    return i64(0) - x.min(0).max(-1)
 
 
 PAIR_BASE = 1 << 40
@@ -57,6 +58,37 @@ def bdim(a: i64, b: i64) -> i64:
     return r + two_symbols * (pair - r)
 
 
+def _eq(x: i64, y: i64) -> i64:
+    """1 when ``x == y`` else 0."""
+    return _is_zero(x - y)
+
+
+def _ge(x: i64, y: i64) -> i64:
+    """1 when ``x >= y`` else 0."""
+    return (x - y + 1).max(0).min(1)
+
+
+def _norm_axis(axis: i64, rank: i64) -> i64:
+    """A possibly negative axis counted from the front."""
+    return axis + rank * _is_negative(axis)
+
+
+def _clamp(x: i64, lo: i64 | int, hi: i64 | int) -> i64:
+    return x.max(lo).min(hi)
+
+
+def _unsqueezed(dims: list, axes: list) -> list:
+    """``dims`` with 1s inserted at output positions ``axes`` (distinct, normalized)."""
+    padded = _vec(list(dims) + [i64(1)])
+    out = []
+    for i in range(len(dims) + len(axes)):
+        is_axis = sum((_eq(i64(i), a) for a in axes), i64(0))
+        before = sum((i64(1) - _ge(a, i64(i)) for a in axes), i64(0))  # axes strictly before i
+        src = _clamp(i64(i) - before, 0, len(dims))
+        out.append(is_axis + (i64(1) - is_axis) * padded[src])
+    return out
+
+
 def _vec(items: list) -> Vec[i64]:
     return Vec(*items) if items else Vec[i64].empty()
 
@@ -70,25 +102,6 @@ va, vb, vc, vd = vars_("va vb vc vd", Vec[i64])
 fa, fb, fc = vars_("fa fb fc", f64)
 (str_a,) = vars_("str_a", String)
 (dt,) = vars_("dt", i64)
-
-
-def _broadcast(shapes: list[Vec[i64]], ranks: list[int]) -> Vec[i64]:
-    return _vec(_broadcast_dims(shapes, ranks))
-
-
-def _broadcast_dims(shapes: list[Vec[i64]], ranks: list[int]) -> list[i64 | None]:
-    """Numpy broadcasting of the leading ``ranks[k]`` dims of each shape (right-aligned)."""
-    r = max(ranks)
-    dims = []
-    for i in range(r):
-        acc = None
-        for s, rk in zip(shapes, ranks, strict=True):
-            j = i - (r - rk)
-            if j < 0:
-                continue
-            acc = s[j] if acc is None else bdim(acc, s[j])
-        dims.append(acc)
-    return dims
 
 
 # ---------------------------------------------------------------- leaves
@@ -135,13 +148,28 @@ def bshape(x: Vec[i64], y: Vec[i64]) -> Vec[i64]:
     """The numpy broadcast of two shapes."""
 
 
-for ra in range(MAX_RANK + 1):
-    for rb in range(MAX_RANK + 1):
-        shape_rules.append(
-            rule(bshape_req(sa, sb), sa.length() == i64(ra), sb.length() == i64(rb)).then(
-                set_(bshape(sa, sb)).to(_broadcast([sa, sb], [ra, rb]))
-            )
+for _r in range(MAX_RANK + 1):
+    # Equal ranks: dim by dim.
+    shape_rules.append(
+        rule(bshape_req(sa, sb), sa.length() == i64(_r), sb.length() == i64(_r)).then(
+            set_(bshape(sa, sb)).to(_vec([bdim(sa[i], sb[i]) for i in range(_r)]))
         )
+    )
+for _k in range(1, MAX_RANK + 1):
+    # Unequal ranks: the shorter shape is padded with leading 1s first.
+    ones = Vec(*[i64(1)] * _k)
+    shape_rules.append(rule(bshape_req(sa, sb), sa.length() + _k == sb.length()).then(bshape_req(ones.append(sa), sb)))
+    shape_rules.append(rule(bshape_req(sa, sb), sb.length() + _k == sa.length()).then(bshape_req(sa, ones.append(sb))))
+    shape_rules.append(
+        rule(bshape_req(sa, sb), sa.length() + _k == sb.length(), bshape(ones.append(sa), sb) == sc).then(
+            set_(bshape(sa, sb)).to(sc)
+        )
+    )
+    shape_rules.append(
+        rule(bshape_req(sa, sb), sb.length() + _k == sa.length(), bshape(sa, ones.append(sb)) == sc).then(
+            set_(bshape(sa, sb)).to(sc)
+        )
+    )
 for _op in (L.add, L.sub, L.mul, L.div, L.pow_):
     shape_rules.append(rule(eq(t).to(_op(a, b)), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
     shape_rules.append(rule(eq(t).to(_op(a, b)), L.shape(a) == sa, L.shape(b) == sb).then(bshape_req(sa, sb)))
@@ -168,20 +196,25 @@ shape_rules.append(
 
 # ---------------------------------------------------------------- matmul and gemm
 shape_rules.append(rule(eq(t).to(L.matmul(a, b)), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
-for ra in range(2, MAX_RANK + 1):
-    for rb in range(2, MAX_RANK + 1):
-        out = _vec(_broadcast_dims([sa, sb], [ra - 2, rb - 2]) + [sa[ra - 2], sb[rb - 1]])
-        shape_rules.append(
-            rule(
-                eq(t).to(L.matmul(a, b)), L.shape(a) == sa, L.shape(b) == sb, sa.length() == i64(ra), sb.length() == i64(rb)
-            ).then(set_(L.shape(t)).to(out))
-        )
-for ra in range(2, MAX_RANK + 1):  # matrix x vector
-    shape_rules.append(
-        rule(eq(t).to(L.matmul(a, b)), L.shape(a) == sa, L.shape(b) == sb, sa.length() == i64(ra), sb.length() == i64(1)).then(
-            set_(L.shape(t)).to(_vec([sa[i] for i in range(ra - 1)]))
-        )
+# Batched: the batch dims (all but the last two) broadcast; then [M, N].
+_batched = (eq(t).to(L.matmul(a, b)), L.shape(a) == sa, L.shape(b) == sb, sa.length() >= i64(2), sb.length() >= i64(2))
+shape_rules.append(rule(*_batched).then(bshape_req(sa.pop().pop(), sb.pop().pop())))
+shape_rules.append(
+    rule(*_batched, bshape(sa.pop().pop(), sb.pop().pop()) == sc).then(
+        set_(L.shape(t)).to(sc.push(sa[sa.length() - 2]).push(sb[sb.length() - 1]))
     )
+)
+# Vector operands: [K] x [..., K, N] drops M; [..., M, K] x [K] drops N.
+shape_rules.append(
+    rule(eq(t).to(L.matmul(a, b)), L.shape(a) == sa, L.shape(b) == sb, sa.length() == i64(1), sb.length() >= i64(2)).then(
+        set_(L.shape(t)).to(sb.remove(sb.length() - 2))
+    )
+)
+shape_rules.append(
+    rule(eq(t).to(L.matmul(a, b)), L.shape(a) == sa, L.shape(b) == sb, sa.length() >= i64(1), sb.length() == i64(1)).then(
+        set_(L.shape(t)).to(sa.pop())
+    )
+)
 for _ta in (0, 1):
     for _tb in (0, 1):
         shape_rules.append(
@@ -199,6 +232,12 @@ shape_rules.append(rule(eq(t).to(L.gemm(a, b, c, fa, fb, ia, ib)), L.dtype(a) ==
 # ---------------------------------------------------------------- conv and pooling
 def _window(size: i64, k: i64, stride: i64, dil: i64, pad_total: i64) -> i64:
     return (size + pad_total - dil * (k - 1) - 1) / stride + 1
+
+
+def _window_ceil(size: i64, k: i64, stride: i64, dil: i64, pad_begin: i64, pad_total: i64) -> i64:
+    """ceil_mode=1 windows; a last window that would start in the end padding is dropped."""
+    out = (size + pad_total - dil * (k - 1) - 1 + stride - 1) / stride + 1
+    return out - _ge((out - 1) * stride, size + pad_begin)
 
 
 for _n in (1, 2, 3):
@@ -219,6 +258,34 @@ for _n in (1, 2, 3):
         rule(
             eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(0))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n)
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + pool_spatial)))
+    )
+    pool_ceil = [_window_ceil(sa[2 + i], va[i], vb[i], vd[i], vc[i], vc[i] + vc[_n + i]) for i in range(_n)]
+    shape_rules.append(
+        rule(
+            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(1))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n)
+        ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + pool_ceil)))
+    )
+    avg_ceil = [_window_ceil(sa[2 + i], va[i], vb[i], i64(1), vc[i], vc[i] + vc[_n + i]) for i in range(_n)]
+    shape_rules.append(
+        rule(
+            eq(t).to(L.average_pool(a, va, vb, vc, i64(1), ib)),
+            L.shape(a) == sa,
+            sa.length() == i64(_n + 2),
+            va.length() == i64(_n),
+        ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + avg_ceil)))
+    )
+    # ConvTranspose: va strides, vb pads, vc dilations, vd output padding.
+    transposed = [
+        va[i] * (sa[2 + i] - 1) + vd[i] + (sb[2 + i] - 1) * vc[i] + 1 - vb[i] - vb[_n + i] for i in range(_n)
+    ]
+    shape_rules.append(
+        rule(
+            eq(t).to(L.conv_transpose(a, b, c, va, vb, vc, ia, vd)),
+            L.shape(a) == sa,
+            L.shape(b) == sb,
+            sa.length() == i64(_n + 2),
+            sb.length() == i64(_n + 2),
+        ).then(set_(L.shape(t)).to(_vec([sa[0], sb[1] * ia] + transposed)))
     )
     avg_spatial = [_window(sa[2 + i], va[i], vb[i], i64(1), vc[i] + vc[_n + i]) for i in range(_n)]
     shape_rules.append(
@@ -249,14 +316,6 @@ for _r in range(MAX_RANK + 1):
         rule(eq(t).to(L.transpose(a, va)), L.shape(a) == sa, sa.length() == i64(_r), va.length() == i64(_r)).then(
             set_(L.shape(t)).to(_vec([sa[va[i]] for i in range(_r)]))
         )
-    )
-    # Reshape to an all-positive constant target: the target is the shape.
-    shape_rules.append(
-        rule(
-            eq(t).to(L.reshape(a, L.Tensor.ints(va, i64(1)), ia)),
-            va.length() == i64(_r),
-            *[va[i] > i64(0) for i in range(_r)],
-        ).then(set_(L.shape(t)).to(va))
     )
     # Flatten of known dims.
     for _axis in range(_r + 1):
@@ -298,17 +357,245 @@ for _r in range(MAX_RANK + 1):
             set_(L.shape(t)).to(Vec(i64(_r)))
         )
     )
-# Concat of two or three inputs along a known axis.
-for _r in range(1, MAX_RANK + 1):
-    for _axis in range(_r):
+# Concat: the axis dims of all inputs summed along the list (asked for by each concat).
+axis_sum_req = relation("axis_sum_req", L.TList, i64)
+
+
+@function
+def axis_sum(xs: L.TList, axis: i64Like) -> i64:
+    """Sum of ``shape[axis]`` over a tensor list."""
+
+
+shape_rules.append(rule(eq(t).to(L.concat(xs, ia))).then(axis_sum_req(xs, ia)))
+shape_rules.append(rule(axis_sum_req(xs, ia), eq(xs).to(L.TList.cons(a, ys))).then(axis_sum_req(ys, ia)))
+shape_rules.append(rule(axis_sum_req(xs, ia), eq(xs).to(L.TList.nil())).then(set_(axis_sum(xs, ia)).to(i64(0))))
+shape_rules.append(
+    rule(axis_sum_req(xs, ia), eq(xs).to(L.TList.cons(a, ys)), L.shape(a) == sa, axis_sum(ys, ia) == ib).then(
+        set_(axis_sum(xs, ia)).to(sa[ia] + ib)
+    )
+)
+shape_rules.append(
+    rule(eq(t).to(L.concat(L.TList.cons(a, ys), ia)), L.shape(a) == sa, axis_sum(L.TList.cons(a, ys), ia) == ib).then(
+        set_(L.shape(t)).to(sa.set(ia, ib))
+    )
+)
+
+# Reshape: 0 copies the input dim (allowzero=0), -1 takes what is left of the element count.
+numel_req = relation("numel_req", Vec[i64])
+
+
+@function
+def numel(dims: Vec[i64]) -> i64:
+    """Element count of a fully known shape."""
+
+
+for _q in range(MAX_RANK + 1):
+    _count = i64(1)
+    for i in range(_q):
+        _count = _count * sa[i]
+    shape_rules.append(
+        rule(numel_req(sa), sa.length() == i64(_q), *[sa[i] >= i64(0) for i in range(_q)]).then(
+            set_(numel(sa)).to(_count)
+        )
+    )
+_ONES = Vec(*[i64(1)] * MAX_RANK)
+for _r in range(MAX_RANK + 1):
+    padded = sa.append(_ONES)
+    zeros_copied = [va[i] + _is_zero(va[i]) * (padded[i] - va[i]) for i in range(_r)]
+    target = L.reshape(a, L.Tensor.ints(va, i64(1)), i64(0))
+    shape_rules.append(
+        rule(eq(t).to(target), L.shape(a) == sa, va.length() == i64(_r), *[va[i] >= i64(0) for i in range(_r)]).then(
+            set_(L.shape(t)).to(_vec(zeros_copied))
+        )
+    )
+    if _r == 0:
+        continue
+    shape_rules.append(rule(eq(t).to(target), L.shape(a) == sa, va.length() == i64(_r)).then(numel_req(sa)))
+    known = i64(1)
+    for i in range(_r):
+        known = known * (zeros_copied[i] + _is_zero(va[i] + 1) * 2)  # -1 counts as 1
+    shape_rules.append(
+        rule(
+            eq(t).to(target),
+            L.shape(a) == sa,
+            va.length() == i64(_r),
+            numel(sa) == ib,
+            *[va[i] >= i64(-1) for i in range(_r)],
+        ).then(
+            set_(L.shape(t)).to(
+                _vec([zeros_copied[i] + _is_zero(va[i] + 1) * (ib / known + 1) for i in range(_r)])
+            )
+        )
+    )
+for _r in range(MAX_RANK + 1):  # allowzero=1: the target is taken literally
+    shape_rules.append(
+        rule(
+            eq(t).to(L.reshape(a, L.Tensor.ints(va, i64(1)), i64(1))),
+            va.length() == i64(_r),
+            *[va[i] >= i64(0) for i in range(_r)],
+        ).then(set_(L.shape(t)).to(va))
+    )
+
+# Unsqueeze / Squeeze with constant axes (up to three, in ascending order once normalized).
+for _n in (1, 2, 3):
+    for _q in range(MAX_RANK + 1 - _n):
+        out_rank = i64(_q + _n)
+        axes = [_norm_axis(va[k], out_rank) for k in range(_n)]
+        dims = _unsqueezed([sa[i] for i in range(_q)], axes)
         shape_rules.append(
             rule(
-                eq(t).to(L.concat(L.TList.cons(a, L.TList.cons(b, L.TList.nil())), i64(_axis))),
+                eq(t).to(L.unsqueeze(a, L.Tensor.ints(va, i64(1)))),
                 L.shape(a) == sa,
-                L.shape(b) == sb,
-                sa.length() == i64(_r),
-            ).then(set_(L.shape(t)).to(sa.set(i64(_axis), sa[_axis] + sb[_axis])))
+                sa.length() == i64(_q),
+                va.length() == i64(_n),
+                *[axes[k] < axes[k + 1] for k in range(_n - 1)],
+            ).then(set_(L.shape(t)).to(_vec(dims)))
         )
+    rank = sa.length()
+    axes = [_norm_axis(va[k], rank) for k in range(_n)]
+    squeezed = sa
+    for k in range(_n):
+        squeezed = squeezed.remove(axes[k] - k)
+    shape_rules.append(
+        rule(
+            eq(t).to(L.squeeze(a, L.Tensor.ints(va, i64(1)))),
+            L.shape(a) == sa,
+            va.length() == i64(_n),
+            *[axes[k] < axes[k + 1] for k in range(_n - 1)],
+        ).then(set_(L.shape(t)).to(squeezed))
+    )
+    # Reductions over constant axes: kept as 1, or removed.
+    for _reduce in (L.reduce_mean, L.reduce_sum):
+        kept = sa
+        for k in range(_n):
+            kept = kept.set(axes[k], i64(1))
+        shape_rules.append(
+            rule(eq(t).to(_reduce(a, L.Tensor.ints(va, i64(1)), i64(1), ib)), L.shape(a) == sa, va.length() == i64(_n)).then(
+                set_(L.shape(t)).to(kept)
+            )
+        )
+        shape_rules.append(
+            rule(
+                eq(t).to(_reduce(a, L.Tensor.ints(va, i64(1)), i64(0), ib)),
+                L.shape(a) == sa,
+                va.length() == i64(_n),
+                *[axes[k] < axes[k + 1] for k in range(_n - 1)],
+            ).then(set_(L.shape(t)).to(squeezed))
+        )
+for _reduce in (L.reduce_mean, L.reduce_sum):
+    # No axes: reduce everything (or nothing, with noop_with_empty_axes).
+    shape_rules.append(
+        rule(eq(t).to(_reduce(a, L.Tensor.none(), i64(0), i64(0))), L.shape(a) == sa).then(
+            set_(L.shape(t)).to(Vec[i64].empty())
+        )
+    )
+    shape_rules.append(
+        rule(eq(t).to(_reduce(a, L.Tensor.none(), ia, i64(1))), L.shape(a) == sa).then(set_(L.shape(t)).to(sa))
+    )
+    for _q in range(MAX_RANK + 1):
+        shape_rules.append(
+            rule(eq(t).to(_reduce(a, L.Tensor.none(), i64(1), i64(0))), L.shape(a) == sa, sa.length() == i64(_q)).then(
+                set_(L.shape(t)).to(_vec([i64(1)] * _q))
+            )
+        )
+
+# Gather by a scalar index drops the axis; by a vector index resizes it; at axis 0 the
+# indices' dims replace the first dim (embeddings). Other cases keep their imported shape.
+shape_rules.append(
+    rule(eq(t).to(L.gather(a, b, ia)), L.shape(a) == sa, L.shape(b) == sb, sb.length() == i64(0)).then(
+        set_(L.shape(t)).to(sa.remove(_norm_axis(ia, sa.length())))
+    )
+)
+shape_rules.append(
+    rule(eq(t).to(L.gather(a, b, ia)), L.shape(a) == sa, L.shape(b) == sb, sb.length() == i64(1)).then(
+        set_(L.shape(t)).to(sa.set(_norm_axis(ia, sa.length()), sb[0]))
+    )
+)
+shape_rules.append(
+    rule(eq(t).to(L.gather(a, b, i64(0))), L.shape(a) == sa, L.shape(b) == sb, sb.length() >= i64(2)).then(
+        set_(L.shape(t)).to(sb.append(sa.remove(0)))
+    )
+)
+shape_rules.append(rule(eq(t).to(L.gather(a, b, ia)), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
+
+# Expand broadcasts the input with the target shape.
+shape_rules.append(rule(eq(t).to(L.expand(a, L.Tensor.ints(va, i64(1)))), L.shape(a) == sa).then(bshape_req(sa, va)))
+shape_rules.append(
+    rule(eq(t).to(L.expand(a, L.Tensor.ints(va, i64(1)))), L.shape(a) == sa, bshape(sa, va) == sb).then(
+        set_(L.shape(t)).to(sb)
+    )
+)
+
+# Split: given sizes, or an even split.
+shape_rules.append(
+    rule(eq(t).to(L.split(a, L.Tensor.ints(va, i64(1)), ia, ib, ic)), L.shape(a) == sa).then(
+        set_(L.shape(t)).to(sa.set(_norm_axis(ia, sa.length()), va[ic]))
+    )
+)
+shape_rules.append(
+    rule(
+        eq(t).to(L.split(a, L.Tensor.none(), ia, ib, ic)),
+        L.shape(a) == sa,
+        ib > i64(0),
+        sa[_norm_axis(ia, sa.length())] >= i64(0),
+        sa[_norm_axis(ia, sa.length())] % ib == i64(0),
+    ).then(set_(L.shape(t)).to(sa.set(_norm_axis(ia, sa.length()), sa[_norm_axis(ia, sa.length())] / ib)))
+)
+
+# Pad with constant pads over all axes.
+for _q in range(1, MAX_RANK + 1):
+    shape_rules.append(
+        rule(
+            eq(t).to(L.pad(a, L.Tensor.ints(va, i64(1)), c, L.Tensor.none(), str_a)),
+            L.shape(a) == sa,
+            sa.length() == i64(_q),
+            va.length() == i64(2 * _q),
+        ).then(set_(L.shape(t)).to(_vec([sa[i] + va[i] + va[_q + i] for i in range(_q)])))
+    )
+
+# Slice with constant starts/ends (and axes, steps > 0) on up to three axes.
+for _n in (1, 2, 3):
+    for _with_axes in (False, True):
+        for _with_steps in (False, True):
+            axes_t = L.Tensor.ints(vc, i64(1)) if _with_axes else L.Tensor.none()
+            steps_t = L.Tensor.ints(vd, i64(1)) if _with_steps else L.Tensor.none()
+            sliced = sa
+            for k in range(_n):
+                axis = _norm_axis(vc[k], sa.length()) if _with_axes else i64(k)
+                dim = sa[axis]
+                step = vd[k] if _with_steps else i64(1)
+                start = _clamp(_norm_axis(va[k], dim), 0, dim)
+                end = _clamp(_norm_axis(vb[k], dim), 0, dim)
+                sliced = sliced.set(axis, (end - start + step - 1).max(0) / step)
+            guards = [va.length() == i64(_n), vb.length() == i64(_n)]
+            if _with_axes:
+                guards.append(vc.length() == i64(_n))
+            if _with_steps:
+                guards += [vd.length() == i64(_n), *[vd[k] > i64(0) for k in range(_n)]]
+            shape_rules.append(
+                rule(
+                    eq(t).to(L.slice_(a, L.Tensor.ints(va, i64(1)), L.Tensor.ints(vb, i64(1)), axes_t, steps_t)),
+                    L.shape(a) == sa,
+                    *guards,
+                    *[sa[_norm_axis(vc[k], sa.length()) if _with_axes else k] >= i64(0) for k in range(_n)],
+                ).then(set_(L.shape(t)).to(sliced))
+            )
+
+# ConstantOfShape of a constant target; Shape with start/end.
+shape_rules.append(rule(eq(t).to(L.constant_of_shape(L.Tensor.ints(va, i64(1)), fa, ia))).then(set_(L.shape(t)).to(va)))
+shape_rules.append(
+    rule(eq(t).to(L.shape_of(a, ia, ib)), L.shape(a) == sa).then(
+        set_(L.shape(t)).to(
+            Vec(
+                (
+                    _clamp(_norm_axis(ib.min(i64(2**62)), sa.length()), 0, sa.length())
+                    - _clamp(_norm_axis(ia, sa.length()), 0, sa.length())
+                ).max(0)
+            )
+        )
+    )
+)
+
 
 # ---------------------------------------------------------------- constness
 shape_rules.append(rule(eq(t).to(L.Tensor.weight(str_a))).then(L.is_const(t)))

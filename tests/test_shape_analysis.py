@@ -80,7 +80,7 @@ SAME_SHAPE_OPS = {
 BINARY_OPS = {"Add", "Sub", "Mul", "Div", "Pow"}
 COVERED_OPS = SAME_SHAPE_OPS | BINARY_OPS | {
     "Where", "MatMul", "Gemm", "Conv", "MaxPool", "AveragePool", "GlobalAveragePool",
-    "Transpose", "Reshape", "Flatten", "Concat", "Shape",
+    "Transpose", "Reshape", "Flatten", "Concat", "Shape", "ConvTranspose",
 }  # fmt: skip
 """Ops with shape rules in egraph/shapes.py (the others keep ONNX's shapes at import)."""
 
@@ -106,7 +106,6 @@ def rule_applies(model: onnx.ModelProto) -> bool:
     """Whether shapes.py has a rule for this (single-node) model's instance of its op."""
     node = model.graph.node[0]
     op = node.op_type
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     ranks = [_ranks(model).get(i) for i in node.input]
     if op not in COVERED_OPS or any(r is None for r, i in zip(ranks, node.input, strict=True) if i):
         return False
@@ -114,23 +113,20 @@ def rule_applies(model: onnx.ModelProto) -> bool:
         return True
     if op in BINARY_OPS or op == "Where":
         return all(r <= 6 for r in ranks)
-    if op == "MatMul":  # rank >= 2 times rank >= 2, or matrix times vector
-        return 2 <= ranks[0] <= 6 and 1 <= ranks[1] <= 6
-    if op in ("Gemm", "Conv", "GlobalAveragePool"):
+    if op == "MatMul":  # any ranks up to 6, vectors included
+        return all(1 <= r <= 6 for r in ranks)
+    if op in ("Gemm", "Conv", "GlobalAveragePool", "MaxPool", "AveragePool", "ConvTranspose"):
         return True
-    if op in ("MaxPool", "AveragePool"):
-        return not attrs.get("ceil_mode", 0)
     if op == "Transpose":
         return ranks[0] <= 6
     if op == "Reshape":
         target = _const_ints(model, node.input[1])
-        return target is not None and all(d > 0 for d in target)
+        fixed = all(d.HasField("dim_value") for d in model.graph.input[0].type.tensor_type.shape.dim)
+        return target is not None and all(d >= -1 for d in target) and (fixed or -1 not in target)
     if op == "Flatten":
         return all(d.HasField("dim_value") for d in model.graph.input[0].type.tensor_type.shape.dim)
-    if op == "Concat":
-        return len(node.input) == 2
-    if op == "Shape":
-        return "start" not in attrs and "end" not in attrs
+    if op in ("Concat", "Shape"):
+        return True
     return False
 
 
@@ -429,11 +425,19 @@ def test_reshape_to_positive_constant_target(target: list[int]) -> None:
     _check(model, {"from_init": tuple(target), "from_const": tuple(target)})
 
 
-def test_reshape_with_inferred_dim_is_left_unshaped() -> None:
-    """A -1 or 0 in the target is not a shape the analysis computes; it must not guess one."""
+def test_reshape_with_inferred_dim() -> None:
+    """0 copies the input dim, -1 takes the rest of the element count."""
     init = numpy_helper.from_array(np.array([0, -1], dtype=np.int64), "target")
     nodes = [helper.make_node("Reshape", ["x", "target"], ["y"])]
     model = make_model(nodes, [vi("x", TP.FLOAT, [2, 3, 4])], [out_vi("y", TP.FLOAT, 2)], 14, [init])
+    _check(model, {"y": (2, 12)})
+
+
+def test_reshape_minus_one_with_symbolic_input_is_left_unshaped() -> None:
+    """-1 needs the element count; with a symbolic dim the analysis must not guess one."""
+    init = numpy_helper.from_array(np.array([-1, 4], dtype=np.int64), "target")
+    nodes = [helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = make_model(nodes, [vi("x", TP.FLOAT, ["n", 3, 4])], [out_vi("y", TP.FLOAT, 2)], 14, [init])
     _check(model, {"y": None})
 
 

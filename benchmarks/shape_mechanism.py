@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import onnx
+
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.importer import from_onnx
 

@@ -13,9 +13,25 @@ symbolic one), and two 1s give 1.
 
 from __future__ import annotations
 
-from egglog import Ruleset, String, Vec, eq, f64, function, i64, i64Like, relation, rule, ruleset, set_, vars_
+from egglog import (
+    Ruleset,
+    String,
+    Vec,
+    eq,
+    f64,
+    function,
+    i64,
+    i64Like,
+    relation,
+    rule,
+    ruleset,
+    set_,
+    var,
+    vars_,
+)
 
 from . import lang as L
+from .ops import OPS
 
 MAX_RANK = 6
 _BIG = 1 << 40
@@ -602,5 +618,21 @@ shape_rules.append(rule(eq(t).to(L.Tensor.weight(str_a))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.splat(fa, va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.ints(va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.none())).then(L.is_const(t)))
+
+_ATTR_SORTS = {"int": i64, "float": f64, "string": String, "ints": Vec[i64]}
+for _spec in OPS.values():
+    # An op whose tensor inputs all depend on weights alone depends on weights alone.
+    if _spec.variadic:
+        _items = var(f"items_{_spec.name}", L.TList)
+        _args: list = [_items]
+        _facts: list = [L.list_const(_items)]
+    else:
+        _args = list(vars_(" ".join(f"in{k}_{_spec.name}" for k in range(len(_spec.inputs))), L.Tensor))
+        _facts = [L.is_const(v) for v in _args]
+    for _attr in _spec.attrs:
+        _args.append(var(f"{_attr.name}_{_spec.name}", _ATTR_SORTS[_attr.kind]))
+    if _spec.indexed_outputs:
+        _args.append(var(f"index_{_spec.name}", i64))
+    shape_rules.append(rule(eq(t).to(_spec.ctor(*_args)), *_facts).then(L.is_const(t)))
 shape_rules.append(rule(eq(xs).to(L.TList.nil())).then(L.list_const(xs)))
 shape_rules.append(rule(eq(xs).to(L.TList.cons(a, ys)), L.is_const(a), L.list_const(ys)).then(L.list_const(xs)))

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
 from onnxsat.egraph import importer as _importer
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.exporter import to_onnx

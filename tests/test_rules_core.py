@@ -13,12 +13,12 @@ import onnx
 import pytest
 from egglog import EGraph, eq, i64, set_, union
 from onnx import TensorProto, helper, numpy_helper
+
+import onnxsat
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.rules.core import FAMILY, RULE_NAMES
 from onnxsat.rules.registry import RULES
-
-import onnxsat
 from onnxsat.verification import compare_models
 
 from .models import EXAMPLES

@@ -18,6 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
+
 from onnxsat.egraph.ops import OPS
 
 from .helpers_onnx import (

@@ -163,3 +163,19 @@ def test_symbolic_dims_flow_through_unsqueeze_gather_and_reshape() -> None:
         "m4": ("batch", 1, 1, "seq"),
         "heads": ("batch", "seq", 2, 4),
     }
+
+
+def test_constness_propagates_through_ops_but_not_from_inputs() -> None:
+    from egglog import EGraph, union
+
+    from onnxsat.egraph import lang as L
+    from onnxsat.egraph.shapes import shape_rules
+
+    egraph = EGraph()
+    w = L.Tensor.weight("w")
+    folded = L.concat(L.tlist([w, L.unsqueeze(w, L.Tensor.ints(L.ivec([1]), 1))]), 0)
+    live = L.add(L.Tensor.input("x"), w)
+    egraph.register(union(L.graph_output(0)).with_(folded), union(L.graph_output(1)).with_(live))
+    egraph.run(shape_rules.saturate())
+    assert egraph.check_bool(L.is_const(folded))
+    assert not egraph.check_bool(L.is_const(live))

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 import onnx
 import pytest
 from egglog import Vec, i64, vars_
-from onnxsat.egraph import lang as L
-from onnxsat.rules.registry import RULES, rewrite_rule
 
 import onnxsat
+from onnxsat.egraph import lang as L
 from onnxsat.errors import VerificationError
 from onnxsat.pipeline import UnsoundRewriteError
+from onnxsat.rules.registry import RULES, rewrite_rule
 
 from .models import EXAMPLES
 

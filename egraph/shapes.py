@@ -583,7 +583,7 @@ for _n in (1, 2, 3):
                 start = _clamp(_norm_axis(va[k], dim), 0, dim)
                 end = _clamp(_norm_axis(vb[k], dim), 0, dim)
                 sliced = sliced.set(axis, (end - start + step - 1).max(0) / step)
-            guards = [va.length() == i64(_n), vb.length() == i64(_n)]
+            guards: list = [va.length() == i64(_n), vb.length() == i64(_n)]
             if _with_axes:
                 guards.append(vc.length() == i64(_n))
             if _with_steps:
@@ -619,7 +619,7 @@ shape_rules.append(rule(eq(t).to(L.Tensor.splat(fa, va, ia))).then(L.is_const(t)
 shape_rules.append(rule(eq(t).to(L.Tensor.ints(va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.none())).then(L.is_const(t)))
 
-_ATTR_SORTS = {"int": i64, "float": f64, "string": String, "ints": Vec[i64]}
+_ATTR_SORTS: dict[str, type] = {"int": i64, "float": f64, "string": String, "ints": Vec[i64]}
 for _spec in OPS.values():
     # An op whose tensor inputs all depend on weights alone depends on weights alone.
     if _spec.variadic:

@@ -52,13 +52,27 @@ def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: lis
 
 
 def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: bool = False) -> tuple[onnx.ModelProto, int]:
-    """Fold nodes whose inputs are all constant; returns the model and how many nodes were folded."""
+    """Fold nodes whose inputs are all constant; returns the model and how many nodes were folded.
+
+    Unless ``materialize``, the result may be at most max(1 MiB, 10%) larger than
+    ``original_bytes``: a fold that frees its inputs costs nothing, so everything is folded
+    first, and only if the file grew too much are large dense results left unfolded.
+    """
+    folded, count = _fold(model, max_dense_bytes=None)
+    if materialize or folded.ByteSize() <= original_bytes + _budget(original_bytes):
+        return folded, count
+    return _fold(model, max_dense_bytes=SMALL_DENSE_BYTES)
+
+
+SMALL_DENSE_BYTES = 64 << 10
+"""When folding everything grows the file too much, only dense results up to this size are made."""
+
+
+def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.ModelProto, int]:
     graph = model.graph
     inputs = {i.name for i in graph.input}
     dense: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer if t.name not in inputs}
     uniform: dict[str, _Uniform] = {}
-    budget = None if materialize else _budget(original_bytes)
-    added = 0
     kept: list[onnx.NodeProto] = []
     folded = 0
     new_dense: list[onnx.TensorProto] = []
@@ -100,7 +114,7 @@ def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: 
             kept.append(node)
             continue
         size = sum(np.asarray(o).nbytes for o in outs)
-        if budget is not None and added + size > budget and not all(_is_uniform(o) for o in outs):
+        if max_dense_bytes is not None and size > max_dense_bytes and not all(_is_uniform(o) for o in outs):
             kept.append(node)
             continue
         for name, out in zip(node.output, outs, strict=True):
@@ -111,7 +125,6 @@ def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: 
             else:
                 dense[name] = numpy_helper.from_array(out, name)
                 new_dense.append(dense[name])
-                added += out.nbytes
         folded += 1
     return _rebuild(model, kept, uniform, new_dense, new_uniform), folded
 

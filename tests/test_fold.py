@@ -1,0 +1,70 @@
+"""Weight-only subgraphs fold at export without growing the file past its budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import onnxsat
+
+
+def _model(nodes: list, inits: list, out_dims: list[int]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "fold",
+        [helper.make_tensor_value_info("x", TP.FLOAT, [4, 512])],
+        [helper.make_tensor_value_info("y", TP.FLOAT, out_dims)],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_fold_that_frees_its_inputs_is_made() -> None:
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32), "w2")
+    nodes = [helper.make_node("Add", ["w1", "w2"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["y"])]
+    model = _model(nodes, [w1, w2], [4, 512])
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    assert [n.op_type for n in out.graph.node] == ["MatMul"]
+    assert out.ByteSize() < model.ByteSize()
+
+
+def test_fold_that_would_bloat_the_file_is_not_made_unless_asked() -> None:
+    row = numpy_helper.from_array(np.arange(512, dtype=np.float32).reshape(1, 512), "row")
+    shape = numpy_helper.from_array(np.array([2048, 512], dtype=np.int64), "shape")
+    nodes = [
+        helper.make_node("Expand", ["row", "shape"], ["big"]),  # 4 MiB if materialized
+        helper.make_node("Transpose", ["big"], ["bt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "bt"], ["y"]),
+    ]
+    model = _model(nodes, [row, shape], [4, 2048])
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    assert out.ByteSize() <= model.ByteSize() + (1 << 20)
+    assert "Expand" in {n.op_type for n in out.graph.node}
+    big, report = onnxsat.optimize(model, onnxsat.Options(materialize_constants=True))
+    assert report.verification.status == "passed"
+    assert big.ByteSize() > 4 * (1 << 20)
+    assert [n.op_type for n in big.graph.node] == ["MatMul"]
+
+
+def test_uniform_results_stay_constant_of_shape() -> None:
+    """Folding over ConstantOfShape weights writes ConstantOfShape back, never the dense values."""
+    shape = numpy_helper.from_array(np.array([512, 512], dtype=np.int64), "shape")
+    fill = numpy_helper.from_array(np.array([0.5], dtype=np.float32), "value")
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["w"], value=fill),
+        helper.make_node("Mul", ["w", "w"], ["w2"]),
+        helper.make_node("MatMul", ["x", "w2"], ["y"]),
+    ]
+    model = _model(nodes, [shape], [4, 512])
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    assert sorted(n.op_type for n in out.graph.node) == ["ConstantOfShape", "MatMul"]
+    assert out.ByteSize() < 4096

@@ -138,6 +138,8 @@ def _gemm_normalize(node: ImportNode) -> None:
 def _gemm_export(node: ExportNode) -> None:
     if node.opset < 11 and (len(node.inputs) < 3 or not node.inputs[2]):
         raise Unsupported("Gemm without C needs opset 11")
+    if node.opset < 7:
+        node.attrs["broadcast"] = 1  # C broadcasts only when asked before opset 7
 
 
 register(

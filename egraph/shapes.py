@@ -84,7 +84,7 @@ def _ge(x: i64, y: i64) -> i64:
     return (x - y + 1).max(0).min(1)
 
 
-def _norm_axis(axis: i64, rank: i64) -> i64:
+def norm_axis(axis: i64, rank: i64) -> i64:
     """A possibly negative axis counted from the front."""
     return axis + rank * _is_negative(axis)
 
@@ -456,7 +456,7 @@ for _r in range(MAX_RANK + 1):  # allowzero=1: the target is taken literally
 for _n in (1, 2, 3):
     for _q in range(MAX_RANK + 1 - _n):
         out_rank = i64(_q + _n)
-        axes = [_norm_axis(va[k], out_rank) for k in range(_n)]
+        axes = [norm_axis(va[k], out_rank) for k in range(_n)]
         dims = _unsqueezed([sa[i] for i in range(_q)], axes)
         shape_rules.append(
             rule(
@@ -468,7 +468,7 @@ for _n in (1, 2, 3):
             ).then(set_(L.shape(t)).to(_vec(dims)))
         )
     rank = sa.length()
-    axes = [_norm_axis(va[k], rank) for k in range(_n)]
+    axes = [norm_axis(va[k], rank) for k in range(_n)]
     squeezed = sa
     for k in range(_n):
         squeezed = squeezed.remove(axes[k] - k)
@@ -519,12 +519,12 @@ for _reduce in (L.reduce_mean, L.reduce_sum):
 # indices' dims replace the first dim (embeddings). Other cases keep their imported shape.
 shape_rules.append(
     rule(eq(t).to(L.gather(a, b, ia)), L.shape(a) == sa, L.shape(b) == sb, sb.length() == i64(0)).then(
-        set_(L.shape(t)).to(sa.remove(_norm_axis(ia, sa.length())))
+        set_(L.shape(t)).to(sa.remove(norm_axis(ia, sa.length())))
     )
 )
 shape_rules.append(
     rule(eq(t).to(L.gather(a, b, ia)), L.shape(a) == sa, L.shape(b) == sb, sb.length() == i64(1)).then(
-        set_(L.shape(t)).to(sa.set(_norm_axis(ia, sa.length()), sb[0]))
+        set_(L.shape(t)).to(sa.set(norm_axis(ia, sa.length()), sb[0]))
     )
 )
 shape_rules.append(
@@ -545,7 +545,7 @@ shape_rules.append(
 # Split: given sizes, or an even split.
 shape_rules.append(
     rule(eq(t).to(L.split(a, L.Tensor.ints(va, i64(1)), ia, ib, ic)), L.shape(a) == sa).then(
-        set_(L.shape(t)).to(sa.set(_norm_axis(ia, sa.length()), va[ic]))
+        set_(L.shape(t)).to(sa.set(norm_axis(ia, sa.length()), va[ic]))
     )
 )
 shape_rules.append(
@@ -553,9 +553,9 @@ shape_rules.append(
         eq(t).to(L.split(a, L.Tensor.none(), ia, ib, ic)),
         L.shape(a) == sa,
         ib > i64(0),
-        sa[_norm_axis(ia, sa.length())] >= i64(0),
-        sa[_norm_axis(ia, sa.length())] % ib == i64(0),
-    ).then(set_(L.shape(t)).to(sa.set(_norm_axis(ia, sa.length()), sa[_norm_axis(ia, sa.length())] / ib)))
+        sa[norm_axis(ia, sa.length())] >= i64(0),
+        sa[norm_axis(ia, sa.length())] % ib == i64(0),
+    ).then(set_(L.shape(t)).to(sa.set(norm_axis(ia, sa.length()), sa[norm_axis(ia, sa.length())] / ib)))
 )
 
 # Pad with constant pads over all axes.
@@ -577,11 +577,11 @@ for _n in (1, 2, 3):
             steps_t = L.Tensor.ints(vd, i64(1)) if _with_steps else L.Tensor.none()
             sliced = sa
             for k in range(_n):
-                axis = _norm_axis(vc[k], sa.length()) if _with_axes else i64(k)
+                axis = norm_axis(vc[k], sa.length()) if _with_axes else i64(k)
                 dim = sa[axis]
                 step = vd[k] if _with_steps else i64(1)
-                start = _clamp(_norm_axis(va[k], dim), 0, dim)
-                end = _clamp(_norm_axis(vb[k], dim), 0, dim)
+                start = _clamp(norm_axis(va[k], dim), 0, dim)
+                end = _clamp(norm_axis(vb[k], dim), 0, dim)
                 sliced = sliced.set(axis, (end - start + step - 1).max(0) / step)
             guards: list = [va.length() == i64(_n), vb.length() == i64(_n)]
             if _with_axes:
@@ -593,7 +593,7 @@ for _n in (1, 2, 3):
                     eq(t).to(L.slice_(a, L.Tensor.ints(va, i64(1)), L.Tensor.ints(vb, i64(1)), axes_t, steps_t)),
                     L.shape(a) == sa,
                     *guards,
-                    *[sa[_norm_axis(vc[k], sa.length()) if _with_axes else k] >= i64(0) for k in range(_n)],
+                    *[sa[norm_axis(vc[k], sa.length()) if _with_axes else k] >= i64(0) for k in range(_n)],
                 ).then(set_(L.shape(t)).to(sliced))
             )
 
@@ -604,8 +604,8 @@ shape_rules.append(
         set_(L.shape(t)).to(
             Vec(
                 (
-                    _clamp(_norm_axis(ib.min(i64(2**62)), sa.length()), 0, sa.length())
-                    - _clamp(_norm_axis(ia, sa.length()), 0, sa.length())
+                    _clamp(norm_axis(ib.min(i64(2**62)), sa.length()), 0, sa.length())
+                    - _clamp(norm_axis(ia, sa.length()), 0, sa.length())
                 ).max(0)
             )
         )

@@ -1,0 +1,9 @@
+"""Rewrite rules: the rule table, the in-tree families, schedules and verification.
+
+Importing this package registers every in-tree family in ``registry.RULES``, in this order.
+"""
+
+from . import algebraic, core, layout  # noqa: F401  (each module registers its family)
+from .registry import RULES
+
+__all__ = ["RULES"]

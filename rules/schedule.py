@@ -16,7 +16,6 @@ from onnxsat.report import IterationRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
-from . import core  # noqa: F401  (registers the core family)
 from .registry import RULES
 
 

@@ -1,0 +1,223 @@
+"""Algebraic rules (TASO/TENSAT class): constant folding through elementwise chains, factoring,
+MatMul/Gemm/Conv weight algebra.
+
+Every rule is valid in exact arithmetic; rules that reassociate floating-point sums or products
+are marked ``reassociates`` in their comment (results differ in the last bits, as TASO's do).
+"""
+
+from __future__ import annotations
+
+from egglog import Vec, f64, i64, vars_
+from egglog.egraph import FactLike
+
+from ..egraph import lang as L
+from .registry import ROOT as t
+from .registry import RULES, rewrite_rule
+
+FAMILY = "algebraic"
+
+x, y, z, a, b, c, w, w2, bias, bias2 = vars_("x y z a b c w w2 bias bias2", L.Tensor)
+sa, sb, sc, ws, strides, pads, dil = vars_("sa sb sc ws strides pads dil", Vec[i64])
+ia, ib, dt, group, ta, tb = vars_("ia ib dt group ta tb", i64)
+alpha, beta, fv = vars_("alpha beta fv", f64)
+
+
+def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
+    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
+
+
+# ---------------------------------------------------------------- constant folding (x op a) op b
+# (x+a)+b => x+(a+b) when a, b depend on weights only: the constant part folds at export. Reassociates.
+_add("add-const-assoc", L.add(L.add(x, a), b), L.add(x, L.add(a, b)), L.is_const(a), L.is_const(b))
+# (x*a)*b => x*(a*b), as above. Reassociates.
+_add("mul-const-assoc", L.mul(L.mul(x, a), b), L.mul(x, L.mul(a, b)), L.is_const(a), L.is_const(b))
+# (x-a)+b => x+(b-a): one op on the activation instead of two. Reassociates.
+_add("sub-add-const", L.add(L.sub(x, a), b), L.add(x, L.sub(b, a)), L.is_const(a), L.is_const(b))
+# (x/a)*b => x*(b/a). Reassociates.
+_add("div-mul-const", L.mul(L.div(x, a), b), L.mul(x, L.div(b, a)), L.is_const(a), L.is_const(b))
+# ---------------------------------------------------------------- factoring and negation
+# x*a + x*b => x*(a+b): one multiply instead of two.
+_add("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)))
+# x + (-y) => x - y, and x - (-y) => x + y: one op instead of two.
+_add("add-neg", L.add(x, L.neg(y)), L.sub(x, y))
+_add("add-neg", L.add(L.neg(y), x), L.sub(x, y), variant="left")
+_add("sub-neg", L.sub(x, L.neg(y)), L.add(x, y))
+# (-x) * (-y) => x * y; (-x) / (-y) => x / y.
+_add("neg-mul-neg", L.mul(L.neg(x), L.neg(y)), L.mul(x, y))
+_add("neg-div-neg", L.div(L.neg(x), L.neg(y)), L.div(x, y))
+# -(x - y) => y - x.
+_add("neg-sub", L.neg(L.sub(x, y)), L.sub(y, x))
+# exp(x) * exp(y) => exp(x + y) is not included: exp(1000) * exp(-1000) is inf * 0 = NaN, not 1.
+# sqrt(x) * sqrt(x) => x is only valid for x >= 0; not included either.
+# abs(abs(x)) => abs(x).
+_add("abs-abs", L.abs_(L.abs_(x)), L.abs_(x))
+# abs(neg(x)) => abs(x).
+_add("abs-neg", L.abs_(L.neg(x)), L.abs_(x))
+# relu(x) - relu(-x) => x (exact for every float: one of the two terms is zero).
+_add("relu-difference", L.sub(L.relu(x), L.relu(L.neg(x))), x)
+# reciprocal(reciprocal(x)) is x only up to rounding of 1/x; not included.
+
+# ---------------------------------------------------------------- MatMul and Gemm
+_2d = (L.shape(x) == sa, sa.length() == i64(2), L.shape(w) == sb, sb.length() == i64(2))
+# (x@W1)@W2 => x@(W1@W2) for constant W1, W2: two matmuls become one (the product folds). Reassociates.
+_add(
+    "matmul-const-assoc",
+    L.matmul(L.matmul(x, w), w2),
+    L.matmul(x, L.matmul(w, w2)),
+    L.is_const(w),
+    L.is_const(w2),
+    L.shape(w) == sb,
+    sb.length() == i64(2),
+    L.shape(w2) == sc,
+    sc.length() == i64(2),
+)
+# x@a + x@b => x@(a+b) (distributivity): one matmul instead of two.
+# (Guarded so that the sum does not broadcast: both products have the result's shape.)
+_add(
+    "matmul-factor-right",
+    L.add(L.matmul(x, a), L.matmul(x, b)),
+    L.matmul(x, L.add(a, b)),
+    L.shape(t) == sc,
+    L.shape(L.matmul(x, a)) == sc,
+    L.shape(L.matmul(x, b)) == sc,
+    L.shape(a) == sa,
+    L.shape(b) == sa,
+)
+# a@x + b@x => (a+b)@x.
+_add(
+    "matmul-factor-left",
+    L.add(L.matmul(a, x), L.matmul(b, x)),
+    L.matmul(L.add(a, b), x),
+    L.shape(t) == sc,
+    L.shape(L.matmul(a, x)) == sc,
+    L.shape(L.matmul(b, x)) == sc,
+    L.shape(a) == sa,
+    L.shape(b) == sa,
+)
+# B^T @ A^T => (A @ B)^T for matrices: one transpose instead of two.
+_T = Vec(i64(1), i64(0))
+_add(
+    "matmul-transposes",
+    L.matmul(L.transpose(w, _T), L.transpose(x, _T)),
+    L.transpose(L.matmul(x, w), _T),
+    *_2d,
+)
+# x @ W^T + c => Gemm(transB=1): the transpose is free inside Gemm.
+_add(
+    "gemm-fold-transpose-b",
+    L.gemm(x, L.transpose(w, _T), c, alpha, beta, ta, i64(0)),
+    L.gemm(x, w, c, alpha, beta, ta, i64(1)),
+)
+_add(
+    "gemm-fold-transpose-b",
+    L.gemm(x, L.transpose(w, _T), c, alpha, beta, ta, i64(1)),
+    L.gemm(x, w, c, alpha, beta, ta, i64(0)),
+    variant="untranspose",
+)
+_add(
+    "gemm-fold-transpose-a",
+    L.gemm(L.transpose(x, _T), w, c, alpha, beta, i64(0), tb),
+    L.gemm(x, w, c, alpha, beta, i64(1), tb),
+)
+# Gemm(...) * s for a scalar constant s => Gemm with alpha*s, beta*s: the scale is free.
+_add(
+    "gemm-scale-fold",
+    L.mul(L.gemm(x, w, c, alpha, beta, ta, tb), L.Tensor.splat(fv, Vec[i64].empty(), dt)),
+    L.gemm(x, w, c, alpha * fv, beta * fv, ta, tb),
+)
+# Gemm(a, b, c) + d for a constant d that does not enlarge the output => bias c + d (folds).
+_add(
+    "gemm-bias-fold",
+    L.add(L.gemm(x, w, c, alpha, f64(1.0), ta, tb), bias),
+    L.gemm(x, w, L.add(c, bias), alpha, f64(1.0), ta, tb),
+    L.is_const(c),
+    L.is_const(bias),
+    L.shape(c) == sc,
+    L.shape(t) == sa,
+    L.shape(L.gemm(x, w, c, alpha, f64(1.0), ta, tb)) == sa,
+)
+
+# ---------------------------------------------------------------- Conv weight algebra
+for _n in (1, 2, 3):
+    _one = [i64(1)] * (_n + 1)
+    _conv_consts = (L.shape(w) == ws, ws.length() == i64(_n + 2), L.is_const(w))
+    # Conv followed by a per-channel constant scale [C,1,...] or [1,C,1,...] folds into W and b.
+    for _variant, _scale_shape in (("c11", Vec(ws[0], *[i64(1)] * _n)), ("1c11", Vec(i64(1), ws[0], *[i64(1)] * _n))):
+        per_out = L.reshape(a, L.Tensor.ints(Vec(ws[0], *_one), i64(1)), i64(0))
+        per_bias = L.reshape(a, L.Tensor.ints(Vec(ws[0]), i64(1)), i64(0))
+        _add(
+            "conv-mul-fold",
+            L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
+            L.conv(x, L.mul(w, per_out), L.mul(b, per_bias), strides, pads, dil, group),
+            *_conv_consts,
+            L.is_const(a),
+            L.shape(a) == _scale_shape,
+            L.shape(b) == sb,
+            L.is_const(b),
+            variant=f"{_variant}-{_n}",
+        )
+        _add(
+            "conv-mul-fold",
+            L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
+            L.conv(x, L.mul(w, per_out), L.Tensor.none(), strides, pads, dil, group),
+            *_conv_consts,
+            L.is_const(a),
+            L.shape(a) == _scale_shape,
+            variant=f"{_variant}-nobias-{_n}",
+        )
+        # Conv followed by a per-channel constant shift folds into the bias.
+        _add(
+            "conv-add-fold",
+            L.add(L.conv(x, w, b, strides, pads, dil, group), a),
+            L.conv(x, w, L.add(b, per_bias), strides, pads, dil, group),
+            *_conv_consts,
+            L.is_const(a),
+            L.shape(a) == _scale_shape,
+            L.shape(b) == sb,
+            L.is_const(b),
+            variant=f"{_variant}-{_n}",
+        )
+        _add(
+            "conv-add-fold",
+            L.add(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
+            L.conv(x, w, per_bias, strides, pads, dil, group),
+            *_conv_consts,
+            L.is_const(a),
+            L.shape(a) == _scale_shape,
+            variant=f"{_variant}-nobias-{_n}",
+        )
+
+# Conv bilinearity: conv(x, W1) + conv(x, W2) => conv(x, W1 + W2) (TASO): one conv instead of two.
+_add(
+    "conv-weight-sum",
+    L.add(
+        L.conv(x, w, L.Tensor.none(), strides, pads, dil, group),
+        L.conv(x, w2, L.Tensor.none(), strides, pads, dil, group),
+    ),
+    L.conv(x, L.add(w, w2), L.Tensor.none(), strides, pads, dil, group),
+    L.shape(w) == ws,
+    L.shape(w2) == ws,
+)
+_add(
+    "conv-weight-sum",
+    L.add(L.conv(x, w, bias, strides, pads, dil, group), L.conv(x, w2, bias2, strides, pads, dil, group)),
+    L.conv(x, L.add(w, w2), L.add(bias, bias2), strides, pads, dil, group),
+    L.shape(w) == ws,
+    L.shape(w2) == ws,
+    L.shape(bias) == sb,
+    L.shape(bias2) == sb,
+    variant="bias",
+)
+# conv(x1, W) + conv(x2, W) => conv(x1 + x2, W) without bias (TASO): one conv instead of two.
+_add(
+    "conv-input-sum",
+    L.add(
+        L.conv(x, w, L.Tensor.none(), strides, pads, dil, group),
+        L.conv(y, w, L.Tensor.none(), strides, pads, dil, group),
+    ),
+    L.conv(L.add(x, y), w, L.Tensor.none(), strides, pads, dil, group),
+    L.shape(x) == sa,
+    L.shape(y) == sa,
+)
+
+RULE_NAMES = list(RULES.families[FAMILY])

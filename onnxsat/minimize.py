@@ -58,8 +58,8 @@ def find_unsound_rules(original: onnx.ModelProto, options: Options, enabled: lis
 
     program = from_onnx(original, {k: list(v) for k, v in options.input_shapes.items()})
     if iteration:
-        budgets = replace(options.budgets, iterations=iteration, enodes=2**62, seconds=float("inf"))
-        saturate(program, budgets, enabled)
+        budgets = replace(options.budgets, enodes=2**62, seconds=float("inf"))
+        saturate(program, budgets, enabled, stop_before=iteration)
     culprits = []
     for name in enabled:
         program.egraph.push()

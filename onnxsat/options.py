@@ -15,6 +15,8 @@ class Budgets:
     match_limit: int = 2_000
     """egglog back-off scheduler: matches per rule per iteration before the rule is banned."""
     ban_length: int = 3
+    k_multi: int = 1
+    """Iterations of multi-pattern rules (TENSAT's k_multi), run before the single-pattern ones."""
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ _add("cast-same", L.cast(x, to), x, L.dtype(x) == to)
 for _n in (1, 2, 3):
     _r = _n + 2
     _spatial_pads = Vec(*[pads[i] + va[2 + i] for i in range(_n)], *[pads[_n + i] + va[_r + 2 + i] for i in range(_n)])
-    _pad_ok = (
+    _pad_ok: tuple[FactLike, ...] = (
         va.length() == i64(2 * _r),
         va[0] == i64(0),
         va[1] == i64(0),

@@ -16,6 +16,7 @@ from onnxsat.report import IterationRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
+from .multi import FAMILY as MULTI_FAMILY
 from .registry import RULES
 
 
@@ -69,53 +70,74 @@ def saturate(
     budgets: Budgets,
     enabled: list[str],
     on_iteration: Callable[[IterationRecord], None] | None = None,
+    *,
+    stop_before: int | None = None,
 ) -> SaturationReport:
-    """Run the enabled rules within budgets; returns per-iteration records and the stop reason."""
-    egraph = program.egraph
+    """Run the enabled rules within budgets; returns per-iteration records and the stop reason.
+
+    Multi-pattern rules run first, for ``budgets.k_multi`` iterations; then the others for up to
+    ``budgets.iterations``. ``stop_before`` stops before that (global) iteration index, which is
+    how a failing iteration is replayed.
+    """
     report = SaturationReport(enodes_before=program.node_count())
-    if not enabled:
-        report.stop_reason = "no rules enabled"
-        report.enodes_after = report.enodes_before
-        return report
-    step = rewrite_step(enabled, budgets)
+    multi = [n for n in enabled if RULES.family_of(n) == MULTI_FAMILY]
+    single = [n for n in enabled if n not in set(multi)]
+    phases = [("multi", multi, budgets.k_multi), ("rewrite", single, budgets.iterations)]
     start = time.perf_counter()
-    for index in range(budgets.iterations):
-        t0 = time.perf_counter()
-        try:
-            run_report = egraph.run(step)
-            egraph.run(shape_rules.saturate())
-        except EggSmolError as exc:
-            raise UnsoundRuleError(enabled, str(exc).splitlines()[0], index) from exc
-        matches: dict[str, int] = {}
-        seconds: dict[str, float] = {}
-        for key, n in run_report.num_matches_per_rule.items():
-            name = _rule_name(key)
-            matches[name] = matches.get(name, 0) + int(n)
-        for key, dt in run_report.search_and_apply_time_per_rule.items():
-            name = _rule_name(key)
-            seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
-        record = IterationRecord(
-            phase="rewrite",
-            index=index,
-            enodes=program.node_count(),
-            seconds=time.perf_counter() - t0,
-            matches=matches,
-            rule_seconds=seconds,
-        )
-        report.iterations.append(record)
-        if on_iteration is not None:
-            on_iteration(record)
-        if not run_report.updated:
-            report.stop_reason = "saturated"
+    report.stop_reason = "no rules enabled"
+    for phase, names, limit in phases:
+        if not names or not limit:
+            continue
+        step = rewrite_step(names, budgets)
+        for _ in range(limit):
+            index = len(report.iterations)
+            if stop_before is not None and index >= stop_before:
+                report.stop_reason = "replayed"
+                break
+            record, updated = _iterate(program, step, phase, index, enabled)
+            report.iterations.append(record)
+            if on_iteration is not None:
+                on_iteration(record)
+            if not updated:
+                report.stop_reason = "saturated"
+                break
+            if record.enodes >= budgets.enodes:
+                report.stop_reason = "enodes"
+                break
+            if time.perf_counter() - start >= budgets.seconds:
+                report.stop_reason = "seconds"
+                break
+        else:
+            report.stop_reason = "iterations"
+        if report.stop_reason in ("enodes", "seconds", "replayed"):
             break
-        if record.enodes >= budgets.enodes:
-            report.stop_reason = "enodes"
-            break
-        if time.perf_counter() - start >= budgets.seconds:
-            report.stop_reason = "seconds"
-            break
-    else:
-        report.stop_reason = "iterations"
     report.enodes_after = program.node_count()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: list[str]) -> tuple[IterationRecord, bool]:
+    """One rewrite iteration, then the analyses to fixpoint; conflicting shapes raise."""
+    t0 = time.perf_counter()
+    try:
+        run_report = program.egraph.run(step)
+        program.egraph.run(shape_rules.saturate())
+    except EggSmolError as exc:
+        raise UnsoundRuleError(enabled, str(exc).splitlines()[0], index) from exc
+    matches: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for key, n in run_report.num_matches_per_rule.items():
+        name = _rule_name(key)
+        matches[name] = matches.get(name, 0) + int(n)
+    for key, dt in run_report.search_and_apply_time_per_rule.items():
+        name = _rule_name(key)
+        seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
+    record = IterationRecord(
+        phase=phase,
+        index=index,
+        enodes=program.node_count(),
+        seconds=time.perf_counter() - t0,
+        matches=matches,
+        rule_seconds=seconds,
+    )
+    return record, bool(run_report.updated)

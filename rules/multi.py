@@ -1,0 +1,111 @@
+"""Multi-pattern rules (TENSAT): sibling ops that read the same input merge into one op over
+concatenated weights, followed by a Split that gives each sibling its part.
+
+Guards: the siblings' weights depend on weights alone (so the merged weight folds at export and
+no cycle can form), and an ordering guard on the weights' import indices (``tensor_ref``) so a
+pair merges once, not in both orders. These rules run for ``Budgets.k_multi`` iterations only.
+"""
+
+from __future__ import annotations
+
+from egglog import Vec, i64, rule, union, vars_
+
+from ..egraph import lang as L
+from .registry import RULES
+
+FAMILY = "multi"
+
+t1, t2, x, w1, w2, b1, b2 = vars_("t1 t2 x w1 w2 b1 b2", L.Tensor)
+s1, s2, sx, strides, pads, dil = vars_("s1 s2 sx strides pads dil", Vec[i64])
+i1, i2, group = vars_("i1 i2 group", i64)
+
+
+def _add(name: str, variant: str, *facts, actions) -> None:  # type: ignore[no-untyped-def]
+    egg_name = f"{name}/{variant}"
+    RULES.add(FAMILY, name, rule(*facts, name=egg_name).then(*actions), egg_name)
+
+
+def _ordered(a: L.Tensor, b: L.Tensor) -> tuple:
+    """``a`` was imported before ``b`` (each pair of siblings merges in one order only)."""
+    return (a == L.tensor_ref(i1), b == L.tensor_ref(i2), i1 < i2)
+
+
+def _parts(merged: L.Tensor, axis: i64, n1: i64, n2: i64) -> tuple[L.Tensor, L.Tensor]:
+    sizes = L.Tensor.ints(Vec(n1, n2), i64(1))
+    return L.split(merged, sizes, axis, i64(0), i64(0)), L.split(merged, sizes, axis, i64(0), i64(1))
+
+
+# Parallel MatMuls x@W1, x@W2 (attention Q/K/V) => x@[W1|W2] split on the last axis.
+_merged = L.matmul(x, L.concat(L.tlist([w1, w2]), i64(1)))
+_p1, _p2 = _parts(_merged, sx.length() - 1, s1[1], s2[1])
+_add(
+    "merge-parallel-matmul",
+    "2d-weights",
+    t1 == L.matmul(x, w1),
+    t2 == L.matmul(x, w2),
+    *_ordered(w1, w2),
+    L.is_const(w1),
+    L.is_const(w2),
+    L.shape(w1) == s1,
+    L.shape(w2) == s2,
+    s1.length() == i64(2),
+    s2.length() == i64(2),
+    s1[0] == s2[0],
+    L.shape(x) == sx,
+    sx.length() >= i64(2),
+    actions=[union(t1).with_(_p1), union(t2).with_(_p2)],
+)
+
+# Parallel Convs with equal stride/padding/dilation and kernel size (Inception branches) => one
+# Conv over concatenated output channels, split on the channel axis.
+_same_kernel = (L.shape(w1) == s1, L.shape(w2) == s2, s1.length() == s2.length(), s1.set(i64(0), i64(0)) == s2.set(i64(0), i64(0)))
+for _with_bias in (True, False):
+    c1 = L.conv(x, w1, b1 if _with_bias else L.Tensor.none(), strides, pads, dil, i64(1))
+    c2 = L.conv(x, w2, b2 if _with_bias else L.Tensor.none(), strides, pads, dil, i64(1))
+    bias = L.concat(L.tlist([b1, b2]), i64(0)) if _with_bias else L.Tensor.none()
+    merged = L.conv(x, L.concat(L.tlist([w1, w2]), i64(0)), bias, strides, pads, dil, i64(1))
+    p1, p2 = _parts(merged, i64(1), s1[0], s2[0])
+    bias_guards = (L.is_const(b1), L.is_const(b2)) if _with_bias else ()
+    _add(
+        "merge-parallel-conv",
+        "bias" if _with_bias else "nobias",
+        t1 == c1,
+        t2 == c2,
+        *_ordered(w1, w2),
+        L.is_const(w1),
+        L.is_const(w2),
+        *_same_kernel,
+        *bias_guards,
+        actions=[union(t1).with_(p1), union(t2).with_(p2)],
+    )
+
+# A 1x1 Conv next to a 3x3 sibling (padding one more on each side, unit dilation) is the 3x3 Conv
+# of its zero-padded kernel: enlarge it and merge the two (TENSAT's kernel enlargement).
+_one = Vec(i64(1), i64(1))
+_pads3 = Vec(pads[0] + 1, pads[1] + 1, pads[2] + 1, pads[3] + 1)
+_grow = L.Tensor.ints(Vec(i64(0), i64(0), i64(1), i64(1), i64(0), i64(0), i64(1), i64(1)), i64(1))
+for _with_bias in (True, False):
+    _b1 = b1 if _with_bias else L.Tensor.none()
+    _b2 = b2 if _with_bias else L.Tensor.none()
+    c1 = L.conv(x, w1, _b1, strides, pads, _one, i64(1))
+    c2 = L.conv(x, w2, _b2, strides, _pads3, _one, i64(1))
+    w1_3x3 = L.pad(w1, _grow, L.Tensor.none(), L.Tensor.none(), "constant")
+    bias = L.concat(L.tlist([b1, b2]), i64(0)) if _with_bias else L.Tensor.none()
+    merged = L.conv(x, L.concat(L.tlist([w1_3x3, w2]), i64(0)), bias, strides, _pads3, _one, i64(1))
+    p1, p2 = _parts(merged, i64(1), s1[0], s2[0])
+    _add(
+        "merge-enlarge-1x1-into-3x3",
+        "bias" if _with_bias else "nobias",
+        t1 == c1,
+        t2 == c2,
+        L.is_const(w1),
+        L.is_const(w2),
+        L.shape(w1) == s1,
+        L.shape(w2) == s2,
+        s1 == Vec(s1[0], s2[1], i64(1), i64(1)),
+        s2 == Vec(s2[0], s2[1], i64(3), i64(3)),
+        *((L.is_const(b1), L.is_const(b2)) if _with_bias else ()),
+        actions=[union(t1).with_(p1), union(t2).with_(p2)],
+    )
+
+RULE_NAMES = list(RULES.families[FAMILY])

@@ -30,6 +30,10 @@ class ExtractedGraph:
     const_classes: set[str] = field(default_factory=set)
     cost: float = 0.0
     method: str = "greedy-dag"
+    gap: float | None = None
+    """Relative distance to the best proven lower bound (ILP only; ``None`` when unknown)."""
+    optimal: bool = False
+    """True when the extractor proved ``cost`` minimal (ILP only)."""
 
     def choice(self) -> dict[str, ENode]:
         return dict(self.nodes)

@@ -69,12 +69,12 @@ def _literal(node: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> Any:
         return tuple(_literal(nodes[c], nodes) for c in node["children"])
     if op.startswith('"'):
         return json.loads(op)
+    if op in ("true", "false"):
+        return op == "true"
     if eclass.startswith("f64") or any(ch in op for ch in ".eEn") and not op.lstrip("-").isdigit():
         if op in ("inf", "+inf", "-inf", "NaN", "nan"):
             return float(op.replace("NaN", "nan"))
         return float(op)
-    if op in ("true", "false"):
-        return op == "true"
     return int(op)
 
 

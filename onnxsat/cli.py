@@ -28,7 +28,7 @@ __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
 TARGETS = ("ort-cpu",)
-EXTRACTORS = ("greedy-dag", "tree")
+EXTRACTORS = ("greedy-dag", "tree", "ilp")
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -55,6 +55,18 @@ example:
   onnxsat optimize examples/small_cnn.onnx -o small_cnn.opt.onnx
 
 Run 'onnxsat optimize --help' for every flag.
+"""
+
+_RULES_EPILOG = """\
+examples:
+  onnxsat rules list
+  onnxsat rules list --json --verify > rules.json
+  onnxsat rules verify transpose-compose mul-one --seeds 5
+  onnxsat rules verify core --json
+
+exit status (verify, list --verify):
+  0 every rule verified; 1 a rule failed (counterexample or guard never satisfied) or an
+  internal error; 2 unknown rule or bad flag.
 """
 
 
@@ -278,9 +290,59 @@ def build_parser() -> argparse.ArgumentParser:
         "--extractor",
         choices=EXTRACTORS,
         default=_DEFAULT_OPTIONS.extractor,
-        help="greedy-dag counts a shared tensor once; tree counts it per use (default %(default)s)",
+        help="greedy-dag counts a shared tensor once; tree counts it per use; ilp is exact (HiGHS),"
+        " warm-started from greedy-dag, and reports its gap (default %(default)s)",
     )
+    sel.add_argument(
+        "--ilp-time-limit",
+        type=_seconds_arg,
+        default=_DEFAULT_OPTIONS.ilp_time_limit,
+        metavar="SECONDS",
+        help="time limit of the ilp extractor; on expiry its best solution and gap are used (default %(default)s)",
+    )
+    _add_rules_parser(sub)
     return parser
+
+
+def _add_rules_parser(sub: Any) -> None:
+    """``onnxsat rules list|verify``: the rule table and the check of each rule egglog runs."""
+    rules = sub.add_parser(
+        "rules",
+        help="list the rewrite rules, or verify them on generated instances",
+        description=(
+            "List every rewrite rule (name, family, guards), or verify rules: instances are built from\n"
+            "each rule's own left-hand side with random small shapes, only that rule runs, and every\n"
+            "term of the rewritten e-class is evaluated with onnx's numpy reference in float64."
+        ),
+        epilog=_RULES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rules.set_defaults(rules_parser=rules)
+    actions = rules.add_subparsers(dest="rules_command", metavar="ACTION")
+    lst = actions.add_parser("list", help="every rule with its family, guards and verification status")
+    lst.add_argument("--json", action="store_true", help="print the table as JSON (per egglog rule: lhs, rhs, guards)")
+    lst.add_argument("--verify", action="store_true", help="verify every rule too (status is 'not run' without it)")
+    ver = actions.add_parser("verify", help="verify rules (all, or the named rules and families)")
+    ver.add_argument("names", metavar="NAME", nargs="*", help="rule or family names (default: every rule)")
+    ver.add_argument("--json", action="store_true", help="print the results as JSON")
+    for action in (lst, ver):
+        action.add_argument(
+            "--seeds", metavar="N", type=_int_arg(1), default=3, help="random inputs per instance (default %(default)s)"
+        )
+        action.add_argument(
+            "--min-instances",
+            metavar="N",
+            type=_int_arg(1),
+            default=5,
+            help="instances a rule must fire on to pass (default %(default)s)",
+        )
+        action.add_argument(
+            "--max-candidates",
+            metavar="N",
+            type=_int_arg(1),
+            default=300,
+            help="instances generated per rule before giving up (default %(default)s)",
+        )
 
 
 def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
@@ -316,6 +378,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         disable_rules=_flatten(args.disable_rules),
         target=args.target,
         extractor=args.extractor,
+        ilp_time_limit=args.ilp_time_limit,
         verify=not args.no_verify,
         input_shapes=input_shapes,
         materialize_constants=args.materialize_constants,
@@ -415,6 +478,76 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _expand_rule_names(names: list[str]) -> list[str] | None:
+    """Rule and family names -> rule names in table order (None: every rule)."""
+    from onnxsat.rules import RULES
+
+    if not names:
+        return None
+    chosen: set[str] = set()
+    for name in names:
+        if name in RULES.families:
+            chosen.update(RULES.families[name])
+        elif name in RULES.egg_rules:
+            chosen.add(name)
+        else:
+            raise BadInputError(f"unknown rule or family '{name}' (see `onnxsat rules list`)")
+    return [n for n in RULES.names() if n in chosen]
+
+
+def _run_rules(args: argparse.Namespace) -> int:
+    import json
+
+    from onnxsat.rules import RULES
+    from onnxsat.rules.verify import describe_rule, verify_rules
+
+    if args.rules_command is None:
+        args.rules_parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    if args.rules_command == "verify":
+        names = _expand_rule_names(args.names)
+    else:
+        names = RULES.names()
+    results = {}
+    if args.rules_command == "verify" or args.verify:
+        budget = {"seeds": args.seeds, "min_instances": args.min_instances, "max_candidates": args.max_candidates}
+        results = {r.name: r for r in verify_rules(names, **budget)}
+    if args.rules_command == "list":
+        rows = []
+        for name in RULES.names():
+            row = describe_rule(RULES, name)
+            r = results.get(name)
+            row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
+            if r is not None:
+                row["verification"]["status"] = "verified" if r.ok else "failed"
+            rows.append(row)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(_rules_table(rows))
+    elif args.json:
+        print(json.dumps([r.to_dict() for r in results.values()], indent=2))
+    else:
+        for r in results.values():
+            head = f"PASS {r.name}" if r.ok else f"FAIL {r.name}"
+            print(f"{head} [{r.family}]: {r.detail} ({r.candidates} candidates, {r.seconds:.1f}s)")
+            if r.counterexample is not None:
+                print("  " + r.counterexample.render())
+    return EXIT_OK if all(r.ok for r in results.values()) else EXIT_INTERNAL
+
+
+def _rules_table(rows: list[dict[str, Any]]) -> str:
+    """Name, family, egglog-rule count, status, and the first egglog rule's guards."""
+    lines = [f"{'NAME':<28} {'FAMILY':<12} {'RULES':>5}  {'STATUS':<10} GUARDS"]
+    for row in rows:
+        v = row["verification"]
+        status = v["status"] if v["status"] != "verified" else f"ok ({v['instances_fired']})"
+        guards = "; ".join(row["variants"][0]["guards"]) if row["variants"] else ""
+        more = f"  (first of {len(row['variants'])})" if len(row["variants"]) > 1 else ""
+        lines.append(f"{row['name']:<28} {row['family'] or '-':<12} {len(row['variants']):>5}  {status:<10} {guards or '-'}{more}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnxsat`` console script and ``python -m onnxsat``; returns the exit status."""
     parser = build_parser()
@@ -428,6 +561,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
 
     try:
+        if args.command == "rules":
+            return _run_rules(args)
         return _run_optimize(args)
     except OnnxsatError as e:
         print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)

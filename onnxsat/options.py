@@ -29,6 +29,8 @@ class Options:
     disable_rules: tuple[str, ...] = ()
     target: str = "ort-cpu"
     extractor: str = "greedy-dag"
+    """greedy-dag (default), tree (egglog-style tree costs, for comparison) or ilp (exact, HiGHS)."""
+    ilp_time_limit: float = 30.0
     verify: bool = True
     verify_seeds: tuple[int, ...] = (0, 1)
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)

@@ -82,6 +82,7 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
         graph = _extract(program, cost, options)
     report.cost_after = graph.cost
     report.extractor = graph.method
+    report.extraction_gap = graph.gap
     with _stage(report, "export", progress):
         exported = to_onnx(program, graph)
         folded, _ = fold_constants(exported, model.ByteSize(), materialize=options.materialize_constants)
@@ -97,9 +98,14 @@ def _cost_model(options: Options) -> CostModel:
 def _extract(program, cost: CostModel, options: Options) -> ExtractedGraph:  # type: ignore[no-untyped-def]
     serialized = serialize(program.egraph)
     roots = [serialized.roots[i] for i in range(len(program.outputs))]
-    if options.extractor not in ("greedy-dag", "tree"):
-        raise OptionsError(f"unknown extractor {options.extractor!r}")
-    return extract_greedy(serialized, cost, roots, tree_only=options.extractor == "tree")
+    if options.extractor not in ("greedy-dag", "tree", "ilp"):
+        raise OptionsError(f"unknown extractor {options.extractor!r} (greedy-dag, tree or ilp)")
+    greedy = extract_greedy(serialized, cost, roots, tree_only=options.extractor == "tree")
+    if options.extractor != "ilp":
+        return greedy
+    from onnxsat.extract.ilp import extract_ilp
+
+    return extract_ilp(serialized, cost, roots, time_limit=options.ilp_time_limit, warm_start=greedy)
 
 
 def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[onnx.ModelProto, Report]:

@@ -59,6 +59,8 @@ class Report:
     cost_after: float = 0.0
     saturation: SaturationReport = field(default_factory=SaturationReport)
     extractor: str = ""
+    extraction_gap: float | None = None
+    """ILP only: relative gap to the proven lower bound (0 = optimal)."""
     verification: VerificationSummary = field(default_factory=lambda: VerificationSummary("skipped"))
     stage_seconds: dict[str, float] = field(default_factory=dict)
     file_bytes_before: int = 0
@@ -98,8 +100,10 @@ class Report:
         lines.append(f"  {'total':<{width}}  {self.total_before:>7}  {self.total_after:>7}")
         lines.append("")
         gain = self.cost_before / self.cost_after if self.cost_after > 0 else float("inf")
+        gap = "" if self.extraction_gap is None else f", gap {self.extraction_gap:.1%}"
         lines.append(
-            f"  estimated cost   {self.cost_before:,.1f} us -> {self.cost_after:,.1f} us  (x{gain:.2f}, extractor {self.extractor})"
+            f"  estimated cost   {self.cost_before:,.1f} us -> {self.cost_after:,.1f} us"
+            f"  (x{gain:.2f}, extractor {self.extractor}{gap})"
         )
         sat = self.saturation
         lines.append(

@@ -245,7 +245,8 @@ def test_quiet_and_json_turn_progress_off(fake: FakePipeline, tmp_path: Path, fl
         ["--time-limit", "nan"],
         ["--match-limit", "1.5"],
         ["--target", "cuda"],
-        ["--extractor", "ilp"],
+        ["--extractor", "simplex"],
+        ["--ilp-time-limit", "0"],
         ["--rules-only", " , "],
     ],
 )

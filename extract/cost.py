@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from ..egraph.ops import BY_CTOR
 from ..egraph.ops.registry import CostCtx, numel
 from .serialized import ENode, Ref
@@ -80,4 +78,4 @@ def known_dims(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
     """Symbolic dims priced as 1 (the cost of one batch/sequence element)."""
     if shape is None:
         return None
-    return tuple(int(d) if d >= 0 else 1 for d in np.asarray(shape, dtype=np.int64))
+    return tuple(d if d >= 0 else 1 for d in shape)

@@ -8,6 +8,7 @@ exported node, so the table never re-implements an op's math.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -100,7 +101,7 @@ class CostCtx:
 def numel(shape: tuple[int, ...] | None) -> int:
     if shape is None:
         return 0
-    return int(np.prod([max(d, 1) for d in shape], dtype=np.int64)) if shape else 1
+    return math.prod(max(d, 1) for d in shape)
 
 
 def elementwise_flops(ctx: CostCtx) -> float:

@@ -320,14 +320,22 @@ def _add_rules_parser(sub: Any) -> None:
     rules.set_defaults(rules_parser=rules)
     actions = rules.add_subparsers(dest="rules_command", metavar="ACTION")
     lst = actions.add_parser("list", help="every rule with its family, guards and verification status")
-    lst.add_argument("--json", action="store_true", help="print the table as JSON (per egglog rule: lhs, rhs, guards)")
-    lst.add_argument("--verify", action="store_true", help="verify every rule too (status is 'not run' without it)")
+    lst.add_argument(
+        "--json", action="store_true", help="print the table as JSON (per egglog rule: lhs, rhs, guards)"
+    )
+    lst.add_argument(
+        "--verify", action="store_true", help="verify every rule too (status is 'not run' without it)"
+    )
     ver = actions.add_parser("verify", help="verify rules (all, or the named rules and families)")
     ver.add_argument("names", metavar="NAME", nargs="*", help="rule or family names (default: every rule)")
     ver.add_argument("--json", action="store_true", help="print the results as JSON")
     for action in (lst, ver):
         action.add_argument(
-            "--seeds", metavar="N", type=_int_arg(1), default=3, help="random inputs per instance (default %(default)s)"
+            "--seeds",
+            metavar="N",
+            type=_int_arg(1),
+            default=3,
+            help="random inputs per instance (default %(default)s)",
         )
         action.add_argument(
             "--min-instances",
@@ -510,7 +518,11 @@ def _run_rules(args: argparse.Namespace) -> int:
         names = RULES.names()
     results = {}
     if args.rules_command == "verify" or args.verify:
-        budget = {"seeds": args.seeds, "min_instances": args.min_instances, "max_candidates": args.max_candidates}
+        budget = {
+            "seeds": args.seeds,
+            "min_instances": args.min_instances,
+            "max_candidates": args.max_candidates,
+        }
         results = {r.name: r for r in verify_rules(names, **budget)}
     if args.rules_command == "list":
         rows = []
@@ -544,7 +556,9 @@ def _rules_table(rows: list[dict[str, Any]]) -> str:
         status = v["status"] if v["status"] != "verified" else f"ok ({v['instances_fired']})"
         guards = "; ".join(row["variants"][0]["guards"]) if row["variants"] else ""
         more = f"  (first of {len(row['variants'])})" if len(row["variants"]) > 1 else ""
-        lines.append(f"{row['name']:<28} {row['family'] or '-':<12} {len(row['variants']):>5}  {status:<10} {guards or '-'}{more}")
+        lines.append(
+            f"{row['name']:<28} {row['family'] or '-':<12} {len(row['variants']):>5}  {status:<10} {guards or '-'}{more}"
+        )
     return "\n".join(lines)
 
 

@@ -137,8 +137,8 @@ for _r in range(MAX_RANK + 1):
                 variant=f"{_outer}-{_inner}-{_r}",
             )
 for _name, _v in VIEWS.items():
-    if _name == "reshape":
-        continue  # core's reshape-noop
+    if _name in ("reshape", "unsqueeze"):
+        continue  # core's reshape-noop; an Unsqueeze always adds dims
     # A view op that does not change the shape is a no-op.
     _add("view-noop", _v(x), x, L.shape(t) == sa, L.shape(x) == sa, variant=_name)
 
@@ -168,11 +168,15 @@ for _n in (1, 2, 3):
             variant=f"{_variant}-{_n}",
         )
         # ... and an AveragePool's when padded zeros are counted (count_include_pad=1).
+        # (floor mode only: with ceil_mode a window starting in the end padding is kept after an
+        # explicit Pad but dropped by the pool's own padding; pads must stay below the kernel.)
         _add(
             "pad-into-avgpool",
-            L.average_pool(_padded, kernel, strides, pads, ceil_mode, i64(1)),
-            L.average_pool(x, kernel, strides, _spatial_pads, ceil_mode, i64(1)),
+            L.average_pool(_padded, kernel, strides, pads, i64(0), i64(1)),
+            L.average_pool(x, kernel, strides, _spatial_pads, i64(0), i64(1)),
             *_pad_ok,
+            kernel.length() == i64(_n),
+            *[_spatial_pads[i] < kernel[i % _n] for i in range(2 * _n)],
             variant=f"{_variant}-{_n}",
         )
 

@@ -65,7 +65,7 @@ for _with_bias in (True, False):
     bias = L.concat(L.tlist([b1, b2]), i64(0)) if _with_bias else L.Tensor.none()
     merged = L.conv(x, L.concat(L.tlist([w1, w2]), i64(0)), bias, strides, pads, dil, i64(1))
     p1, p2 = _parts(merged, i64(1), s1[0], s2[0])
-    bias_guards = (L.is_const(b1), L.is_const(b2)) if _with_bias else ()
+    bias_guards = (L.is_const(b1), L.is_const(b2), L.shape(b1) == Vec(s1[0]), L.shape(b2) == Vec(s2[0])) if _with_bias else ()
     _add(
         "merge-parallel-conv",
         "bias" if _with_bias else "nobias",
@@ -104,7 +104,7 @@ for _with_bias in (True, False):
         L.shape(w2) == s2,
         s1 == Vec(s1[0], s2[1], i64(1), i64(1)),
         s2 == Vec(s2[0], s2[1], i64(3), i64(3)),
-        *((L.is_const(b1), L.is_const(b2)) if _with_bias else ()),
+        *((L.is_const(b1), L.is_const(b2), L.shape(b1) == Vec(s1[0]), L.shape(b2) == Vec(s2[0])) if _with_bias else ()),
         actions=[union(t1).with_(p1), union(t2).with_(p2)],
     )
 

@@ -76,11 +76,6 @@ PROOFS = {
         L.gemm(X, W, A, 1.0, 1.0, 1, 0),
         {"x": (3, 2), "w": (3, 4), "a": (4,)},
     ),
-    "gemm-scale-fold": (
-        L.mul(L.gemm(X, W, A, 1.0, 0.5, 0, 0), L.Tensor.splat(2.0, L.ivec([]), F)),
-        L.gemm(X, W, A, 2.0, 1.0, 0, 0),
-        {"x": (2, 3), "w": (3, 4), "a": (4,)},
-    ),
     "gemm-bias-fold": (
         L.add(L.gemm(X, W, A, 1.0, 1.0, 0, 0), B),
         L.gemm(X, W, L.add(A, B), 1.0, 1.0, 0, 0),

@@ -14,17 +14,6 @@ from egglog.egraph import FactLike
 from ..egraph import lang as L
 
 
-@dataclass(frozen=True)
-class RulePattern:
-    """What ``rewrite_rule`` was given for one egglog rule: kept so verification instantiates the
-    very left-hand side egglog matches (not a hand-written copy) and shows the guards."""
-
-    egg_name: str
-    lhs: L.Tensor
-    rhs: L.Tensor
-    guards: tuple[FactLike, ...] = ()
-
-
 @dataclass
 class RuleTable:
     """Named rules grouped by family; one onnxsat rule may be several egglog rules (per rank)."""
@@ -33,26 +22,19 @@ class RuleTable:
     egg_rules: dict[str, list[tuple[str, RewriteOrRule]]] = field(default_factory=dict)
     """onnxsat name -> [(egglog rule name, rule)]."""
     egg_to_name: dict[str, str] = field(default_factory=dict)
-    patterns: dict[str, list[RulePattern]] = field(default_factory=dict)
-    """onnxsat name -> the patterns of its egglog rules (absent for rules not made by ``rewrite_rule``)."""
     _rulesets: dict[tuple[str, ...], Ruleset] = field(default_factory=dict)
 
-    def add(
-        self, family: str, name: str, built: RewriteOrRule, egg_name: str, pattern: RulePattern | None = None
-    ) -> None:
+    def add(self, family: str, name: str, built: RewriteOrRule, egg_name: str) -> None:
         names = self.families.setdefault(family, [])
         if name not in names:
             names.append(name)
         self.egg_rules.setdefault(name, []).append((egg_name, built))
-        if pattern is not None:
-            self.patterns.setdefault(name, []).append(pattern)
         self.egg_to_name[egg_name] = name
         self._rulesets.clear()
 
     def remove(self, name: str) -> None:
         for egg_name, _ in self.egg_rules.pop(name, []):
             self.egg_to_name.pop(egg_name, None)
-        self.patterns.pop(name, None)
         for names in self.families.values():
             if name in names:
                 names.remove(name)
@@ -93,4 +75,4 @@ def rewrite_rule(
     """Register ``lhs => rhs`` (guards are extra facts; ``ROOT`` names the matched term)."""
     egg_name = f"{name}{'/' + variant if variant else ''}"
     built = rule(eq(ROOT).to(lhs), *guards, name=egg_name).then(union(ROOT).with_(rhs))
-    table.add(family, name, built, egg_name, RulePattern(egg_name, lhs, rhs, tuple(guards)))
+    table.add(family, name, built, egg_name)

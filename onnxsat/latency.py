@@ -1,0 +1,142 @@
+"""Honest latency comparison of two runnables: interleaved rounds and a bootstrap confidence interval.
+
+Machines here are shared and noisy, so a single timing of each side proves nothing. Rounds
+alternate A and B (the order flips each round, so drift hits both sides alike), each round times
+a few calls and keeps their median, and the speed-up of B over A is the ratio of the medians over
+rounds, with a percentile-bootstrap 95% interval. A win needs the whole interval above 1.02, a
+loss below 0.98; anything else is a tie.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+WIN, LOSS = 1.02, 0.98
+Verdict = Literal["win", "loss", "tie"]
+Level = Literal["disable", "basic", "extended", "all"]
+_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+@dataclass(frozen=True)
+class LatencyComparison:
+    """Medians in milliseconds; ``ratio`` = baseline / candidate (above 1: the candidate is faster)."""
+
+    baseline_ms: float
+    candidate_ms: float
+    ratio: float
+    ci_low: float
+    ci_high: float
+    rounds: int
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.ci_low > WIN:
+            return "win"
+        if self.ci_high < LOSS:
+            return "loss"
+        return "tie"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+    def __str__(self) -> str:
+        return (
+            f"{self.baseline_ms:.3f} ms -> {self.candidate_ms:.3f} ms, x{self.ratio:.3f} "
+            f"[95% CI {self.ci_low:.3f}, {self.ci_high:.3f}] over {self.rounds} rounds: {self.verdict}"
+        )
+
+
+def bootstrap_ratio_ci(
+    baseline: np.ndarray, candidate: np.ndarray, *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of median(baseline) / median(candidate), resampling rounds."""
+    rng = np.random.default_rng(seed)
+    n = len(baseline)
+    idx = rng.integers(0, n, size=(resamples, n))
+    ratios = np.median(baseline[idx], axis=1) / np.median(candidate[idx], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def compare_latency(
+    baseline: Callable[[], object],
+    candidate: Callable[[], object],
+    *,
+    rounds: int = 30,
+    calls_per_round: int = 5,
+    warmup: int = 3,
+    seed: int = 0,
+) -> LatencyComparison:
+    """Time ``baseline`` and ``candidate`` in interleaved rounds; see the module docstring."""
+    if rounds < 2:
+        raise ValueError("rounds must be at least 2")
+    for _ in range(warmup):
+        baseline()
+        candidate()
+    times = np.empty((2, rounds))
+
+    def one_round(fn: Callable[[], object]) -> float:
+        samples = []
+        for _ in range(calls_per_round):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return float(np.median(samples))
+
+    for r in range(rounds):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for side in order:
+            times[side, r] = one_round(baseline if side == 0 else candidate)
+    a, b = times * 1e3
+    low, high = bootstrap_ratio_ci(a, b, seed=seed)
+    return LatencyComparison(
+        baseline_ms=float(np.median(a)),
+        candidate_ms=float(np.median(b)),
+        ratio=float(np.median(a) / np.median(b)),
+        ci_low=low,
+        ci_high=high,
+        rounds=rounds,
+    )
+
+
+def ort_session(model: onnx.ModelProto, *, level: Level = "all", threads: int | None = None) -> ort.InferenceSession:
+    """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op threads)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = _LEVELS[level]
+    if threads is not None:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def compare_models(
+    baseline: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    level: Level = "all",
+    threads: int | None = None,
+    rounds: int = 30,
+    calls_per_round: int = 5,
+    seed: int = 0,
+) -> LatencyComparison:
+    """Latency of two ONNX models on the same inputs in onnxruntime (same level and threads on both sides)."""
+    sessions = [ort_session(m, level=level, threads=threads) for m in (baseline, candidate)]
+    runs = []
+    for sess in sessions:
+        names = {i.name for i in sess.get_inputs()}
+        own = {k: v for k, v in feeds.items() if k in names}
+        runs.append(lambda s=sess, f=own: s.run(None, f))
+    return compare_latency(runs[0], runs[1], rounds=rounds, calls_per_round=calls_per_round, seed=seed)

@@ -1,0 +1,41 @@
+"""The latency comparison: its verdict follows the interval, and it detects a real difference."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from onnxsat.latency import LatencyComparison, bootstrap_ratio_ci, compare_latency, compare_models
+
+
+def test_verdict_follows_the_interval() -> None:
+    assert LatencyComparison(1, 1, 1.1, 1.03, 1.2, 30).verdict == "win"
+    assert LatencyComparison(1, 1, 0.9, 0.8, 0.97, 30).verdict == "loss"
+    assert LatencyComparison(1, 1, 1.05, 1.01, 1.1, 30).verdict == "tie"
+
+
+def test_bootstrap_interval_contains_the_true_ratio() -> None:
+    rng = np.random.default_rng(1)
+    a = 2.0 + 0.05 * rng.standard_normal(60)
+    b = 1.0 + 0.05 * rng.standard_normal(60)
+    low, high = bootstrap_ratio_ci(a, b)
+    assert low < 2.0 < high and high - low < 0.3
+
+
+def test_a_slower_baseline_is_a_win() -> None:
+    result = compare_latency(lambda: time.sleep(0.004), lambda: time.sleep(0.001), rounds=6, calls_per_round=2, warmup=1)
+    assert result.verdict == "win" and result.ratio > 1.5, result
+
+
+def test_compare_models_times_both_sessions() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]))
+    model.opset_import[0].version = 18
+    onnx.checker.check_model(model)
+    feeds = {"x": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)}
+    result = compare_models(model, model, feeds, rounds=4, calls_per_round=2, threads=1)
+    assert result.rounds == 4 and result.baseline_ms > 0 and result.candidate_ms > 0 and result.ci_low <= result.ci_high

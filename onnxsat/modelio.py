@@ -223,7 +223,11 @@ def _check_structure(graph: GraphProto, outer: frozenset[str], where: str) -> No
             _check_structure(
                 sub, available, f"{where}in subgraph '{attr_name}' of node {_node_label(node, idx)}: "
             )
+    listed: set[str] = set()
     for out in graph.output:
+        if out.name in listed:
+            raise BadInputError(f"{where}graph output '{out.name}' is listed twice")
+        listed.add(out.name)
         if out.name not in available:
             raise BadInputError(
                 f"{where}graph output '{out.name}' is not produced by any node, input or initializer"
@@ -303,8 +307,11 @@ def _run_checker(model: ModelProto, p: Path) -> None:
     # proto over 2 GiB cannot be handed to its C++ side at all; otherwise check the (possibly
     # reordered) in-memory model.
     use_path = _has_external_refs(model) or serialized_size(model) > MAX_PROTO_BYTES
+    # full_check adds strict shape and type inference: a model whose declared types or shapes do not
+    # fit its ops (Add of float and int64, a Transpose perm of the wrong rank) is bad input, not
+    # something for the rewrite rules to trip over later.
     try:
-        onnx.checker.check_model(str(p) if use_path else model)
+        onnx.checker.check_model(str(p) if use_path else model, full_check=True)
     except Exception as e:
         raise BadInputError(f"invalid ONNX model: {one_line(e)}") from e
 

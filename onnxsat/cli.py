@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -280,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="never run these rules or rule families (comma-separated, repeatable)",
     )
+    _add_plugin_flags(sel)
     sel.add_argument(
         "--target",
         choices=TARGETS,
@@ -302,6 +304,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rules_parser(sub)
     return parser
+
+
+def _add_plugin_flags(group: Any) -> None:
+    """``--rules FILE`` and ``--strict-plugins``, shared by optimize and rules list/verify."""
+    group.add_argument(
+        "--rules",
+        dest="rule_files",
+        metavar="FILE.py",
+        action="append",
+        default=[],
+        help="also load the rule plugin in FILE.py (defines PLUGIN; repeatable); its rules are verified"
+        " before use, see docs/plugins.md",
+    )
+    group.add_argument(
+        "--strict-plugins",
+        action="store_true",
+        help="fail (exit 2) when a plugin does not load or a plugin rule fails verification,"
+        " instead of warning and going on without it",
+    )
+
+
+def _plugin_cache_dir() -> str:
+    """Where verdicts on plugin rules are kept between runs: $XDG_CACHE_HOME/onnxsat or ~/.cache/onnxsat."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "onnxsat")
 
 
 def _add_rules_parser(sub: Any) -> None:
@@ -330,6 +357,7 @@ def _add_rules_parser(sub: Any) -> None:
     ver.add_argument("names", metavar="NAME", nargs="*", help="rule or family names (default: every rule)")
     ver.add_argument("--json", action="store_true", help="print the results as JSON")
     for action in (lst, ver):
+        _add_plugin_flags(action)
         action.add_argument(
             "--seeds",
             metavar="N",
@@ -384,6 +412,9 @@ def options_from_args(args: argparse.Namespace) -> Options:
         budgets=Budgets(**budget_changes),
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
+        rule_files=tuple(args.rule_files),
+        strict_plugins=args.strict_plugins,
+        plugin_cache_dir=_plugin_cache_dir(),
         target=args.target,
         extractor=args.extractor,
         ilp_time_limit=args.ilp_time_limit,
@@ -466,7 +497,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     _check_input_shapes(model, options.input_shapes)
 
     from onnxsat.pipeline import optimize
+    from onnxsat.rules.plugins import PluginWarning
 
+    warnings.simplefilter("ignore", PluginWarning)  # the report lists them
     optimized, report = optimize(model, options)
     if report.verification.status == "failed":
         # The pipeline raises VerificationError; this guards against a report that only records it.
@@ -507,11 +540,16 @@ def _run_rules(args: argparse.Namespace) -> int:
     import json
 
     from onnxsat.rules import RULES
+    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, rule_source
     from onnxsat.rules.verify import describe_rule, verify_rules
 
     if args.rules_command is None:
         args.rules_parser.print_help(sys.stderr)
         return EXIT_USAGE
+    warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
+    loads = ensure_plugins(args.rule_files, strict=args.strict_plugins, cache_dir=_plugin_cache_dir())
+    for text in (t for load in loads for t in load.messages()):
+        print(f"{PROG}: warning: {text}", file=sys.stderr)
     if args.rules_command == "verify":
         names = _expand_rule_names(args.names)
     else:
@@ -528,6 +566,7 @@ def _run_rules(args: argparse.Namespace) -> int:
         rows = []
         for name in RULES.names():
             row = describe_rule(RULES, name)
+            row["source"] = rule_source(name)
             r = results.get(name)
             row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
             if r is not None:
@@ -550,14 +589,15 @@ def _run_rules(args: argparse.Namespace) -> int:
 
 def _rules_table(rows: list[dict[str, Any]]) -> str:
     """Name, family, egglog-rule count, status, and the first egglog rule's guards."""
-    lines = [f"{'NAME':<28} {'FAMILY':<12} {'RULES':>5}  {'STATUS':<10} GUARDS"]
+    lines = [f"{'NAME':<28} {'FAMILY':<12} {'SOURCE':<12} {'RULES':>5}  {'STATUS':<10} GUARDS"]
     for row in rows:
         v = row["verification"]
         status = v["status"] if v["status"] != "verified" else f"ok ({v['instances_fired']})"
         guards = "; ".join(row["variants"][0]["guards"]) if row["variants"] else ""
         more = f"  (first of {len(row['variants'])})" if len(row["variants"]) > 1 else ""
         lines.append(
-            f"{row['name']:<28} {row['family'] or '-':<12} {len(row['variants']):>5}  {status:<10} {guards or '-'}{more}"
+            f"{row['name']:<28} {row['family'] or '-':<12} {row['source']:<12} {len(row['variants']):>5}  {status:<10}"
+            f" {guards or '-'}{more}"
         )
     return "\n".join(lines)
 

@@ -27,6 +27,14 @@ class Options:
     rules_only: tuple[str, ...] = ()
     """Run only these rules (names or family names); empty = all."""
     disable_rules: tuple[str, ...] = ()
+    rule_files: tuple[str, ...] = ()
+    """Plugin files (``--rules``), each a Python file defining ``PLUGIN``; see docs/plugins.md."""
+    entry_point_plugins: bool = True
+    """Load the installed plugins of the ``onnxsat.rules`` entry-point group."""
+    strict_plugins: bool = False
+    """A plugin that fails to load or a plugin rule that fails verification is an error, not a warning."""
+    plugin_cache_dir: str | None = None
+    """Where plugin rules' verification verdicts are cached (None: verify in every process)."""
     target: str = "ort-cpu"
     extractor: str = "greedy-dag"
     """greedy-dag (default), tree (egglog-style tree costs, for comparison) or ilp (exact, HiGHS)."""

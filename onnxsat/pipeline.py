@@ -20,6 +20,7 @@ from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.options import Options
 from onnxsat.report import Report, VerificationSummary
+from onnxsat.rules.plugins import load_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, saturate, select_rules
 from onnxsat.verification import VerificationResult
 
@@ -117,6 +118,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     options = options or Options()
     report = Report(model_name=model.graph.name, file_bytes_before=model.ByteSize())
     report.nodes_before = _op_counts(model)
+    report.warnings.extend(load_plugins(options))
     try:
         enabled = select_rules(options.rules_only, options.disable_rules)
     except ValueError as exc:

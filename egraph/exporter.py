@@ -44,9 +44,12 @@ def _attr_value(kind: str, value: Any) -> Any:
 
 
 class _Exporter:
-    def __init__(self, program: Program, graph: ExtractedGraph):
+    def __init__(self, program: Program, graph: ExtractedGraph, allow_contrib_ops: bool = False):
         self.program = program
         self.graph = graph
+        self.allow_contrib_ops = allow_contrib_ops
+        self.domains: set[str] = set()
+        """Non-default domains the written nodes use (onnxruntime contrib ops)."""
         self.choice = graph.choice()
         self.names: dict[str, str] = {}
         self.used: set[str] = set()
@@ -215,14 +218,22 @@ class _Exporter:
             attrs=attrs,
             opset=self.program.opset,
             const_value=lambda i: self._const_value(input_classes[i]) if i < len(input_classes) else None,
+            outputs=outputs,
+            fresh=self._fresh,
+            allow_contrib=self.allow_contrib_ops,
         )
         if spec.export is not None:
             try:
                 spec.export(exp)
             except Exception as exc:
                 raise ExportError(f"{spec.op_type} cannot be written at opset {self.program.opset}: {exc}") from exc
+        if exp.expansion:  # a fused kind written as its chain of standard ops
+            self.nodes.extend(exp.expansion)
+            return
+        if exp.domain:
+            self.domains.add(exp.domain)
         meta = self.program.node_meta.get(outputs[0])
-        proto = helper.make_node(exp.op_type, exp.inputs, outputs, **exp.attrs)
+        proto = helper.make_node(exp.op_type, exp.inputs, outputs, domain=exp.domain or None, **exp.attrs)
         if meta is not None and meta[0] == exp.op_type:
             proto.name, proto.doc_string = meta[1], meta[2]
         self.nodes.append(proto)
@@ -269,9 +280,16 @@ class _Exporter:
         new_model.CopyFrom(model)
         new_model.graph.CopyFrom(new_graph)
         new_model.ir_version = max(model.ir_version, MIN_IR_VERSION)
+        imported = {o.domain for o in new_model.opset_import}
+        for domain in sorted(self.domains - imported):
+            new_model.opset_import.append(helper.make_opsetid(domain, 1))
         return new_model
 
 
-def to_onnx(program: Program, graph: ExtractedGraph) -> onnx.ModelProto:
-    """Write an extracted graph as a model with the original's inputs, outputs, opsets and metadata."""
-    return _Exporter(program, graph).run()
+def to_onnx(program: Program, graph: ExtractedGraph, *, allow_contrib_ops: bool = False) -> onnx.ModelProto:
+    """Write an extracted graph as a model with the original's inputs, outputs, opsets and metadata.
+
+    ``allow_contrib_ops`` writes fused kinds as onnxruntime com.microsoft ops (the domain is added to
+    the opset imports); otherwise they become their chains of standard ops.
+    """
+    return _Exporter(program, graph, allow_contrib_ops).run()

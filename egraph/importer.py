@@ -370,6 +370,7 @@ class _Importer:
         for index, node in enumerate(nodes):
             self._import_node(index, node)
         outputs = [(o.name, self.terms[o.name]) for o in graph.output]
+        self.actions.append(set_(L.model_opset()).to(i64(self.opset)))  # rules creating ops guard on it
         for k, (_, ref) in enumerate(outputs):
             self.actions.append(union(L.graph_output(k)).with_(ref))
         for start in range(0, len(self.actions), 2000):

@@ -93,6 +93,12 @@ def graph_output(index: i64Like) -> Tensor:
     """Marks the e-class of graph output ``index`` (a root; never an extraction choice)."""
 
 
+@function
+def model_opset() -> i64:
+    """The model's default-domain opset (set at import): a rule that creates an op guards on it, so
+    it never writes an op the model's opset does not have."""
+
+
 # ---------------------------------------------------------------- opaque and multi-output
 @function
 def opaque(key: i64Like, inputs: TList, index: i64Like) -> Tensor:
@@ -133,6 +139,30 @@ def clip(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor: ...
 @function
 def softmax(x: Tensor, axis: i64Like) -> Tensor:
     """Softmax over one axis (the opset-13 meaning; older forms are normalized or opaque)."""
+
+
+@function
+def hard_sigmoid(x: Tensor, alpha: f64Like, beta: f64Like) -> Tensor: ...
+@function
+def hard_swish(x: Tensor) -> Tensor: ...
+@function
+def swish(x: Tensor, alpha: f64Like) -> Tensor: ...
+
+
+# ---------------------------------------------------------------- onnxsat fused kinds (no standard ONNX op at the model's opset)
+@function
+def fused_silu(x: Tensor) -> Tensor:
+    """x * sigmoid(x) as one pass (ONNX has Swish only from opset 24)."""
+
+
+@function
+def fused_gelu(x: Tensor, approximate: StringLike, dtype: i64Like) -> Tensor:
+    """GELU as one pass below opset 20; ``dtype`` types the constants of its exported chain."""
+
+
+@function
+def fused_bias_gelu(x: Tensor, bias: Tensor, approximate: StringLike, dtype: i64Like) -> Tensor:
+    """gelu(x + bias) as one pass (onnxruntime's BiasGelu/FastGelu with contrib ops)."""
 
 
 # ---------------------------------------------------------------- elementwise binary (broadcasting)
@@ -227,6 +257,8 @@ def pad(x: Tensor, pads: Tensor, value: Tensor, axes: Tensor, mode: StringLike) 
 def reduce_mean(x: Tensor, axes: Tensor, keepdims: i64Like, noop_with_empty_axes: i64Like) -> Tensor: ...
 @function
 def reduce_sum(x: Tensor, axes: Tensor, keepdims: i64Like, noop_with_empty_axes: i64Like) -> Tensor: ...
+@function
+def reduce_max(x: Tensor, axes: Tensor, keepdims: i64Like, noop_with_empty_axes: i64Like) -> Tensor: ...
 
 
 # ---------------------------------------------------------------- shape and constants

@@ -147,6 +147,12 @@ _SAME_SHAPE = [
     lambda x: L.batch_norm(x, b, c, d, e, fa),
     lambda x: L.layer_norm(x, b, c, ia, fa),
     lambda x: L.lrn(x, fa, fb, fc, ia),
+    lambda x: L.hard_sigmoid(x, fa, fb),
+    lambda x: L.hard_swish(x),
+    lambda x: L.swish(x, fa),
+    lambda x: L.fused_silu(x),
+    lambda x: L.fused_gelu(x, str_a, ia),
+    lambda x: L.fused_bias_gelu(x, b, str_a, ia),  # the fusion rule requires a bias that does not broadcast x
 ]
 for _make in _SAME_SHAPE:
     shape_rules.append(rule(eq(t).to(_make(a)), L.shape(a) == sa).then(set_(L.shape(t)).to(sa)))
@@ -362,6 +368,7 @@ for _make in (
     lambda x: L.pad(x, b, c, d, str_a),
     lambda x: L.reduce_mean(x, b, ia, ib),
     lambda x: L.reduce_sum(x, b, ia, ib),
+    lambda x: L.reduce_max(x, b, ia, ib),
 ):
     shape_rules.append(rule(eq(t).to(_make(a)), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
 shape_rules.append(rule(eq(t).to(L.concat(L.TList.cons(a, xs), ia)), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
@@ -481,7 +488,7 @@ for _n in (1, 2, 3):
         ).then(set_(L.shape(t)).to(squeezed))
     )
     # Reductions over constant axes: kept as 1, or removed.
-    for _reduce in (L.reduce_mean, L.reduce_sum):
+    for _reduce in (L.reduce_mean, L.reduce_sum, L.reduce_max):
         kept = sa
         for k in range(_n):
             kept = kept.set(axes[k], i64(1))
@@ -498,7 +505,7 @@ for _n in (1, 2, 3):
                 *[axes[k] < axes[k + 1] for k in range(_n - 1)],
             ).then(set_(L.shape(t)).to(squeezed))
         )
-for _reduce in (L.reduce_mean, L.reduce_sum):
+for _reduce in (L.reduce_mean, L.reduce_sum, L.reduce_max):
     # No axes: reduce everything (or nothing, with noop_with_empty_axes).
     shape_rules.append(
         rule(eq(t).to(_reduce(a, L.Tensor.none(), i64(0), i64(0))), L.shape(a) == sa).then(

@@ -289,6 +289,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="cost model the extractor minimizes (default %(default)s)",
     )
     sel.add_argument(
+        "--allow-contrib-ops",
+        action="store_true",
+        help="write fused nodes as onnxruntime com.microsoft contrib ops (Gelu, BiasGelu, FastGelu,"
+        " QuickGelu) instead of their chains of standard ops; the model then runs on onnxruntime only",
+    )
+    sel.add_argument(
         "--extractor",
         choices=EXTRACTORS,
         default=_DEFAULT_OPTIONS.extractor,
@@ -421,6 +427,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         verify=not args.no_verify,
         input_shapes=input_shapes,
         materialize_constants=args.materialize_constants,
+        allow_contrib_ops=args.allow_contrib_ops,
         progress=not (args.quiet or args.json),
     )
 

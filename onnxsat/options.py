@@ -43,6 +43,8 @@ class Options:
     verify_seeds: tuple[int, ...] = (0, 1)
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Pins symbolic input dims: name -> full shape."""
+    allow_contrib_ops: bool = False
+    """Write fused kinds as onnxruntime com.microsoft contrib ops (BiasGelu, FastGelu...) instead of chains."""
     materialize_constants: bool = False
     """Allow folded constants to grow the file by more than max(1 MiB, 10%)."""
     minimize_seconds: float = 120.0

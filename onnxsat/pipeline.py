@@ -85,7 +85,7 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
     report.extractor = graph.method
     report.extraction_gap = graph.gap
     with _stage(report, "export", progress):
-        exported = to_onnx(program, graph)
+        exported = to_onnx(program, graph, allow_contrib_ops=options.allow_contrib_ops)
         folded, _ = fold_constants(exported, model.ByteSize(), materialize=options.materialize_constants)
     return folded
 

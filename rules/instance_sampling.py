@@ -402,6 +402,12 @@ def _s_reduce(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     return {**out, "noop_with_empty_axes": 0 if axes or g.chance(0.7) else 1}
 
 
+def _s_bias_gelu(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    """A bias over the last axis (what the bias-GELU fusion and onnxruntime's BiasGelu take)."""
+    xs = _shape(g, k, "X", lo=1)
+    return {"X": Want(xs), "bias": Want(xs[-1:]), "approximate": g.pick(["none", "tanh"]), "dtype": DOUBLE}
+
+
 def _s_shape_of(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     xs = _shape(g, k, "data")
     r = len(xs)
@@ -429,6 +435,12 @@ SAMPLERS: dict[str, Sampler] = {
     **{op: _s_unary("X") for op in ("abs_", "identity", "global_average_pool")},
     "leaky_relu": _s_unary("X", alpha=lambda g: g.pick([0.01, 0.1, 0.2])),
     "gelu": _s_unary("X", approximate=lambda g: g.pick(["none", "tanh"])),
+    "hard_sigmoid": _s_unary("X", alpha=lambda g: g.pick([0.2, 0.5]), beta=lambda g: g.pick([0.5, 0.25])),
+    "hard_swish": _s_unary("X"),
+    "swish": _s_unary("X", alpha=lambda g: g.pick([1.0, 0.5])),
+    "fused_silu": _s_unary("X"),
+    "fused_gelu": _s_unary("X", approximate=lambda g: g.pick(["none", "tanh"]), dtype=lambda g: DOUBLE),
+    "fused_bias_gelu": _s_bias_gelu,
     "cast": _s_unary("input", to=lambda g: g.pick([DOUBLE, DOUBLE, TensorProto.FLOAT, INT64])),
     "clip": lambda g, k: {
         "input": Want(_shape(g, k, "input")),
@@ -466,6 +478,7 @@ SAMPLERS: dict[str, Sampler] = {
     "pad": _s_pad,
     "reduce_mean": _s_reduce,
     "reduce_sum": _s_reduce,
+    "reduce_max": _s_reduce,
     "shape_of": _s_shape_of,
     "constant_of_shape": lambda g, k: {"input": _ints(g.shape(hi=4)), "value": g.special(), "dtype": DOUBLE},
 }
@@ -475,7 +488,7 @@ HINTABLE = {
     op for op, s in SAMPLERS.items()
     if op not in {"gemm", "conv", "conv_transpose", "max_pool", "average_pool", "global_average_pool", "reshape",
                   "flatten", "squeeze", "unsqueeze", "concat", "split", "slice_", "gather", "expand",
-                  "reduce_mean", "reduce_sum", "shape_of", "constant_of_shape"}
+                  "reduce_mean", "reduce_sum", "reduce_max", "shape_of", "constant_of_shape"}
 }  # fmt: skip
 """Ops whose sampler can meet a wanted output shape: a parent leaves them open until it knows that shape."""
 

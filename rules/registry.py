@@ -22,6 +22,10 @@ class RuleTable:
     egg_rules: dict[str, list[tuple[str, RewriteOrRule]]] = field(default_factory=dict)
     """onnxsat name -> [(egglog rule name, rule)]."""
     egg_to_name: dict[str, str] = field(default_factory=dict)
+    tolerances: dict[str, float] = field(default_factory=dict)
+    """onnxsat name -> relative tolerance of its verification, for rules whose result differs from the
+    matched term by float32 rounding of a constant (fusions into ops with float32 attributes);
+    every other rule is verified exact up to float64 rounding."""
     _rulesets: dict[tuple[str, ...], Ruleset] = field(default_factory=dict)
 
     def add(self, family: str, name: str, built: RewriteOrRule, egg_name: str) -> None:
@@ -70,9 +74,21 @@ _t = vars_("t", L.Tensor)
 
 
 def rewrite_rule(
-    table: RuleTable, family: str, name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = ""
+    table: RuleTable,
+    family: str,
+    name: str,
+    lhs: L.Tensor,
+    rhs: L.Tensor,
+    *guards: FactLike,
+    variant: str = "",
+    rtol: float | None = None,
 ) -> None:
-    """Register ``lhs => rhs`` (guards are extra facts; ``ROOT`` names the matched term)."""
+    """Register ``lhs => rhs`` (guards are extra facts; ``ROOT`` names the matched term).
+
+    ``rtol``: the relative error verification allows this rule (see ``RuleTable.tolerances``).
+    """
+    if rtol is not None:
+        table.tolerances[name] = max(rtol, table.tolerances.get(name, 0.0))
     egg_name = f"{name}{'/' + variant if variant else ''}"
     built = rule(eq(ROOT).to(lhs), *guards, name=egg_name).then(union(ROOT).with_(rhs))
     table.add(family, name, built, egg_name)

@@ -102,6 +102,9 @@ class Instance:
         if isinstance(e, UnboundVarDecl):
             if e.name not in self.env:
                 default = {"i64": 0, "f64": self.gen.special(), "String": "", "Vec": ()}.get(d.tp.ident.name)
+                low, high = self.pattern.float_ranges.get(e.name, (-math.inf, math.inf))
+                if math.isfinite(low) and math.isfinite(high):  # a constant the guards pin (up to rounding)
+                    default = want = float(self.rng.uniform(low, high))
                 self.env[e.name] = default if want is None else want
             return self.env[e.name]
         if isinstance(e, CallDecl):
@@ -414,8 +417,8 @@ def term_text(graph: ExtractedGraph, display: dict[str, str]) -> str:
     return text(graph.roots[0])
 
 
-def compare(ref: np.ndarray, out: np.ndarray) -> tuple[bool, float, str]:
-    """Float64 agreement within ``RTOL`` of the output's magnitude; NaN and inf positions must match."""
+def compare(ref: np.ndarray, out: np.ndarray, rtol: float = RTOL) -> tuple[bool, float, str]:
+    """Float64 agreement within ``rtol`` of the output's magnitude; NaN and inf positions must match."""
     if ref.shape != out.shape:
         return False, math.inf, f"shapes differ: {list(ref.shape)} vs {list(out.shape)}"
     if ref.dtype != out.dtype:
@@ -430,5 +433,5 @@ def compare(ref: np.ndarray, out: np.ndarray) -> tuple[bool, float, str]:
     if not diff.size:
         return True, 0.0, ""
     scale = max(1.0, float(np.abs(a[fa]).max()))
-    ok = bool(np.all(diff <= RTOL * (scale + np.abs(a[fa]))))
+    ok = bool(np.all(diff <= rtol * (scale + np.abs(a[fa]))))
     return ok, float(diff.max()), "" if ok else "values differ"

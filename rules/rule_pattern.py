@@ -6,8 +6,9 @@ hand-written copy of the pattern.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from egglog import RewriteOrRule
@@ -58,6 +59,10 @@ class RulePattern:
     guards: list[str]
     lhs: list[str]
     rhs: list[str]
+    opset_range: tuple[int, int] = (0, 1 << 30)
+    """Model opsets the guards allow (``model_opset() >= n`` / ``< n``), inclusive."""
+    float_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """f64 variable -> [low, high] from guards like ``c >= 1.41`` (constants matched up to rounding)."""
 
 
 def _text(decls: Any, decl: Any) -> str:
@@ -131,6 +136,8 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
             and isinstance(expr.args[0].expr, UnboundVarDecl)
         ):
             const_vars.add(expr.args[0].expr.name)
+        if isinstance(expr, CallDecl):
+            _bound_hint(pattern, expr)
         if isinstance(fact, EqDecl):
             for side, other in ((fact.left, fact.right), (fact.right, fact.left)):
                 if not (isinstance(side, CallDecl) and isinstance(other, LitDecl)):
@@ -151,6 +158,24 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
     pattern.const_vars = frozenset(const_vars)
     pattern.rank_hints = tuple(sorted(h for h in hints if 0 <= h <= MAX_RANK))
     return pattern
+
+
+def _bound_hint(pattern: RulePattern, call: CallDecl) -> None:
+    """Record a guard ``model_opset() >= n`` (or ``< n``) and ``f64 var >= / <= literal``."""
+    ref = call.callable
+    if not (isinstance(ref, MethodRef) and len(call.args) == 2 and isinstance(call.args[1].expr, LitDecl)):
+        return
+    subject, bound, method = call.args[0].expr, call.args[1].expr.value, ref.method_name
+    if isinstance(subject, CallDecl) and op_name(subject) == "model_opset":
+        lo, hi = pattern.opset_range
+        n = int(bound)  # type: ignore[arg-type]
+        low = {"__ge__": n, "__gt__": n + 1}.get(method, lo)
+        high = {"__lt__": n - 1, "__le__": n}.get(method, hi)
+        pattern.opset_range = (max(lo, low), min(hi, high))
+    elif isinstance(subject, UnboundVarDecl) and ref.ident.name == "f64" and method in ("__ge__", "__le__"):
+        lo_f, hi_f = pattern.float_ranges.get(subject.name, (-math.inf, math.inf))
+        value = float(bound)  # type: ignore[arg-type]
+        pattern.float_ranges[subject.name] = (value, hi_f) if method == "__ge__" else (lo_f, value)
 
 
 def _literal_dims(pattern: RulePattern, var: str, vec: CallDecl) -> None:

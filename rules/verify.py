@@ -38,6 +38,8 @@ from ..extract.serialized import LIST_OPS, ENode, SerializedEGraph, serialize
 from .registry import RULES, RuleTable
 from .rule_instances import (
     LEAVES,
+    OPSET,
+    RTOL,
     Instance,
     compare,
     evaluate,
@@ -46,7 +48,7 @@ from .rule_instances import (
     term_text,
     to_egglog,
 )
-from .rule_pattern import Invalid, Unsupported, describe_rule, parse_rule
+from .rule_pattern import Invalid, RulePattern, Unsupported, describe_rule, parse_rule
 
 __all__ = [
     "Counterexample",
@@ -124,6 +126,12 @@ class _Conflict(Exception):
         self.stage = stage
 
 
+def _model_opset(pattern: RulePattern) -> int:
+    """The model opset a round of this pattern's instances declares: OPSET unless its guards ask otherwise."""
+    low, high = pattern.opset_range
+    return min(max(OPSET, low), high)
+
+
 def _run_round(
     egraph: EGraph, batch: list[Instance], rules: Ruleset
 ) -> tuple[SerializedEGraph, SerializedEGraph]:
@@ -132,7 +140,7 @@ def _run_round(
     stage = "analysis"
     try:
         memo: dict[int, Any] = {}
-        actions: list[Any] = []
+        actions: list[Any] = [set_(L.model_opset()).to(i64(_model_opset(batch[0].pattern)))]
         outputs = 0
         for index, inst in enumerate(batch):
             leaf_exprs = {}
@@ -222,6 +230,8 @@ class RuleVerifier:
             seed,
         )
         self.egraph = EGraph()
+        self.rtol = RTOL
+        """Tolerance of the rule being verified (``RuleTable.tolerances``)."""
         # Declared before any push: what is declared inside a push is popped with it.
         self.egraph.run(shape_rules.saturate())
 
@@ -239,6 +249,7 @@ class RuleVerifier:
     def _verify(self, result: RuleVerification) -> None:
         patterns = [parse_rule(egg_name, built) for egg_name, built in self.table.egg_rules[result.name]]
         rules = self.table.ruleset_for([result.name])
+        self.rtol = self.table.tolerances.get(result.name, RTOL)
         self.egraph.run(rules)  # declared outside the rounds; the base e-graph is empty, so nothing fires
         target = max(1, math.ceil(self.min_instances / len(patterns)))
         fired = {p.egg_name: 0 for p in patterns}
@@ -247,6 +258,7 @@ class RuleVerifier:
         used = 0
         while used < self.max_candidates:
             need = [p for p in patterns if fired[p.egg_name] < target] or patterns
+            need = [p for p in need if _model_opset(p) == _model_opset(need[0])]  # one opset per round
             if (
                 all(fired[p.egg_name] >= target for p in patterns)
                 and sum(fired.values()) >= self.min_instances
@@ -371,7 +383,7 @@ class RuleVerifier:
                     base = (text, outs)
                     continue
                 for s, (ref, out) in enumerate(zip(base[1], outs, strict=True)):
-                    ok, err, reason = compare(ref, out)
+                    ok, err, reason = compare(ref, out, self.rtol)
                     if not ok:
                         return Counterexample(lhs_text, inst.leaf_text(), base[0], text, err, reason, s)
         return None

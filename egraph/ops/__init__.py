@@ -1,6 +1,6 @@
 """The op table (see ``registry``); importing this package registers every modelled op."""
 
-from . import elementwise, layout, nn  # noqa: F401  (registration side effects)
+from . import elementwise, fused, layout, nn  # noqa: F401  (registration side effects)
 from .registry import BY_CTOR, OPS, OpSpec, ctor_name
 
 for _spec in OPS.values():

@@ -94,6 +94,9 @@ register(
     _unary("Identity", L.identity, 1),
     OpSpec("LeakyRelu", L.leaky_relu, ("X",), (Attr("alpha", "float", 0.01),), min_opset=6),
     OpSpec("Gelu", L.gelu, ("X",), (Attr("approximate", "string", "none"),), min_opset=20),
+    OpSpec("HardSigmoid", L.hard_sigmoid, ("X",), (Attr("alpha", "float", 0.2), Attr("beta", "float", 0.5)), min_opset=6),
+    _unary("HardSwish", L.hard_swish, 14),
+    OpSpec("Swish", L.swish, ("X",), (Attr("alpha", "float", 1.0),), min_opset=24),
     OpSpec("Cast", L.cast, ("input",), (Attr("to", "int", None),), min_opset=6),
     OpSpec(
         "Clip", L.clip, ("input", "min?", "max?"), family="unary", normalize=_clip_normalize, export=_clip_export, min_opset=6

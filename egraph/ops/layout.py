@@ -167,7 +167,7 @@ def _reduce_normalize(before_opset: int):
 
 def _reduce_export(before_opset: int):
     def export(node: ExportNode) -> None:
-        if node.opset < 18 and node.attrs.get("noop_with_empty_axes", 0) and node.op_type == "ReduceMean":
+        if node.opset < 18 and node.attrs.get("noop_with_empty_axes", 0) and node.op_type != "ReduceSum":
             raise Unsupported("noop_with_empty_axes needs opset 18")
         if node.opset < 13:
             node.attrs.pop("noop_with_empty_axes", None)
@@ -292,6 +292,7 @@ register(
     ),
     _reduce("ReduceMean", L.reduce_mean, 18),
     _reduce("ReduceSum", L.reduce_sum, 13),
+    _reduce("ReduceMax", L.reduce_max, 18),
     OpSpec(
         "Shape",
         L.shape_of,

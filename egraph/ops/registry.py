@@ -83,6 +83,14 @@ class ExportNode:
     opset: int
     const_value: Callable[[int], np.ndarray | None]
     """Values of input ``i`` when it is a constant (for opsets that want it as an attribute)."""
+    outputs: list[str] = field(default_factory=list)
+    fresh: Callable[[str], str] = str
+    """A new unused tensor name from a hint (for the inner tensors of an expansion)."""
+    allow_contrib: bool = False
+    """onnxruntime's com.microsoft contrib ops may be written (``--allow-contrib-ops``)."""
+    domain: str = ""
+    expansion: list[Any] = field(default_factory=list)
+    """NodeProtos to write instead of the one node (a fused kind with no single ONNX op)."""
 
     def const_ints(self, i: int) -> list[int] | None:
         value = self.const_value(i)

@@ -1,0 +1,275 @@
+"""Fusion rules: decompositions PyTorch/TF exporters write become one fused node.
+
+A chain of elementwise/reduction ops that an exporter wrote for LayerNorm, GELU, SiLU, HardSwish,
+Softmax or bias+GELU becomes the standard ONNX op when the model's opset has it (the guard reads
+``model_opset``), else an onnxsat fused kind (``egraph/ops/fused.py``) that exports back as its
+chain or, with ``--allow-contrib-ops``, as an onnxruntime contrib op. A fused node costs one
+memory pass instead of one per op of the chain.
+
+Guards: constants must equal the exact values up to float32 rounding (``_near``), reductions must
+run over the last axis with kept dims, constants must not broadcast the input to a larger shape,
+and the input must be float32 or float64 (float16 decompositions carry float16-rounded constants
+and the fused ops compute in higher precision, so they are left alone).
+"""
+
+from __future__ import annotations
+
+import math
+
+from egglog import String, Vec, f64, i64, vars_
+from egglog.egraph import FactLike
+
+from ..egraph import lang as L
+from .registry import ROOT as t
+from .registry import RULES, rewrite_rule
+
+FAMILY = "fusion"
+MATCH_RTOL = 2.0**-22
+"""Constants match within this relative distance (float32 rounding is at most 2**-24)."""
+FLOAT32_RTOL = 2.0**-18
+"""Verification tolerance of rules whose result differs from the chain by float32 rounding of its
+constants (matched within ``MATCH_RTOL``, or float32 attributes and constants of the fused op)."""
+
+x, d, g, bias, scale = vars_("x d g bias scale", L.Tensor)
+sx, sd, sg, sb, va = vars_("sx sd sg sb va", Vec[i64])
+dt, cd1, cd2, cd3, cd4, cd5, nz, nz2, ax = vars_("dt cd1 cd2 cd3 cd4 cd5 nz nz2 ax", i64)
+c1, c2, c3, c4, c5, eps = vars_("c1 c2 c3 c4 c5 eps", f64)
+(approx,) = vars_("approx", String)
+
+
+def _add(
+    name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "", rtol: float | None = None
+) -> None:
+    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant, rtol=rtol)
+
+
+def _near(value: f64, exact: float) -> tuple[FactLike, ...]:
+    """``value`` is ``exact`` up to float32 rounding."""
+    tol = abs(exact) * MATCH_RTOL
+    return (value >= f64(exact - tol), value <= f64(exact + tol))
+
+
+def _const(value: f64, dims: Vec[i64], cdt: i64) -> L.Tensor:
+    """A uniform constant operand (its value is guarded with ``_near``)."""
+    return L.Tensor.splat(value, dims, cdt)
+
+
+def _float_input() -> tuple[FactLike, ...]:
+    """The root keeps x's shape (no constant broadcasts it), and x is float32 or float64."""
+    return (L.shape(x) == sx, L.shape(t) == sx, L.dtype(x) == dt, (dt - i64(1)) * (dt - i64(11)) == i64(0))
+
+
+def _opset(at_least: int) -> FactLike:
+    return L.model_opset() >= i64(at_least)
+
+
+def _opset_below(limit: int) -> FactLike:
+    return L.model_opset() < i64(limit)
+
+
+def _last_axis(axes: Vec[i64]) -> tuple[FactLike, ...]:
+    """``axes`` is exactly the last axis of x (given as -1 or rank-1)."""
+    rank = sx.length()
+    return (axes.length() == i64(1), rank >= i64(1), (axes[0] + rank) % rank == rank - i64(1))
+
+
+# ---------------------------------------------------------------- LayerNorm
+# (x - mean) / sqrt(var + eps) over the last axis => LayerNormalization (opset >= 17): 9 ops become
+# one pass. The core is fused with unit scale; scale and bias are absorbed by the next two rules.
+_axes = L.Tensor.ints(va, i64(1))
+_centered = L.sub(x, L.reduce_mean(x, _axes, i64(1), nz))
+_squares = {
+    "pow": L.pow_(_centered, _const(f64(2.0), sd, cd1)),
+    "mul": L.mul(_centered, _centered),
+}
+_dim = sx[sx.length() - i64(1)]
+_unit_scale = L.Tensor.splat(f64(1.0), Vec(_dim), dt)
+for _sq_name, _squared in _squares.items():
+    _std = L.sqrt(L.add(L.reduce_mean(_squared, _axes, i64(1), nz2), _const(eps, sg, cd2)))
+    for _div_name, _normed in (
+        ("div", L.div(_centered, _std)),
+        ("rsqrt", L.mul(_centered, L.reciprocal(_std))),
+    ):
+        _add(
+            "layer-norm-fusion",
+            _normed,
+            L.layer_norm(x, _unit_scale, L.Tensor.none(), i64(-1), eps),
+            _opset(17),
+            *_float_input(),
+            *_last_axis(va),
+            _dim >= i64(0),
+            eps >= f64(0.0),
+            variant=f"{_sq_name}-{_div_name}",
+            rtol=FLOAT32_RTOL,  # LayerNormalization stores epsilon as float32
+        )
+_ln_last_axis = (
+    L.shape(x) == sx,
+    sx.length() >= i64(1),
+    (ax + sx.length()) % sx.length() == sx.length() - i64(1),
+)
+# LayerNorm(x, 1) * gamma => LayerNorm(x, gamma) for a gamma over the normalized axis: one op fewer.
+_add(
+    "layer-norm-absorb-scale",
+    L.mul(L.layer_norm(x, L.Tensor.splat(f64(1.0), sd, cd1), L.Tensor.none(), ax, eps), g),
+    L.layer_norm(x, g, L.Tensor.none(), ax, eps),
+    *_ln_last_axis,
+    sd == Vec(_dim),
+    L.shape(g) == sd,
+    L.dtype(g) == cd1,
+)
+# LayerNorm(x, gamma) + beta => LayerNorm(x, gamma, beta) for a beta over the normalized axis.
+_add(
+    "layer-norm-absorb-bias",
+    L.add(L.layer_norm(x, g, L.Tensor.none(), ax, eps), bias),
+    L.layer_norm(x, g, bias, ax, eps),
+    *_ln_last_axis,
+    L.shape(g) == sd,
+    sd == Vec(_dim),
+    L.shape(bias) == sd,
+    L.dtype(bias) == dt,
+    L.dtype(x) == dt,
+)
+
+
+# ---------------------------------------------------------------- GELU
+def _gelu_targets(
+    name: str, lhs: L.Tensor, approximate: str, guards: tuple[FactLike, ...], variant: str
+) -> None:
+    """Gelu at opset >= 20, the onnxsat fused kind below."""
+    _add(
+        name,
+        lhs,
+        L.gelu(x, approximate),
+        _opset(20),
+        *_float_input(),
+        *guards,
+        variant=f"{variant}-std",
+        rtol=FLOAT32_RTOL,
+    )
+    _add(
+        name,
+        lhs,
+        L.fused_gelu(x, approximate, dt),
+        _opset_below(20),
+        *_float_input(),
+        *guards,
+        variant=f"{variant}-fused",
+        rtol=FLOAT32_RTOL,
+    )
+
+
+# 0.5 * x * (1 + erf(x / sqrt 2)) => Gelu: five ops become one pass. PyTorch writes (x*A)*0.5,
+# Hugging Face (x*0.5)*A; x/sqrt2 may be constant-folded to x*(1/sqrt2).
+_erf_args = {
+    "div": (L.div(x, _const(c1, sd, cd1)), _near(c1, math.sqrt(2.0))),
+    "mul": (L.mul(x, _const(c1, sd, cd1)), _near(c1, 1.0 / math.sqrt(2.0))),
+}
+_half, _one = _const(c2, sg, cd2), _const(c3, sb, cd3)
+_erf_consts = (*_near(c2, 0.5), *_near(c3, 1.0))
+for _arg_name, (_arg, _arg_guard) in _erf_args.items():
+    _a = L.add(L.erf(_arg), _one)
+    for _form, _lhs in (("torch", L.mul(L.mul(x, _a), _half)), ("hf", L.mul(L.mul(x, _half), _a))):
+        _gelu_targets("gelu-erf-fusion", _lhs, "none", (*_arg_guard, *_erf_consts), f"{_arg_name}-{_form}")
+
+# 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) => Gelu(approximate=tanh): nine ops, one pass.
+_cubic = L.add(x, L.mul(L.pow_(x, _const(f64(3.0), sd, cd4)), _const(c5, va, cd5)))
+_tanh_a = L.add(L.tanh(L.mul(_cubic, _const(c1, sd, cd1))), _one)
+_tanh_consts = (
+    *_near(c1, math.sqrt(2.0 / math.pi)),
+    *_near(c5, 0.044715),
+    *_erf_consts,
+)  # x^3 exactly: x^2.99 is NaN for x < 0
+_gelu_targets("gelu-tanh-fusion", L.mul(L.mul(x, _half), _tanh_a), "tanh", _tanh_consts, "hf")
+
+# ---------------------------------------------------------------- SiLU / Swish
+# x * sigmoid(x) => Swish (opset >= 24) or the fused kind: two passes become one.
+for _order, _lhs in (("xs", L.mul(x, L.sigmoid(x))), ("sx", L.mul(L.sigmoid(x), x))):
+    _add("silu-fusion", _lhs, L.swish(x, 1.0), _opset(24), *_float_input(), variant=f"{_order}-std")
+    _add("silu-fusion", _lhs, L.fused_silu(x), _opset_below(24), *_float_input(), variant=f"{_order}-fused")
+
+# ---------------------------------------------------------------- HardSigmoid / HardSwish
+# relu6(x + 3) / 6 (MobileNetV3 code) => HardSigmoid(1/6, 1/2): three ops become one. ONNX stores
+# alpha as float32, so the result differs from the chain by float32 rounding of 1/6.
+_relu6 = L.clip(L.add(x, _const(c1, sd, cd1)), _const(c2, sg, cd2), _const(c3, sb, cd3))
+_relu6_consts = (*_near(c1, 3.0), c2 == f64(0.0), *_near(c3, 6.0))
+_add(
+    "hard-sigmoid-fusion",
+    L.div(_relu6, _const(c4, va, cd4)),
+    L.hard_sigmoid(x, 1.0 / 6.0, 0.5),
+    _opset(6),
+    *_float_input(),
+    *_relu6_consts,
+    *_near(c4, 6.0),
+    rtol=FLOAT32_RTOL,
+)
+# x * relu6(x + 3) / 6 => HardSwish (opset >= 14): four ops become one.
+_add(
+    "hard-swish-fusion",
+    L.div(L.mul(x, _relu6), _const(c4, va, cd4)),
+    L.hard_swish(x),
+    _opset(14),
+    *_float_input(),
+    *_relu6_consts,
+    *_near(c4, 6.0),
+    variant="relu6",
+    rtol=FLOAT32_RTOL,
+)
+# x * HardSigmoid(x, 1/6, 1/2) => HardSwish: two ops become one.
+for _order, _lhs in (
+    ("xh", L.mul(x, L.hard_sigmoid(x, c1, c2))),
+    ("hx", L.mul(L.hard_sigmoid(x, c1, c2), x)),
+):
+    _add(
+        "hard-swish-fusion",
+        _lhs,
+        L.hard_swish(x),
+        _opset(14),
+        *_float_input(),
+        *_near(c1, 1.0 / 6.0),
+        *_near(c2, 0.5),
+        variant=_order,
+        rtol=FLOAT32_RTOL,
+    )
+
+# ---------------------------------------------------------------- Softmax
+# exp(x - max(x)) / sum(exp(x - max(x))) over one axis => Softmax (opset >= 13, any axis): five ops,
+# one pass. (exp(x) / sum(exp(x)) without the max is not fused: it overflows where Softmax does not.)
+_shifted = L.exp(L.sub(x, L.reduce_max(x, _axes, i64(1), nz)))
+_add(
+    "softmax-fusion",
+    L.div(_shifted, L.reduce_sum(_shifted, _axes, i64(1), nz2)),
+    L.softmax(x, (va[0] + sx.length()) % sx.length()),
+    _opset(13),
+    *_float_input(),
+    va.length() == i64(1),
+    sx.length() >= i64(1),
+)
+
+# ---------------------------------------------------------------- bias + activation
+# Gelu(x + b) for a bias over the last axis => one fused pass (onnxruntime BiasGelu / FastGelu with
+# contrib ops; the lowering layer's kernel otherwise).
+_bias_guards = (
+    L.shape(x) == sx,
+    L.shape(t) == sx,
+    L.shape(bias) == Vec(_dim),
+    L.dtype(x) == dt,
+    (dt - i64(1)) * (dt - i64(11)) == i64(0),
+)
+_add(
+    "bias-gelu-fusion",
+    L.gelu(L.add(x, bias), approx),
+    L.fused_bias_gelu(x, bias, approx, dt),
+    *_bias_guards,
+    variant="std",
+    rtol=FLOAT32_RTOL,
+)
+_add(
+    "bias-gelu-fusion",
+    L.fused_gelu(L.add(x, bias), approx, dt),
+    L.fused_bias_gelu(x, bias, approx, dt),
+    *_bias_guards,
+    variant="fused",
+    rtol=FLOAT32_RTOL,
+)
+
+RULE_NAMES = list(RULES.families[FAMILY])

@@ -100,7 +100,9 @@ class RulePlugin:
         rewrite_rule(self.table, family or self.family, name, lhs, rhs, *guards, variant=variant)
         self._describe(name, description)
 
-    def rule(self, name: str, built: RewriteOrRule, *, family: str | None = None, description: str = "") -> None:
+    def rule(
+        self, name: str, built: RewriteOrRule, *, family: str | None = None, description: str = ""
+    ) -> None:
         """Add one egglog ``rewrite(...).to(...)`` or ``rule(...).then(union(...))`` under ``name``."""
         for variant, converted in _as_rules(built):
             egg_name = f"{name}{'/' + variant if variant else ''}"
@@ -151,7 +153,9 @@ def _as_rules(built: RewriteOrRule) -> list[tuple[str, RewriteOrRule]]:
                 variant,
                 RewriteOrRule(
                     decls,
-                    RuleDecl((UnionDecl(decl.tp, root, rhs),), (EqDecl(decl.tp, root, lhs), *decl.conditions), None),
+                    RuleDecl(
+                        (UnionDecl(decl.tp, root, rhs),), (EqDecl(decl.tp, root, lhs), *decl.conditions), None
+                    ),
                 ),
             )
             for variant, lhs, rhs in pairs
@@ -193,7 +197,9 @@ def _op_rules(spec: OpSpec, shape: ShapeRule | tuple[RewriteOrRule, ...]) -> lis
         out.append(rule(term, L.shape(tensors[0]) == dims).then(set_(L.shape(t)).to(dims)))
         out.append(rule(term, L.dtype(tensors[0]) == dt).then(set_(L.dtype(t)).to(dt)))
     elif isinstance(shape, str):
-        raise ValueError(f"{spec.op_type}: unknown shape rule {shape!r} (use 'same-as-input' or egglog rules)")
+        raise ValueError(
+            f"{spec.op_type}: unknown shape rule {shape!r} (use 'same-as-input' or egglog rules)"
+        )
     else:
         out.extend(shape)
     return out
@@ -370,7 +376,9 @@ def _rule_key(table: RuleTable, name: str) -> str:
     from .verify import describe_rule
 
     text = describe_rule(table, name)
-    ops = sorted((s.op_type, s.name, s.inputs, tuple(a.name for a in s.attrs), s.min_opset) for s in OPS.values())
+    ops = sorted(
+        (s.op_type, s.name, s.inputs, tuple(a.name for a in s.attrs), s.min_opset) for s in OPS.values()
+    )
     versions = [metadata.version(d) for d in ("onnxsat", "egglog", "onnx")] if _installed() else []
     payload = json.dumps([text, ops, VERIFY_SETTINGS, versions], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()

@@ -73,7 +73,9 @@ def _install_entry_point(site: Path) -> None:
     project = tomllib.loads((EXAMPLE_PLUGIN / "pyproject.toml").read_text())["project"]
     info = site / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
     group = project["entry-points"][P.ENTRY_POINT_GROUP]
     lines = [f"[{P.ENTRY_POINT_GROUP}]", *(f"{name} = {target}" for name, target in group.items())]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
@@ -86,7 +88,9 @@ def test_entry_point_plugin_is_discovered_verified_and_fires(
     monkeypatch.syspath_prepend(str(EXAMPLE_PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     model = onnx.load(str(EXAMPLE_MODEL))
-    options = onnxsat.Options(rules_only=("soft-activations", "core"), plugin_cache_dir=str(tmp_path / "cache"))
+    options = onnxsat.Options(
+        rules_only=("soft-activations", "core"), plugin_cache_dir=str(tmp_path / "cache")
+    )
     optimized, report = onnxsat.optimize(model, options)
 
     (load,) = P.ensure_plugins(cache_dir=tmp_path / "cache")
@@ -124,7 +128,9 @@ def test_wrong_plugin_rules_are_rejected_with_counterexamples(
     # The optimize run goes on without the rejected rules and says why in its report...
     (load,) = P.ensure_plugins([str(plugin_file)])
     model = onnx.load(str(EXAMPLE_MODEL))
-    options = onnxsat.Options(rules_only=("wrong-examples",), rule_files=(str(plugin_file),), entry_point_plugins=False)
+    options = onnxsat.Options(
+        rules_only=("wrong-examples",), rule_files=(str(plugin_file),), entry_point_plugins=False
+    )
     _, report = onnxsat.optimize(model, options)
     assert any("softsign-as-tanh rejected" in w and "tanh(" in w for w in report.warnings)
     assert "softsign-as-tanh" not in report.saturation.rule_matches()

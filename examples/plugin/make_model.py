@@ -38,7 +38,9 @@ def build() -> onnx.ModelProto:
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 8])],
         [w1, w2, one],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnxsat-examples")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="onnxsat-examples"
+    )
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
     return model

@@ -45,8 +45,16 @@ PLUGIN = RulePlugin(
 # Op rows: constructor, ONNX op type and inputs (no attributes), FLOPs per element, and the
 # shape rule (output has the shape and dtype of input 0). Reference numerics come from
 # onnx.reference on the exported node; both ops exist since opset 1.
-PLUGIN.op(OpSpec("Softplus", softplus, ("X",), family="unary", flops=lambda c: 3.0 * numel(c.out_shape), min_opset=1))
-PLUGIN.op(OpSpec("Softsign", softsign, ("X",), family="unary", flops=lambda c: 3.0 * numel(c.out_shape), min_opset=1))
+PLUGIN.op(
+    OpSpec(
+        "Softplus", softplus, ("X",), family="unary", flops=lambda c: 3.0 * numel(c.out_shape), min_opset=1
+    )
+)
+PLUGIN.op(
+    OpSpec(
+        "Softsign", softsign, ("X",), family="unary", flops=lambda c: 3.0 * numel(c.out_shape), min_opset=1
+    )
+)
 
 (x,) = vars_("x", L.Tensor)
 (ones_dims, x_dims) = vars_("ones_dims x_dims", Vec[i64])

@@ -1,0 +1,268 @@
+"""``onnxsat.study``: plain records on rule effectiveness, for notebooks and scripts.
+
+Everything here is built on ``onnxsat.optimize`` and its report: one dict per saturation
+iteration (e-graph size per phase, matches, time), one dict per rule (matches, search/apply
+time, family, source, whether it shows in the extracted program), and ablations (disable one
+rule family, re-run, compare extracted cost and, when asked, onnxruntime latency). Records are
+plain dicts so they go straight into pandas, matplotlib or JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import onnx
+
+from onnxsat.options import Options
+from onnxsat.pipeline import optimize
+from onnxsat.report import Report
+
+__all__ = [
+    "Run",
+    "ablation",
+    "extractor_records",
+    "iteration_records",
+    "rule_records",
+    "rules_in_program",
+    "run",
+    "summary",
+]
+
+Record = dict[str, Any]
+
+
+@dataclass
+class Run:
+    """One optimize run of one model: the optimized model and its report."""
+
+    name: str
+    original: onnx.ModelProto
+    optimized: onnx.ModelProto
+    report: Report
+
+
+def run(name: str, model: onnx.ModelProto, options: Options | None = None) -> Run:
+    """Optimize ``model`` (verified on onnxruntime like any run) and keep what the study needs."""
+    optimized, report = optimize(model, options or Options())
+    return Run(name, model, optimized, report)
+
+
+def iteration_records(result: Run) -> list[Record]:
+    """One record per saturation iteration: phase (the ruleset run: multi or rewrite), e-nodes after it,
+    wall seconds, total matches and the number of rules that matched."""
+    return [
+        {
+            "model": result.name,
+            "phase": it.phase,
+            "iteration": it.index,
+            "enodes": it.enodes,
+            "seconds": it.seconds,
+            "matches": sum(it.matches.values()),
+            "rules_matched": sum(1 for n in it.matches.values() if n),
+        }
+        for it in result.report.saturation.iterations
+    ]
+
+
+def rule_records(result: Run) -> list[Record]:
+    """One record per rule that matched at least once: matches and search+apply seconds (egglog's
+    run report, summed over iterations), family, source, and ``in_program`` (see ``rules_in_program``)."""
+    from onnxsat.rules import RULES
+    from onnxsat.rules.plugins import rule_source
+
+    matches: Counter[str] = Counter()
+    seconds: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for it in result.report.saturation.iterations:
+        for rule, n in it.matches.items():
+            if n:
+                matches[rule] += n
+                first.setdefault(rule, it.index)
+        for rule, dt in it.rule_seconds.items():
+            seconds[rule] = seconds.get(rule, 0.0) + dt
+    used = rules_in_program(result)
+    return [
+        {
+            "model": result.name,
+            "rule": rule,
+            "family": RULES.family_of(rule),
+            "source": rule_source(rule),
+            "matches": n,
+            "seconds": seconds.get(rule, 0.0),
+            "first_iteration": first[rule],
+            "in_program": used.get(rule, False),
+        }
+        for rule, n in sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+
+
+def _root_op(text: str) -> str | None:
+    """The constructor at the root of a rule side printed as ``t := op(...)`` (None for a bare variable)."""
+    found = re.match(r"\s*\w+ := ([\w.]+)\(", text)
+    return found.group(1) if found else None
+
+
+def rules_in_program(result: Run) -> dict[str, bool]:
+    """Which matched rules show in the extracted program: a cheap approximation of provenance.
+
+    A rule counts when the op its right-hand side builds occurs more often in the optimized model
+    than in the original, or, for a rule that rewrites to an existing term (an elimination such
+    as ``x * 1 => x``), when the op at the root of its left-hand side occurs less often. A rule
+    whose effect another rule also produces is credited too, and one whose result was rewritten
+    again is not: exact provenance would need the creating rule of every extracted e-node, which
+    egglog does not record.
+    """
+    from onnxsat.egraph.ops import BY_CTOR
+    from onnxsat.rules import RULES
+    from onnxsat.rules.verify import describe_rule
+
+    before = Counter(n.op_type for n in result.original.graph.node)
+    after = Counter(n.op_type for n in result.optimized.graph.node)
+    out: dict[str, bool] = {}
+    for rule in result.report.saturation.rule_matches():
+        if rule not in RULES.egg_rules:
+            continue
+        credited = False
+        for variant in describe_rule(RULES, rule)["variants"]:
+            rhs = [_root_op(t) for t in variant["rhs"]]
+            lhs = [_root_op(t) for t in variant["lhs"]]
+            for built in rhs:
+                if built in BY_CTOR and after[BY_CTOR[built].op_type] > before[BY_CTOR[built].op_type]:
+                    credited = True
+            if all(op is None for op in rhs):
+                for gone in lhs:
+                    if gone in BY_CTOR and after[BY_CTOR[gone].op_type] < before[BY_CTOR[gone].op_type]:
+                        credited = True
+        out[rule] = credited
+    return out
+
+
+def ablation(
+    name: str,
+    model: onnx.ModelProto,
+    options: Options | None = None,
+    *,
+    families: Iterable[str] | None = None,
+    latency_rounds: int = 0,
+    calls_per_round: int = 5,
+) -> list[Record]:
+    """Re-run with each rule family disabled in turn; one record per family plus the ``(none)`` baseline.
+
+    ``cost_increase`` is the extracted cost without the family over the cost with every family:
+    the share of the optimization that family is responsible for (1.0: it did not matter).
+    With ``latency_rounds`` > 0 each optimized model is also timed on onnxruntime against the
+    full run's model (``onnxsat.latency``: interleaved rounds, bootstrap 95% CI; use >= 30 rounds
+    for a claim).
+    """
+    from onnxsat.rules import RULES
+
+    options = options or Options()
+    full = run(name, model, options)
+    chosen = list(RULES.families) if families is None else list(families)
+    records = [_ablation_record(full, "(none)", full, latency_rounds, calls_per_round)]
+    for family in chosen:
+        if family in options.disable_rules:
+            continue
+        variant = dataclasses.replace(options, disable_rules=(*options.disable_rules, family))
+        records.append(
+            _ablation_record(run(name, model, variant), family, full, latency_rounds, calls_per_round)
+        )
+    return records
+
+
+def _ablation_record(result: Run, family: str, full: Run, rounds: int, calls: int) -> Record:
+    report = result.report
+    record: Record = {
+        "model": result.name,
+        "disabled": family,
+        "cost_before": report.cost_before,
+        "cost_after": report.cost_after,
+        "cost_increase": report.cost_after / full.report.cost_after
+        if full.report.cost_after
+        else float("nan"),
+        "nodes_after": report.total_after,
+        "enodes": report.saturation.enodes_after,
+    }
+    if rounds > 0:
+        from onnxsat.latency import compare_models
+        from onnxsat.verification import make_inputs
+
+        feeds = make_inputs(full.optimized, seed=0)
+        cmp = compare_models(
+            full.optimized, result.optimized, feeds, rounds=rounds, calls_per_round=calls, threads=1
+        )
+        record.update(
+            latency_full_ms=cmp.baseline_ms,
+            latency_ms=cmp.candidate_ms,
+            latency_ratio=cmp.ratio,
+            latency_ci=(cmp.ci_low, cmp.ci_high),
+        )
+    return record
+
+
+def summary(records: Sequence[Record], key: str, value: str) -> dict[str, float]:
+    """Sum ``value`` per ``key`` over records (e.g. matches per family), largest first."""
+    total: dict[str, float] = {}
+    for record in records:
+        total[str(record[key])] = total.get(str(record[key]), 0.0) + float(record[value])
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def extractor_records(
+    name: str,
+    model: onnx.ModelProto,
+    options: Options | None = None,
+    methods: Sequence[str] = ("tree", "greedy-dag", "ilp"),
+) -> list[Record]:
+    """Saturate once, then extract the same e-graph with each method: DAG cost, seconds, gap, nodes.
+
+    ``cost`` is what the extractor reports for its choice (DAG cost: a shared tensor counts once);
+    ``gap`` is ILP's distance to its proven lower bound (None for the heuristics).
+    """
+    import time
+
+    from onnxsat.egraph.importer import from_onnx
+    from onnxsat.extract.greedy import extract_greedy
+    from onnxsat.extract.serialized import serialize
+    from onnxsat.pipeline import _cost_model
+    from onnxsat.rules.plugins import load_plugins
+    from onnxsat.rules.schedule import saturate, select_rules
+
+    options = options or Options()
+    load_plugins(options)
+    program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
+    saturate(program, options.budgets, select_rules(options.rules_only, options.disable_rules))
+    egraph = serialize(program.egraph)
+    roots = [egraph.roots[i] for i in range(len(program.outputs))]
+    cost = _cost_model(options)
+    records = []
+    greedy = None
+    for method in methods:
+        start = time.perf_counter()
+        if method == "ilp":
+            from onnxsat.extract.ilp import extract_ilp
+
+            graph = extract_ilp(egraph, cost, roots, time_limit=options.ilp_time_limit, warm_start=greedy)
+        elif method in ("tree", "greedy-dag"):
+            graph = extract_greedy(egraph, cost, roots, tree_only=method == "tree")
+            greedy = graph if method == "greedy-dag" else greedy
+        else:
+            raise ValueError(f"unknown extractor {method!r} (tree, greedy-dag or ilp)")
+        records.append(
+            {
+                "model": name,
+                "extractor": method,
+                "cost": graph.cost,
+                "seconds": time.perf_counter() - start,
+                "gap": graph.gap,
+                "optimal": graph.optimal,
+                "nodes": sum(1 for _, n in graph.nodes if not n.op.startswith(("Tensor.", "TList."))),
+                "eclasses": len(egraph.classes),
+            }
+        )
+    return records

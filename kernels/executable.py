@@ -1,0 +1,242 @@
+"""One compiled ``KernelProgram``: native kernels, BLAS calls and fallbacks over a planned arena.
+
+This first increment drives the steps from a Python loop (one native call per kernel, with the
+GIL released); kernels split their parallel range over a thread pool when the work is large
+enough to pay for the hand-off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer
+from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, MatMulStep, StridedOperand
+
+from .arena import ArenaPlan, plan_arena
+from .blas import gemm_function, matrix_layout
+from .codegen import build_module, kernel_signature
+from .jit import CompiledModule
+
+PARALLEL_MIN_COST = 30_000.0
+"""Kernels estimated below this many scalar operations run on one thread."""
+
+
+@dataclass
+class ExecutableStats:
+    kernels: int = 0
+    blas_calls: int = 0
+    fallback_steps: int = 0
+    arena_bytes: int = 0
+    arena_naive_bytes: int = 0
+    compile_seconds: float = 0.0
+    cache_hit: bool = False
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    native_ops: dict[str, int] = field(default_factory=dict)
+
+
+class Executable:
+    """Runs one lowered program for fixed input shapes."""
+
+    def __init__(
+        self,
+        program: KernelProgram,
+        pool: ThreadPoolExecutor | None,
+        threads: int,
+        cache_dir: Path | None,
+        module: CompiledModule | None = None,
+    ):
+        """``module``: an already compiled module holding this program's kernels (several programs
+        can share one, see ``compile_together``); by default the kernels are compiled here."""
+        start = time.perf_counter()
+        self.program = program
+        self.pool = pool
+        self.threads = threads
+        kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
+        if module is None and kernels:
+            module = CompiledModule(build_module(kernels), cache_dir)
+        self.module = module
+        proto = kernel_signature()
+        self.functions = {k.name: proto(self.module.address(k.name)) for k in kernels} if self.module else {}
+        io = {b.name for _, b in program.inputs} | {b.name for _, b in program.outputs} | set(program.constants)
+        self.plan: ArenaPlan = plan_arena(program.steps, io)
+        self.arena = np.zeros(self.plan.size + 64, dtype=np.uint8)
+        base = self.arena.ctypes.data
+        shift = (-base) % 64
+        self.fixed: dict[str, np.ndarray] = {}
+        for name, value in program.constants.items():
+            self.fixed[name] = np.ascontiguousarray(value)
+        for buf in program.buffers().values():
+            if buf.name in self.plan.offsets:
+                off = shift + self.plan.offsets[buf.name]
+                view = self.arena[off : off + buf.nbytes].view(NUMPY_DTYPES[buf.dtype])
+                self.fixed[buf.name] = view.reshape(buf.shape)
+        self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
+        self.stats = ExecutableStats(
+            kernels=len(kernels),
+            blas_calls=sum(isinstance(s, MatMulStep) for s in program.steps),
+            fallback_steps=sum(isinstance(s, FallbackStep) for s in program.steps),
+            arena_bytes=self.plan.size,
+            arena_naive_bytes=self.plan.naive_size,
+            compile_seconds=0.0,
+            cache_hit=bool(self.module and self.module.cache_hit),
+            fallbacks=dict(program.fallbacks),
+            native_ops=dict(program.native_ops),
+        )
+        self.stats.compile_seconds = time.perf_counter() - start
+
+    # ------------------------------------------------------------ per-step runners
+    def _runner(self, step: Any) -> Callable[[dict[str, np.ndarray]], None]:
+        if isinstance(step, KernelStep):
+            return self._kernel_runner(step)
+        if isinstance(step, MatMulStep):
+            return self._matmul_runner(step)
+        return self._fallback_runner(step)
+
+    def _kernel_runner(self, step: KernelStep) -> Callable[[dict[str, np.ndarray]], None]:
+        kernel = step.kernel
+        fn = self.functions[kernel.name]
+        names = [b.name for b in kernel.params]
+        n = len(names)
+        extent = kernel.parallel_extent
+        parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= PARALLEL_MIN_COST
+        chunks = []
+        if parallel:
+            parts = min(self.threads, extent)
+            size = math.ceil(extent / parts)
+            chunks = [(k * size, min(extent, (k + 1) * size)) for k in range(parts) if k * size < extent]
+        pool = self.pool
+
+        def run(arrays: dict[str, np.ndarray]) -> None:
+            args = (ctypes.c_void_p * n)(*[arrays[name].ctypes.data for name in names])
+            if not chunks:
+                fn(args, 0, extent)
+                return
+            assert pool is not None
+            futures = [pool.submit(fn, args, b, e) for b, e in chunks[1:]]
+            fn(args, chunks[0][0], chunks[0][1])
+            for f in futures:
+                f.result()
+
+        return run
+
+    def _matmul_runner(self, step: MatMulStep) -> Callable[[dict[str, np.ndarray]], None]:
+        gemm = gemm_function(step.out.dtype)
+        out_shape = step.out.shape
+        batch = out_shape[:-2]
+        m, n = out_shape[-2:]
+        k = step.a.shape[-1]
+        itemsize = NUMPY_DTYPES[step.out.dtype].itemsize
+
+        def batch_offsets(op: StridedOperand) -> list[int]:
+            lead = len(batch) - (len(op.shape) - 2)
+            strides = (0,) * lead + op.strides[:-2]
+            shape = (1,) * lead + op.shape[:-2]
+            offs = []
+            for idx in np.ndindex(*batch) if batch else [()]:
+                offs.append(op.offset + sum((i if d != 1 else 0) * s for i, d, s in zip(idx, shape, strides, strict=True)))
+            return offs
+
+        a_offs, b_offs = batch_offsets(step.a), batch_offsets(step.b)
+        a_layout = matrix_layout((m, k), step.a.strides[-2:])  # type: ignore[arg-type]
+        b_layout = matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
+        alpha, beta = step.alpha, step.beta
+        a_name, b_name, out_name = step.a.buffer.name, step.b.buffer.name, step.out.name
+        a_buf, b_buf = step.a.buffer, step.b.buffer
+        if gemm is None or a_layout is None or b_layout is None:
+
+            def run_numpy(arrays: dict[str, np.ndarray]) -> None:
+                a = _strided(arrays[a_name], a_buf, step.a)
+                b = _strided(arrays[b_name], b_buf, step.b)
+                out = arrays[out_name]
+                prod = np.matmul(a, b)
+                if beta:
+                    out *= beta
+                    out += alpha * prod
+                else:
+                    np.multiply(prod, alpha, out=out) if alpha != 1.0 else np.copyto(out, np.broadcast_to(prod, out.shape))
+
+            return run_numpy
+        (ta, lda), (tb, ldb) = a_layout, b_layout
+        calls = list(zip(a_offs, b_offs, range(0, max(len(a_offs), 1) * m * n, m * n), strict=False))
+
+        def run(arrays: dict[str, np.ndarray]) -> None:
+            pa, pb, pc = arrays[a_name].ctypes.data, arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
+            for ao, bo, co in calls:
+                gemm(101, ta, tb, m, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
+
+        return run
+
+    def _fallback_runner(self, step: FallbackStep) -> Callable[[dict[str, np.ndarray]], None]:
+        from onnx import helper
+        from onnx.reference import ReferenceEvaluator
+
+        names = [f"i{k}" if b is not None else "" for k, b in enumerate(step.inputs)]
+        outs = [f"o{k}" for k in range(len(step.outputs))]
+        node = helper.make_node(step.node.op_type, names, outs, domain=step.node.domain)
+        node.attribute.extend(step.node.attribute)
+        vis = [
+            helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(NUMPY_DTYPES[b.dtype]), b.shape)
+            for nm, b in zip(names, step.inputs, strict=True)
+            if b is not None
+        ]
+        graph = helper.make_graph([node], "fallback", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(step.node.domain, step.opset)])
+        evaluator = ReferenceEvaluator(model)
+        in_names = [(nm, b.name) for nm, b in zip(names, step.inputs, strict=True) if b is not None]
+        out_names = [b.name for b in step.outputs]
+
+        def run(arrays: dict[str, np.ndarray]) -> None:
+            results = evaluator.run(None, {nm: arrays[bn] for nm, bn in in_names})
+            for bn, value in zip(out_names, results, strict=True):
+                np.copyto(arrays[bn], np.asarray(value).reshape(arrays[bn].shape), casting="unsafe")
+
+        return run
+
+    # ------------------------------------------------------------ running
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = dict(self.fixed)
+        for name, buf in self.program.inputs:
+            arrays[buf.name] = np.ascontiguousarray(inputs[name], dtype=NUMPY_DTYPES[buf.dtype])
+        outputs: dict[str, np.ndarray] = {}
+        for name, buf in self.program.outputs:
+            arr = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])
+            arrays[buf.name] = arr
+            outputs[name] = arr
+        for runner in self.runners:
+            runner(arrays)
+        return outputs
+
+
+def _strided(base: np.ndarray, buf: Buffer, op: StridedOperand) -> np.ndarray:
+    item = base.itemsize
+    flat = base.reshape(-1)
+    return np.lib.stride_tricks.as_strided(flat[op.offset :], shape=op.shape, strides=tuple(s * item for s in op.strides))
+
+
+def rename_kernels(program: KernelProgram, prefix: str) -> KernelProgram:
+    """The same program with every kernel name prefixed (so programs can share one module)."""
+    steps = [KernelStep(replace(s.kernel, name=prefix + s.kernel.name)) if isinstance(s, KernelStep) else s for s in program.steps]
+    return replace(program, steps=steps)
+
+
+def compile_together(
+    programs: list[KernelProgram],
+    pool: ThreadPoolExecutor | None,
+    threads: int,
+    cache_dir: Path | None,
+    opt_level: int = 3,
+) -> list[Executable]:
+    """Executables for several programs from one LLVM module (one optimization and codegen run)."""
+    renamed = [rename_kernels(p, f"m{i}_") for i, p in enumerate(programs)]
+    kernels = [s.kernel for p in renamed for s in p.steps if isinstance(s, KernelStep)]
+    module = CompiledModule(build_module(kernels), cache_dir, opt_level) if kernels else None
+    return [Executable(p, pool, threads, cache_dir, module) for p in renamed]

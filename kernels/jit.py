@@ -1,0 +1,112 @@
+"""MCJIT compilation for the host CPU, with an on-disk object cache.
+
+The target machine uses the host CPU name and its feature string (AVX-512 where present), O3
+with loop and SLP vectorization. Compiled objects are cached on disk under a key that covers the
+IR, the target triple, the CPU name and features, the LLVM version and the onnxsat version, so
+code built for one CPU is never replayed on another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import llvmlite
+import llvmlite.binding as llvm
+from llvmlite import ir
+
+_INIT_LOCK = threading.Lock()
+_READY = False
+
+
+def _init() -> None:
+    global _READY
+    with _INIT_LOCK:
+        if not _READY:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _READY = True
+
+
+@dataclass(frozen=True)
+class HostTarget:
+    triple: str
+    cpu: str
+    features: str
+
+    @property
+    def fingerprint(self) -> str:
+        from onnxsat import __version__
+
+        return f"{self.triple}|{self.cpu}|{self.features}|llvm{llvm.llvm_version_info}|llvmlite{llvmlite.__version__}|onnxsat{__version__}"
+
+
+def host_target() -> HostTarget:
+    _init()
+    return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+
+
+def default_cache_dir() -> Path:
+    return Path(os.path.expanduser("~")) / ".cache" / "onnxsat" / "kernels"
+
+
+class CompiledModule:
+    """A JIT-compiled LLVM module; ``address(name)`` gives a function's entry point."""
+
+    def __init__(self, module: ir.Module, cache_dir: Path | None = None, opt_level: int = 3):
+        _init()
+        host = host_target()
+        target = llvm.Target.from_triple(host.triple)
+        self.tm = target.create_target_machine(cpu=host.cpu, features=host.features, opt=opt_level, codemodel="jitdefault")
+        text = str(module)
+        self.key = hashlib.sha256(f"{host.fingerprint}\n{opt_level}\n{text}".encode()).hexdigest()
+        self.cache_hit = False
+        cache_file = cache_dir / f"{self.key}.o" if cache_dir is not None else None
+        cached = cache_file.read_bytes() if cache_file is not None and cache_file.exists() else None
+        llmod = llvm.parse_assembly(text)
+        llmod.triple = host.triple
+        llmod.data_layout = str(self.tm.target_data)
+        llmod.verify()
+        if cached is None and opt_level > 0:
+            pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+            pto.loop_vectorization = True
+            pto.slp_vectorization = True
+            pto.loop_unrolling = True
+            pb = llvm.create_pass_builder(self.tm, pto)
+            pb.getModulePassManager().run(llmod, pb)
+        self.optimized_ir = str(llmod) if cached is None else None
+        self.engine = llvm.create_mcjit_compiler(llmod, self.tm)
+
+        def notify(mod: object, data: bytes) -> None:
+            if cache_file is not None and cached is None:
+                _atomic_write(cache_file, data)
+
+        def getbuffer(mod: object) -> bytes | None:
+            if cached is not None:
+                self.cache_hit = True
+            return cached
+
+        self.engine.set_object_cache(notify, getbuffer)
+        self.engine.finalize_object()
+        self._module = llmod
+
+    def address(self, name: str) -> int:
+        return int(self.engine.get_function_address(name))
+
+    def assembly(self) -> str:
+        return str(self.tm.emit_assembly(self._module))
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache directory only costs a recompile next time

@@ -1,0 +1,343 @@
+"""ONNX graph (as extraction chose it) -> ``KernelProgram``, for fixed input shapes.
+
+The flow: weights and compile-time-known tensors are folded; the partitioner decides which
+tensors are stored; each node's lowering rule turns its inputs (``Lazy`` tensors) into outputs,
+emitting kernels for stored tensors and BLAS calls for matrix products; ops without a native
+lowering run the numpy reference and are counted in ``KernelProgram.fallbacks``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .kernel_ir import Buffer, dtype_of_numpy
+from .loops import buffers_of, materialize_kernel
+from .partition import PNode, partition
+from .program import FallbackStep, KernelProgram, KernelStep, MatMulStep, Step
+from .table import LOWERINGS, NotLowered, kind_of, load_rules
+from .values import Lazy, of_buffer, scalar
+
+MAX_FUSED_SIZE = 64
+"""Expression nodes above which an inlined tensor is stored instead (bounded kernel size)."""
+
+VALUE_SLOTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,),
+    "Slice": (1, 2, 3, 4),
+    "Expand": (1,),
+    "Pad": (1, 3),
+    "Split": (1,),
+    "Squeeze": (1,),
+    "Unsqueeze": (1,),
+    "ReduceSum": (1,),
+    "ReduceMean": (1,),
+    "ReduceMax": (1,),
+    "ReduceMin": (1,),
+    "ConstantOfShape": (0,),
+    "Tile": (1,),
+}
+"""Inputs whose *values* decide shapes: a compiled model is specialized on them."""
+
+
+class LoweringError(Exception):
+    """The model cannot be compiled as given (unknown shapes, data-dependent shapes, odd dtypes)."""
+
+
+def value_inputs(model: onnx.ModelProto) -> list[str]:
+    """Graph inputs whose values decide shapes (the compiled code is specialized on their values)."""
+    inits = {t.name for t in model.graph.initializer}
+    graph_inputs = {i.name for i in model.graph.input} - inits
+    found: list[str] = []
+    for node in model.graph.node:
+        for slot in VALUE_SLOTS.get(node.op_type, ()):
+            if slot < len(node.input) and node.input[slot] in graph_inputs and node.input[slot] not in found:
+                found.append(node.input[slot])
+    return found
+
+
+def ir_dtype(elem_type: int) -> str:
+    try:
+        np_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    except Exception as exc:  # noqa: BLE001 - onnx raises KeyError/ValueError by version
+        raise NotLowered(f"element type {elem_type}") from exc
+    dt = dtype_of_numpy(np_dtype)
+    if dt is None:
+        raise NotLowered(f"element type {onnx.TensorProto.DataType.Name(elem_type)}")
+    return dt
+
+
+class NodeView:
+    """What a lowering rule sees of one node: attributes, opset, static input shapes and constants."""
+
+    def __init__(self, lowerer: Lowerer, node: onnx.NodeProto):
+        self.node = node
+        self.op_type = node.op_type
+        self.opset = lowerer.opset
+        self.attrs: dict[str, Any] = {}
+        for a in node.attribute:
+            value = helper.get_attribute_value(a)
+            self.attrs[a.name] = value.decode() if isinstance(value, bytes) else value
+        self.inputs = list(node.input)
+        self.outputs = list(node.output)
+        self._lowerer = lowerer
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+    def has(self, i: int) -> bool:
+        return i < len(self.inputs) and bool(self.inputs[i])
+
+    def const(self, i: int) -> np.ndarray | None:
+        """The compile-time value of input ``i`` (None when absent or only known at run time)."""
+        if not self.has(i):
+            return None
+        return self._lowerer.consts.get(self.inputs[i])
+
+    def const_ints(self, i: int) -> list[int] | None:
+        value = self.const(i)
+        return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+    def out_dtype(self, i: int = 0) -> str | None:
+        return self._lowerer.declared_dtypes.get(self.outputs[i])
+
+
+class Lowerer:
+    """Lowers one graph for one set of input shapes (and values of shape-deciding inputs)."""
+
+    def __init__(self, model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray]):
+        load_rules()
+        self.model = model
+        self.graph = model.graph
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.consts: dict[str, np.ndarray] = {}
+        self.lazies: dict[str, Lazy] = {}
+        self.steps: list[Step] = []
+        self.counter = itertools.count()
+        self.constants: dict[str, np.ndarray] = {}
+        self.const_buffers: dict[str, Buffer] = {}
+        self.declared_dtypes: dict[str, str] = {}
+        for vi in itertools.chain(model.graph.value_info, model.graph.output, model.graph.input):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                try:
+                    self.declared_dtypes[vi.name] = ir_dtype(vi.type.tensor_type.elem_type)
+                except NotLowered:
+                    pass
+        for init in model.graph.initializer:
+            self.consts[init.name] = numpy_helper.to_array(init)
+        inits = set(self.consts)
+        self.inputs: list[tuple[str, Buffer]] = []
+        for vi in model.graph.input:
+            if vi.name in inits:
+                continue
+            if vi.name not in input_shapes:
+                raise LoweringError(f"no shape for input {vi.name!r}")
+            dt = ir_dtype(vi.type.tensor_type.elem_type)
+            buf = self.buffer(vi.name, tuple(int(d) for d in input_shapes[vi.name]), dt)
+            self.inputs.append((vi.name, buf))
+            self.lazies[vi.name] = of_buffer(buf)
+            if vi.name in known:
+                self.consts[vi.name] = np.asarray(known[vi.name])
+        self.output_names = [o.name for o in model.graph.output]
+        self.output_buffers: dict[str, Buffer] = {}
+        self.fallbacks: dict[str, int] = {}
+        self.native: dict[str, int] = {}
+
+    # ------------------------------------------------------------ buffers and values
+    def buffer(self, hint: str, shape: tuple[int, ...], dtype: str) -> Buffer:
+        clean = re.sub(r"[^A-Za-z0-9_]", "_", hint)[:24]
+        return Buffer(f"b{next(self.counter)}_{clean}", dtype, tuple(int(d) for d in shape))
+
+    def out_buffer(self, tensor: str, shape: tuple[int, ...], dtype: str) -> Buffer:
+        """A fresh buffer for ``tensor``; a graph output gets its own output buffer (no copy later)."""
+        if tensor in self.output_names and tensor not in self.output_buffers:
+            buf = self.buffer(tensor, shape, dtype)
+            self.output_buffers[tensor] = buf
+            return buf
+        return self.buffer(tensor, shape, dtype)
+
+    def const_lazy(self, value: np.ndarray) -> Lazy:
+        value = np.asarray(value)
+        dt = dtype_of_numpy(value.dtype)
+        if dt is None:
+            raise NotLowered(f"constant of dtype {value.dtype}")
+        if value.size == 1:
+            item = value.reshape(-1)[0].item()
+            return scalar(item, dt, tuple(value.shape))
+        key = f"{value.dtype}{value.shape}{hash(value.tobytes())}"
+        buf = self.const_buffers.get(key)
+        if buf is None:
+            buf = Buffer(f"c{next(self.counter)}", dt, tuple(value.shape))
+            self.const_buffers[key] = buf
+            self.constants[buf.name] = np.ascontiguousarray(value)
+        return of_buffer(buf)
+
+    def value(self, tensor: str) -> Lazy | None:
+        if not tensor:
+            return None
+        if tensor in self.lazies:
+            return self.lazies[tensor]
+        if tensor in self.consts:
+            lazy = self.const_lazy(self.consts[tensor])
+            self.lazies[tensor] = lazy
+            return lazy
+        raise LoweringError(f"tensor {tensor!r} is used before it is produced")
+
+    def materialize(self, x: Lazy, hint: str = "t", tensor: str | None = None) -> Lazy:
+        """``x`` stored in a buffer (a kernel is emitted unless it already is a contiguous buffer)."""
+        if x.is_view:
+            v = x.view
+            if v.offset == 0 and v.buffer.shape == x.shape and v.strides == of_buffer(v.buffer).view.strides:
+                if tensor is None or tensor not in self.output_names or v.buffer is self.output_buffers.get(tensor):
+                    return x
+        buf = self.out_buffer(tensor, x.shape, x.dtype) if tensor else self.buffer(hint, x.shape, x.dtype)
+        if x.numel:
+            self.emit_kernel(materialize_kernel(f"k{next(self.counter)}_{buf.name}", x, buf))
+        return of_buffer(buf)
+
+    def emit_kernel(self, kernel: Any) -> None:
+        self.steps.append(KernelStep(kernel))
+
+    def emit(self, step: Step) -> None:
+        self.steps.append(step)
+
+    # ------------------------------------------------------------ the flow
+    def lower(self) -> KernelProgram:
+        nodes = list(self.graph.node)
+        pnodes = [
+            PNode(f"n{i}", kind_of(n.op_type), tuple(n.input), tuple(n.output)) for i, n in enumerate(nodes)
+        ]
+        parts = partition(pnodes, self.output_names, is_free=lambda t: t in self.consts)
+        for node in nodes:
+            self._lower_node(node, parts.roots)
+        outputs: list[tuple[str, Buffer]] = []
+        for name in self.output_names:
+            x = self.value(name)
+            assert x is not None
+            stored = self.materialize(x, tensor=name)
+            buf = stored.view.buffer
+            if buf.name in {b.name for _, b in outputs} or buf.name in {b.name for _, b in self.inputs}:
+                copy = self.buffer(name, x.shape, x.dtype)
+                if x.numel:
+                    self.emit_kernel(materialize_kernel(f"k{next(self.counter)}_{copy.name}", stored, copy))
+                buf = copy
+            outputs.append((name, buf))
+        program = KernelProgram(self.inputs, outputs, self.steps, self.constants)
+        program.fallbacks.update(self.fallbacks)
+        program.native_ops.update(self.native)
+        return program
+
+    def _lower_node(self, node: onnx.NodeProto, roots: set[str]) -> None:
+        view = NodeView(self, node)
+        present = [t for t in node.input if t]
+        if node.domain not in ("", "ai.onnx"):
+            self._fallback(view, f"custom domain {node.domain}")
+            return
+        if node.op_type == "Constant" or (present and all(t in self.consts for t in present) and node.op_type in LOWERINGS):
+            self._fold(view)
+            return
+        rule = LOWERINGS.get(node.op_type)
+        if rule is None:
+            self._fallback(view, "no lowering rule")
+            return
+        try:
+            xs = [self.value(t) for t in node.input]
+            results = rule.fn(self, view, xs)
+        except NotLowered as exc:
+            self._fallback(view, str(exc))
+            return
+        for tensor, result in zip(node.output, results, strict=False):
+            if not tensor or result is None:
+                continue
+            if isinstance(result, np.ndarray):
+                self.consts[tensor] = result
+                continue
+            if tensor in roots or result.size > MAX_FUSED_SIZE:
+                if not (result.is_view and tensor not in self.output_names):
+                    result = self.materialize(result, tensor=tensor)
+            self.lazies[tensor] = result
+        self.native[node.op_type] = self.native.get(node.op_type, 0) + 1
+
+    def _fold(self, view: NodeView) -> None:
+        """A node whose inputs are all known at compile time: evaluate it now (numpy reference)."""
+        outputs = _reference_run(view.node, self.opset, [self.consts.get(t) if t else None for t in view.inputs])
+        for tensor, value in zip(view.outputs, outputs, strict=False):
+            if tensor:
+                self.consts[tensor] = np.asarray(value)
+        self.native[view.op_type] = self.native.get(view.op_type, 0) + 1
+
+    def _fallback(self, view: NodeView, reason: str) -> None:
+        node = view.node
+        in_buffers: list[Buffer | None] = []
+        for t in node.input:
+            x = self.value(t)
+            in_buffers.append(None if x is None else self.materialize(x, t).view.buffer)
+        shapes = _infer_output_shapes(node, self.opset, in_buffers, {t: self.consts[t] for t in node.input if t in self.consts})
+        outs = []
+        for tensor, (shape, elem) in zip(node.output, shapes, strict=True):
+            dt = ir_dtype(elem) if elem else "f32"
+            buf = self.out_buffer(tensor, shape, dt)
+            outs.append(buf)
+            self.lazies[tensor] = of_buffer(buf)
+        self.emit(FallbackStep(node, self.opset, tuple(in_buffers), tuple(outs), reason))
+        self.fallbacks[node.op_type] = self.fallbacks.get(node.op_type, 0) + 1
+
+
+def _reference_run(node: onnx.NodeProto, opset: int, values: list[np.ndarray | None]) -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    names = [f"i{k}" if v is not None else "" for k, v in enumerate(values)]
+    inputs = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for n, v in zip(names, values, strict=True)
+        if v is not None
+    ]
+    outs = [f"o{k}" if o else "" for k, o in enumerate(node.output)]
+    clone = helper.make_node(node.op_type, names, outs, domain=node.domain)
+    clone.attribute.extend(node.attribute)
+    graph = helper.make_graph([clone], "fold", inputs, [helper.make_tensor_value_info(o, 0, None) for o in outs if o])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(node.domain, opset)])
+    feeds = {n: v for n, v in zip(names, values, strict=True) if v is not None}
+    results = ReferenceEvaluator(model).run(None, feeds)
+    it = iter(results)
+    return [next(it) if o else None for o in outs]  # type: ignore[misc]
+
+
+def _infer_output_shapes(
+    node: onnx.NodeProto, opset: int, inputs: list[Buffer | None], consts: dict[str, np.ndarray]
+) -> list[tuple[tuple[int, ...], int]]:
+    """Static output shapes/types of one node (onnx shape inference with constants propagated)."""
+    from .kernel_ir import NUMPY_DTYPES
+
+    vis, inits = [], []
+    for name, buf in zip(node.input, inputs, strict=True):
+        if buf is None:
+            continue
+        if name in consts:
+            inits.append(numpy_helper.from_array(np.asarray(consts[name]), name))
+        vis.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(NUMPY_DTYPES[buf.dtype]), buf.shape))
+    graph = helper.make_graph([node], "infer", vis, [helper.make_tensor_value_info(o, 0, None) for o in node.output if o], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    found = {vi.name: vi for vi in itertools.chain(inferred.graph.output, inferred.graph.value_info)}
+    result = []
+    for o in node.output:
+        vi = found.get(o)
+        tt = vi.type.tensor_type if vi is not None else None
+        if tt is None or not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
+            raise LoweringError(f"{node.op_type} output {o!r} has a data-dependent or unknown shape")
+        result.append((tuple(d.dim_value for d in tt.shape.dim), tt.elem_type))
+    return result
+
+
+def lower(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray] | None = None) -> KernelProgram:
+    """Lower ``model`` for the given input shapes (and values of its shape-deciding inputs)."""
+    return Lowerer(model, input_shapes, known or {}).lower()
+
+
+__all__ = ["lower", "value_inputs", "Lowerer", "NodeView", "LoweringError", "MatMulStep", "buffers_of"]

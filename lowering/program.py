@@ -1,0 +1,110 @@
+"""What lowering produces: a ``KernelProgram``, a list of steps over named buffers.
+
+Steps are native kernels (kernel IR), BLAS calls on strided views (``MatMulStep``), or numpy
+reference fallbacks for ops that are not lowered (``FallbackStep``, listed in the report).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .kernel_ir import Buffer, Kernel, render
+
+
+@dataclass(frozen=True)
+class StridedOperand:
+    """A matrix operand for BLAS: ``buffer`` seen with ``shape``/``strides`` (elements) from ``offset``."""
+
+    buffer: Buffer
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class KernelStep:
+    kernel: Kernel
+
+
+@dataclass(frozen=True)
+class MatMulStep:
+    """``out = alpha * (a @ b) + beta * out`` with numpy broadcasting over leading dims."""
+
+    a: StridedOperand
+    b: StridedOperand
+    out: Buffer
+    alpha: float = 1.0
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
+class FallbackStep:
+    """One ONNX node run with the numpy reference (onnx.reference) at run time."""
+
+    node: Any  # onnx.NodeProto
+    opset: int
+    inputs: tuple[Buffer | None, ...]
+    outputs: tuple[Buffer, ...]
+    reason: str
+
+
+Step = KernelStep | MatMulStep | FallbackStep
+
+
+@dataclass
+class KernelProgram:
+    """Lowered model: ``steps`` in execution order over ``buffers``.
+
+    ``inputs``/``outputs`` pair graph tensor names with their buffers; ``constants`` holds the
+    values of weight buffers (computed at compile time, folded where weight-only).
+    """
+
+    inputs: list[tuple[str, Buffer]]
+    outputs: list[tuple[str, Buffer]]
+    steps: list[Step] = field(default_factory=list)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    """Op type -> number of nodes run by the numpy reference instead of a native kernel."""
+    native_ops: Counter[str] = field(default_factory=Counter)
+    """Op type -> number of nodes lowered to kernels, BLAS calls or compile-time values."""
+
+    def buffers(self) -> dict[str, Buffer]:
+        found: dict[str, Buffer] = {}
+        for _, b in self.inputs + self.outputs:
+            found[b.name] = b
+        for step in self.steps:
+            for b in step_buffers(step):
+                found[b.name] = b
+        return found
+
+    def render(self) -> str:
+        parts = []
+        for step in self.steps:
+            if isinstance(step, KernelStep):
+                parts.append(render(step.kernel))
+            elif isinstance(step, MatMulStep):
+                parts.append(f"matmul {step.out.name} = {step.alpha} * {step.a} @ {step.b} + {step.beta} * out")
+            else:
+                parts.append(f"fallback {step.node.op_type} ({step.reason})")
+        return "\n\n".join(parts)
+
+
+def step_buffers(step: Step) -> list[Buffer]:
+    """Every buffer a step reads or writes (inputs first)."""
+    if isinstance(step, KernelStep):
+        return list(step.kernel.params)
+    if isinstance(step, MatMulStep):
+        return [step.a.buffer, step.b.buffer, step.out]
+    return [b for b in step.inputs if b is not None] + list(step.outputs)
+
+
+def step_writes(step: Step) -> list[Buffer]:
+    if isinstance(step, KernelStep):
+        return [b for b in step.kernel.params if b.name in step.kernel.outputs]
+    if isinstance(step, MatMulStep):
+        return [step.out]
+    return list(step.outputs)

@@ -1,0 +1,237 @@
+"""Lowering rules of MatMul, Gemm, Conv and ConvTranspose.
+
+Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
+flag, not copied). Conv is im2col (a kernel that gathers windows, skipped for 1x1 convolutions)
+plus one batched GEMM whose output already has the NCHW layout; the bias add stays a ``Lazy``
+so it fuses with whatever activation follows. ConvTranspose is a direct reduction kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .kernel_ir import Binary, Compare, Const, Expr, Select, Stmt, Store, Var, add, i64, is_float, mod, mul
+from .loops import buffers_of, for_nest, outer_kernel
+from .program import MatMulStep, StridedOperand
+from .rules_reduce import pool_geometry
+from .table import NotLowered, lowering
+from .values import Index, Lazy, View, broadcast_shape, elementwise, general, of_buffer, reshape, transpose
+
+
+def _operand(cx: Any, x: Lazy) -> StridedOperand:
+    """``x`` as a BLAS operand: a view whose matrices have a unit stride in one of the last two dims."""
+    if x.is_view:
+        v: View = x.view
+        s = v.strides
+        if len(s) >= 2 and (s[-1] == 1 or s[-2] == 1) and min(s[-2:]) >= 0 and all(st >= 0 for st in s):
+            return StridedOperand(v.buffer, x.shape, s, v.offset)
+    stored = cx.materialize(x, "operand")
+    return StridedOperand(stored.view.buffer, x.shape, stored.view.strides, 0)
+
+
+def matmul(cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta: float = 0.0, init: Lazy | None = None) -> Lazy:
+    """``alpha * a @ b (+ beta * init)`` with numpy matmul shapes; returns the stored result."""
+    if a.dtype != b.dtype or a.dtype not in ("f32", "f64"):
+        raise NotLowered(f"MatMul on {a.dtype}/{b.dtype}")
+    a2 = reshape(a, (1, a.shape[0])) if len(a.shape) == 1 else a
+    b2 = reshape(b, (b.shape[0], 1)) if len(b.shape) == 1 else b
+    batch = broadcast_shape(a2.shape[:-2], b2.shape[:-2])
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    if b2.shape[-2] != k:
+        raise NotLowered(f"MatMul shapes {a.shape} @ {b.shape}")
+    full = (*batch, m, n)
+    final = full
+    if len(a.shape) == 1:
+        final = final[:-2] + final[-1:]
+    if len(b.shape) == 1:
+        final = final[:-1]
+    out = cx.out_buffer(out_tensor, full, a.dtype) if final == full else cx.buffer(out_tensor, full, a.dtype)
+    if init is not None:
+        cx.emit_kernel(_fill(cx, init, out))
+    if math.prod(full):
+        if k == 0:
+            if init is None:
+                cx.emit_kernel(_fill(cx, general(full, a.dtype, lambda idx: Const(0.0, a.dtype), 1), out))
+        else:
+            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta))
+    result = of_buffer(out)
+    return reshape(result, final) if final != full else result
+
+
+def _fill(cx: Any, x: Lazy, out: Any) -> Any:
+    from .loops import materialize_kernel
+
+    return materialize_kernel(f"fill_{out.name}", x, out)
+
+
+@lowering("MatMul", kind="extern")
+def _matmul(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    a, b = xs[0], xs[1]
+    assert a is not None and b is not None
+    return [matmul(cx, a, b, nv.outputs[0])]
+
+
+@lowering("Gemm", kind="extern")
+def _gemm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    a, b = xs[0], xs[1]
+    assert a is not None and b is not None
+    c = xs[2] if len(xs) > 2 else None
+    if nv.attr("transA", 0):
+        a = transpose(a, [1, 0])
+    if nv.attr("transB", 0):
+        b = transpose(b, [1, 0])
+    alpha, beta = float(nv.attr("alpha", 1.0)), float(nv.attr("beta", 1.0))
+    init = None
+    if c is not None and beta != 0.0:
+        shape = (a.shape[0], b.shape[1])
+        init = elementwise(lambda v: Binary("mul", v, Const(beta, a.dtype)) if beta != 1.0 else v, [c], a.dtype, shape=shape)
+        init = elementwise(lambda v: v, [init], a.dtype, shape=shape)
+    return [matmul(cx, a, b, nv.outputs[0], alpha, 1.0 if init is not None else 0.0, init)]
+
+
+@lowering("Conv", kind="extern")
+def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x, w = xs[0], xs[1]
+    assert x is not None and w is not None
+    bias = xs[2] if len(xs) > 2 else None
+    if not is_float(x.dtype):
+        raise NotLowered("Conv on integers")
+    n_sp = len(x.shape) - 2
+    kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
+    strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
+    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
+    group = int(nv.attr("group", 1))
+    in_sp = x.shape[2:]
+    out_sp, begin, _ = pool_geometry(_NoCeil(nv), in_sp, kernel, strides, dilations)
+    batch, cin = x.shape[:2]
+    cout = w.shape[0]
+    cg, mg = cin // group, cout // group
+    ck = cg * math.prod(kernel)
+    ohw = math.prod(out_sp)
+    dt = x.dtype
+    pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin) and tuple(out_sp) == tuple(in_sp)
+    if pointwise:
+        col = reshape(x, (batch, group, ck, ohw))
+    else:
+
+        def im2col(idx: Index) -> Expr:
+            n, g, row, col_ = idx
+            c_in = row
+            offs: list[Expr] = []
+            rest = math.prod(kernel)
+            for kd in kernel:
+                rest //= kd
+                offs.append(mod(Binary("div", row, i64(rest)), kd) if rest > 1 else mod(row, kd))
+            c_in = Binary("div", row, i64(math.prod(kernel)))
+            ch = add(mul(g, i64(cg)), c_in)
+            pos_out: list[Expr] = []
+            rest = ohw
+            for od in out_sp:
+                rest //= od
+                pos_out.append(mod(Binary("div", col_, i64(rest)), od) if rest > 1 else mod(col_, od))
+            ok: Expr | None = None
+            src: list[Expr] = [n, ch]
+            for o, k, s, dil, b, d in zip(pos_out, offs, strides, dilations, begin, in_sp, strict=True):
+                q = add(add(mul(o, i64(s)), i64(-b)), mul(k, i64(dil)))
+                valid = Binary("and", Compare("ge", q, i64(0)), Compare("lt", q, i64(d)))
+                ok = valid if ok is None else Binary("and", ok, valid)
+                src.append(Binary("min", Binary("max", q, i64(0)), i64(d - 1)))
+            v = x.gen(src)
+            return v if ok is None else Select(ok, v, Const(0.0, dt))
+
+        col = cx.materialize(general((batch, group, ck, ohw), dt, im2col, x.size + 20), "im2col")
+    wm = reshape(w, (1, group, mg, ck))
+    y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
+    y = reshape(y, (batch, cout, *out_sp))
+    if bias is not None:
+        b = reshape(bias, (cout,) + (1,) * n_sp)
+        y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
+    return [y]
+
+
+class _NoCeil:
+    """A node view without ``ceil_mode`` (Conv has none) for ``pool_geometry``."""
+
+    def __init__(self, nv: Any):
+        self.nv = nv
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return default if name == "ceil_mode" else self.nv.attr(name, default)
+
+
+@lowering("ConvTranspose", kind="reduce")
+def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x, w = xs[0], xs[1]
+    assert x is not None and w is not None
+    bias = xs[2] if len(xs) > 2 else None
+    if not is_float(x.dtype):
+        raise NotLowered("ConvTranspose on integers")
+    n_sp = len(x.shape) - 2
+    kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
+    strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
+    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
+    group = int(nv.attr("group", 1))
+    out_pad = [int(p) for p in (nv.attr("output_padding") or [0] * n_sp)]
+    in_sp = x.shape[2:]
+    batch, cin = x.shape[:2]
+    mg = w.shape[1]
+    cout = mg * group
+    cg = cin // group
+    ext = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    full = [s * (i - 1) + op + e for s, i, op, e in zip(strides, in_sp, out_pad, ext, strict=True)]
+    output_shape = nv.attr("output_shape")
+    auto_pad = nv.attr("auto_pad", "NOTSET") or "NOTSET"
+    explicit = nv.attr("pads")
+    if explicit is not None:
+        pads = [int(p) for p in explicit]
+        begin = pads[:n_sp]
+        out_sp = [f - pads[i] - pads[i + n_sp] for i, f in enumerate(full)]
+        if output_shape is not None:
+            out_sp = [int(v) for v in output_shape][-n_sp:]
+    elif output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        # onnx's rule: total padding = full size - wanted size, split toward the end unless SAME_UPPER
+        out_sp = [int(v) for v in output_shape][-n_sp:] if output_shape is not None else [i * s for i, s in zip(in_sp, strides, strict=True)]
+        totals = [f - o for f, o in zip(full, out_sp, strict=True)]
+        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
+    else:
+        begin = [0] * n_sp
+        out_sp = list(full)
+    out_shape = (batch, cout, *out_sp)
+    dt = x.dtype
+    out = cx.out_buffer(nv.outputs[0], out_shape, dt)
+    names = ["ci", *(f"k{i}" for i in range(n_sp))]
+    ci, kv = Var("ci"), [Var(f"k{i}") for i in range(n_sp)]
+
+    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
+        n, oc = o[0], o[1]
+        g = Binary("div", oc, i64(mg))
+        m = Binary("sub", oc, mul(g, i64(mg)))
+        ch = add(mul(g, i64(cg)), ci)
+        ok: Expr | None = None
+        src: list[Expr] = [n, ch]
+        for op_, k, s, dil, b, d in zip(o[2:], kv, strides, dilations, begin, in_sp, strict=True):
+            num = Binary("sub", add(op_, i64(b)), mul(k, i64(dil)))
+            q = Binary("div", Binary("max", num, i64(0)), i64(s)) if s > 1 else num
+            valid = Binary("and", Compare("ge", num, i64(0)), Compare("lt", q, i64(d)))
+            if s > 1:
+                valid = Binary("and", valid, Compare("eq", mod(Binary("max", num, i64(0)), s), i64(0)))
+            ok = valid if ok is None else Binary("and", ok, valid)
+            src.append(Binary("min", Binary("max", q, i64(0)), i64(d - 1)))
+        wv = w.gen([ch, m, *kv])
+        term = Binary("mul", x.gen(src), wv)
+        init: Expr = bias.gen([oc]) if bias is not None else Const(0.0, dt)
+        from .kernel_ir import Assign, Decl, Local
+
+        acc = Local("acc", dt)
+        return (
+            Decl("acc", dt, init),
+            *for_nest(names, (cg, *kernel), (Assign("acc", Binary("add", acc, Select(ok, term, Const(0.0, dt)) if ok is not None else term)),)),
+            Store(out, p, acc),
+        )
+
+    inputs = buffers_of(x) + buffers_of(w) + (buffers_of(bias) if bias is not None else [])
+    if math.prod(out_shape):
+        cost = float(math.prod(out_shape) * cg * math.prod(kernel) * 6)
+        cx.emit_kernel(outer_kernel(f"convt_{out.name}", inputs, [out], out_shape, body, cost))
+    return [of_buffer(out)]

@@ -1,0 +1,387 @@
+"""Lowering rules of reductions: ReduceSum/Mean/Max, Softmax, LayerNorm, pools, LRN.
+
+Each emits one kernel, parallel over the kept (outer) positions; its input is a ``Lazy`` tensor,
+so the elementwise chain that produces it (the prologue) is computed inside the same kernel.
+Softmax and LayerNorm keep their statistics in scalar locals: one pass per statistic, no
+temporaries in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .kernel_ir import (
+    NUMPY_DTYPES,
+    Assign,
+    Binary,
+    Compare,
+    Const,
+    Decl,
+    Expr,
+    Local,
+    Select,
+    Stmt,
+    Store,
+    Unary,
+    Var,
+    add,
+    flat_index,
+    i64,
+    is_float,
+    mul,
+)
+from .loops import buffers_of, for_nest, outer_kernel, reduction_kernel
+from .table import NotLowered, lowering
+from .values import Index, Lazy, broadcast_to, of_buffer
+
+
+def _lowest(dtype: str) -> Const:
+    if is_float(dtype):
+        return Const(-math.inf, dtype)
+    return Const(int(np.iinfo(NUMPY_DTYPES[dtype]).min), dtype)
+
+
+def _merge(outer_axes: list[int], red_axes: list[int], o: Index, r: Index, rank: int) -> Index:
+    idx: list[Expr] = [i64(0)] * rank
+    for a, v in zip(outer_axes, o, strict=True):
+        idx[a] = v
+    for a, v in zip(red_axes, r, strict=True):
+        idx[a] = v
+    return idx
+
+
+@lowering("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", kind="reduce")
+def _reduce(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x = xs[0]
+    assert x is not None
+    rank = len(x.shape)
+    axes = nv.const_ints(1) if nv.has(1) else nv.attr("axes")
+    if nv.has(1) and axes is None:
+        raise NotLowered("reduction axes known only at run time")
+    keepdims = int(nv.attr("keepdims", 1))
+    if not axes:
+        if nv.attr("noop_with_empty_axes", 0):
+            return [x]
+        axes = list(range(rank))
+    red = sorted({int(a) % rank for a in axes}) if rank else []
+    kept = [a for a in range(rank) if a not in red]
+    out_shape = tuple(1 if a in red else d for a, d in enumerate(x.shape)) if keepdims else tuple(x.shape[a] for a in kept)
+    outer_shape = tuple(x.shape[a] for a in kept)
+    red_shape = tuple(x.shape[a] for a in red)
+    n = math.prod(red_shape)
+    op = {"ReduceSum": "add", "ReduceMean": "add", "ReduceMax": "max", "ReduceMin": "min"}[nv.op_type]
+    dt = x.dtype
+    if op == "add":
+        init = Const(0, dt)
+    elif op == "max":
+        init = _lowest(dt)
+    else:
+        init = Const(math.inf, dt) if is_float(dt) else Const(int(np.iinfo(NUMPY_DTYPES[dt]).max), dt)
+    if nv.op_type == "ReduceMean" and not is_float(dt):
+        raise NotLowered("ReduceMean on integers")
+    scale = 1.0 / n if nv.op_type == "ReduceMean" and n else None
+
+    def finish(acc: Expr, o: Index) -> Expr:
+        return acc if scale is None else Binary("mul", acc, Const(scale, dt))
+
+    out = cx.out_buffer(nv.outputs[0], out_shape, dt)
+    if math.prod(out_shape) == 0:
+        return [of_buffer(out)]
+    kernel = reduction_kernel(
+        f"reduce_{out.name}",
+        out,
+        outer_shape,
+        red_shape,
+        lambda o, r: x.gen(_merge(kept, red, o, r, rank)),
+        op,
+        init,
+        finish,
+        buffers_of(x),
+        x.size,
+    )
+    cx.emit_kernel(kernel)
+    return [of_buffer(out)]
+
+
+def _row_split(x: Lazy, axes: list[int]) -> tuple[list[int], list[int], tuple[int, ...], tuple[int, ...]]:
+    rank = len(x.shape)
+    outer = [a for a in range(rank) if a not in axes]
+    return outer, axes, tuple(x.shape[a] for a in outer), tuple(x.shape[a] for a in axes)
+
+
+@lowering("Softmax", kind="reduce")
+def _softmax(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x = xs[0]
+    assert x is not None
+    if not is_float(x.dtype):
+        raise NotLowered("Softmax on integers")
+    rank = len(x.shape)
+    default = 1 if nv.opset < 13 else -1
+    axis = int(nv.attr("axis", default)) % max(rank, 1)
+    axes = list(range(axis, rank)) if nv.opset < 13 else [axis]
+    outer_axes, red_axes, outer_shape, red_shape = _row_split(x, axes)
+    out = cx.out_buffer(nv.outputs[0], x.shape, x.dtype)
+    if x.numel == 0:
+        return [of_buffer(out)]
+    dt = x.dtype
+    names = [f"r{i}" for i in range(len(red_axes))]
+    r: list[Expr] = [Var(n) for n in names]
+
+    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
+        idx = _merge(outer_axes, red_axes, o, r, rank)
+        at = flat_index(idx, x.shape)
+        m, s = Local("m", dt), Local("s", dt)
+        e = Unary("exp", Binary("sub", x.gen(idx), m))
+        return (
+            Decl("m", dt, _lowest(dt)),
+            *for_nest(names, red_shape, (Assign("m", Binary("max", m, x.gen(idx))),)),
+            Decl("s", dt, Const(0.0, dt)),
+            *for_nest(names, red_shape, (Decl("e", dt, e), Store(out, at, Local("e", dt)), Assign("s", Binary("add", s, Local("e", dt))))),
+            Decl("inv", dt, Unary("recip", s)),
+            *for_nest(names, red_shape, (Store(out, at, Binary("mul", of_buffer(out).gen(idx), Local("inv", dt))),)),
+        )
+
+    cx.emit_kernel(outer_kernel(f"softmax_{out.name}", buffers_of(x), [out], outer_shape, body, float(x.numel * (x.size + 12))))
+    return [of_buffer(out)]
+
+
+@lowering("LayerNormalization", kind="reduce")
+def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x, scale = xs[0], xs[1]
+    assert x is not None and scale is not None
+    bias = xs[2] if len(xs) > 2 else None
+    if not is_float(x.dtype):
+        raise NotLowered("LayerNormalization on integers")
+    rank = len(x.shape)
+    axis = int(nv.attr("axis", -1)) % rank
+    eps = float(nv.attr("epsilon", 1e-5))
+    axes = list(range(axis, rank))
+    outer_axes, red_axes, outer_shape, red_shape = _row_split(x, axes)
+    dt = x.dtype
+    scale_b = broadcast_to(scale, red_shape) if scale.shape != red_shape else scale
+    bias_b = (broadcast_to(bias, red_shape) if bias.shape != red_shape else bias) if bias is not None else None
+    out = cx.out_buffer(nv.outputs[0], x.shape, dt)
+    stat_shape = tuple(x.shape[:axis]) + (1,) * (rank - axis)
+    want_mean = len(nv.outputs) > 1 and nv.outputs[1]
+    want_inv = len(nv.outputs) > 2 and nv.outputs[2]
+    mean_buf = cx.out_buffer(nv.outputs[1], stat_shape, dt) if want_mean else None
+    inv_buf = cx.out_buffer(nv.outputs[2], stat_shape, dt) if want_inv else None
+    n = math.prod(red_shape)
+    names = [f"r{i}" for i in range(len(red_axes))]
+    r: list[Expr] = [Var(v) for v in names]
+
+    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
+        idx = _merge(outer_axes, red_axes, o, r, rank)
+        at = flat_index(idx, x.shape)
+        mean, inv = Local("mean", dt), Local("inv", dt)
+        centered = Binary("sub", x.gen(idx), mean)
+        y = Binary("mul", Binary("mul", centered, inv), scale_b.gen(list(r)))
+        if bias_b is not None:
+            y = Binary("add", y, bias_b.gen(list(r)))
+        stmts: list[Stmt] = [
+            Decl("sum", dt, Const(0.0, dt)),
+            *for_nest(names, red_shape, (Assign("sum", Binary("add", Local("sum", dt), x.gen(idx))),)),
+            Decl("mean", dt, Binary("mul", Local("sum", dt), Const(1.0 / n, dt))),
+            Decl("sq", dt, Const(0.0, dt)),
+            *for_nest(names, red_shape, (Decl("d", dt, centered), Assign("sq", Binary("add", Local("sq", dt), Binary("mul", Local("d", dt), Local("d", dt)))))),
+            Decl("inv", dt, Unary("recip", Unary("sqrt", Binary("add", Binary("mul", Local("sq", dt), Const(1.0 / n, dt)), Const(eps, dt))))),
+            *for_nest(names, red_shape, (Store(out, at, y),)),
+        ]
+        if mean_buf is not None:
+            stmts.append(Store(mean_buf, p, mean))
+        if inv_buf is not None:
+            stmts.append(Store(inv_buf, p, inv))
+        return tuple(stmts)
+
+    outs = [b for b in (out, mean_buf, inv_buf) if b is not None]
+    inputs = buffers_of(x) + buffers_of(scale_b) + (buffers_of(bias_b) if bias_b is not None else [])
+    if x.numel:
+        cx.emit_kernel(outer_kernel(f"layernorm_{out.name}", inputs, outs, outer_shape, body, float(x.numel * (3 * x.size + 8))))
+    return [of_buffer(b) for b in outs]
+
+
+# ---------------------------------------------------------------- pooling
+def pool_geometry(nv: Any, in_spatial: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int]):  # type: ignore[no-untyped-def]
+    """Output sizes and begin pads of a pool/conv window (auto_pad, pads and ceil_mode applied)."""
+    n = len(kernel)
+    auto_pad = nv.attr("auto_pad", "NOTSET") or "NOTSET"
+    pads = list(nv.attr("pads") or [0] * (2 * n))
+    ceil_mode = int(nv.attr("ceil_mode", 0))
+    out, begin = [], []
+    for i in range(n):
+        d, k, s, dil = in_spatial[i], kernel[i], strides[i], dilations[i]
+        ext = (k - 1) * dil + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            o = -(-d // s)
+            total = max(0, (o - 1) * s + ext - d)
+            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        elif auto_pad == "VALID":
+            o = (d - ext) // s + 1 if not ceil_mode else -(-(d - ext) // s) + 1
+            b = 0
+        else:
+            b, e = pads[i], pads[i + n]
+            span = d + b + e - ext
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= d + b:
+                o -= 1
+        out.append(max(o, 0))
+        begin.append(b)
+    return out, begin, pads
+
+
+def _window(o_sp: Index, r: Index, strides: list[int], dilations: list[int], begin: list[int], in_sp: tuple[int, ...]):  # type: ignore[no-untyped-def]
+    """Input positions of window offsets ``r`` at output position ``o_sp``, and their validity."""
+    pos, ok = [], None
+    for o, k, s, dil, b, d in zip(o_sp, r, strides, dilations, begin, in_sp, strict=True):
+        q = add(add(mul(o, i64(s)), i64(-b)), mul(k, i64(dil)))
+        valid = Binary("and", Compare("ge", q, i64(0)), Compare("lt", q, i64(d)))
+        ok = valid if ok is None else Binary("and", ok, valid)
+        pos.append(q)
+    return pos, ok
+
+
+@lowering("MaxPool", "AveragePool", kind="reduce")
+def _pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x = xs[0]
+    assert x is not None
+    kernel = [int(k) for k in nv.attr("kernel_shape")]
+    n = len(kernel)
+    strides = [int(s) for s in (nv.attr("strides") or [1] * n)]
+    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n)]
+    in_sp = x.shape[2:]
+    out_sp, begin, pads = pool_geometry(nv, in_sp, kernel, strides, dilations)
+    out_shape = x.shape[:2] + tuple(out_sp)
+    dt = x.dtype
+    is_max = nv.op_type == "MaxPool"
+    if not is_max and not is_float(dt):
+        raise NotLowered("AveragePool on integers")
+    out = cx.out_buffer(nv.outputs[0], out_shape, dt)
+    want_idx = is_max and len(nv.outputs) > 1 and nv.outputs[1]
+    idx_buf = cx.out_buffer(nv.outputs[1], out_shape, "i64") if want_idx else None
+    storage_order = int(nv.attr("storage_order", 0))
+    count_pad = int(nv.attr("count_include_pad", 0))
+    names = [f"k{i}" for i in range(n)]
+    kv: list[Expr] = [Var(v) for v in names]
+    padded = [d + begin[i] + (pads[i + n] if nv.attr("auto_pad", "NOTSET") in ("NOTSET", "") else begin[i]) for i, d in enumerate(in_sp)]
+
+    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
+        pos, ok = _window(o[2:], kv, strides, dilations, begin, in_sp)
+        safe = [Binary("min", Binary("max", q, i64(0)), i64(d - 1)) for q, d in zip(pos, in_sp, strict=True)]
+        value = x.gen([o[0], o[1], *safe])
+        acc = Local("acc", dt)
+        if is_max:
+            better = Binary("and", ok, Compare("gt", value, acc)) if ok is not None else Compare("gt", value, acc)
+            inner: list[Stmt] = []
+            if idx_buf is not None:
+                if storage_order:
+                    flat: Expr = i64(0)
+                    mult = 1
+                    for q, d in zip(safe, in_sp, strict=True):
+                        flat = add(flat, mul(q, i64(mult)))
+                        mult *= d
+                    flat = add(flat, mul(add(mul(o[0], i64(x.shape[1])), o[1]), i64(mult)))
+                else:
+                    flat = flat_index([o[0], o[1], *safe], x.shape)
+                inner.append(Assign("arg", Select(better, flat, Local("arg", "i64"))))
+            inner.append(Assign("acc", Select(better, value, acc)))
+            stmts: list[Stmt] = [Decl("acc", dt, _lowest(dt))]
+            if idx_buf is not None:
+                stmts.append(Decl("arg", "i64", i64(0)))
+            stmts += [*for_nest(names, tuple(kernel), tuple(inner)), Store(out, p, acc)]
+            if idx_buf is not None:
+                stmts.append(Store(idx_buf, p, Local("arg", "i64")))
+            return tuple(stmts)
+        zero = Const(0.0, dt)
+        if count_pad:
+            in_pad: Expr | None = None
+            for q, b, pd in zip(pos, begin, padded, strict=True):
+                inside = Compare("lt", add(q, i64(b)), i64(pd))
+                in_pad = inside if in_pad is None else Binary("and", in_pad, inside)
+            counted = in_pad
+        else:
+            counted = ok
+        one = Const(1.0, dt)
+        sums: tuple[Stmt, ...] = (
+            Assign("acc", Binary("add", acc, Select(ok, value, zero) if ok is not None else value)),
+            Assign("cnt", Binary("add", Local("cnt", dt), Select(counted, one, zero) if counted is not None else one)),
+        )
+        return (
+            Decl("acc", dt, zero),
+            Decl("cnt", dt, zero),
+            *for_nest(names, tuple(kernel), sums),
+            Store(out, p, Binary("div", acc, Local("cnt", dt))),
+        )
+
+    outs = [b for b in (out, idx_buf) if b is not None]
+    if math.prod(out_shape):
+        cost = float(math.prod(out_shape) * math.prod(kernel) * (x.size + 4))
+        cx.emit_kernel(outer_kernel(f"pool_{out.name}", buffers_of(x), outs, out_shape, body, cost))
+    return [of_buffer(b) for b in outs]
+
+
+@lowering("GlobalAveragePool", "GlobalMaxPool", kind="reduce")
+def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x = xs[0]
+    assert x is not None
+    if not is_float(x.dtype):
+        raise NotLowered(f"{nv.op_type} on integers")
+    rank = len(x.shape)
+    red = list(range(2, rank))
+    red_shape = x.shape[2:]
+    out_shape = x.shape[:2] + (1,) * (rank - 2)
+    out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
+    is_max = nv.op_type == "GlobalMaxPool"
+    n = math.prod(red_shape)
+
+    def finish(acc: Expr, o: Index) -> Expr:
+        return acc if is_max else Binary("mul", acc, Const(1.0 / max(n, 1), x.dtype))
+
+    if math.prod(out_shape):
+        cx.emit_kernel(
+            reduction_kernel(
+                f"gpool_{out.name}",
+                out,
+                x.shape[:2],
+                red_shape,
+                lambda o, r: x.gen(_merge([0, 1], red, o, r, rank)),
+                "max" if is_max else "add",
+                _lowest(x.dtype) if is_max else Const(0.0, x.dtype),
+                finish,
+                buffers_of(x),
+                x.size,
+            )
+        )
+    return [of_buffer(out)]
+
+
+@lowering("LRN", kind="reduce")
+def _lrn(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x = xs[0]
+    assert x is not None
+    if not is_float(x.dtype):
+        raise NotLowered("LRN on integers")
+    size = int(nv.attr("size"))
+    alpha, beta, bias = float(nv.attr("alpha", 1e-4)), float(nv.attr("beta", 0.75)), float(nv.attr("bias", 1.0))
+    lo = (size - 1) // 2
+    channels = x.shape[1]
+    dt = x.dtype
+    out = cx.out_buffer(nv.outputs[0], x.shape, dt)
+
+    def value(o: Index, r: Index) -> Expr:
+        ch = add(o[1], add(r[0], i64(-lo)))
+        ok = Binary("and", Compare("ge", ch, i64(0)), Compare("lt", ch, i64(channels)))
+        safe = Binary("min", Binary("max", ch, i64(0)), i64(channels - 1))
+        v = x.gen([o[0], safe, *o[2:]])
+        return Select(ok, Binary("mul", v, v), Const(0.0, dt))
+
+    def finish(acc: Expr, o: Index) -> Expr:
+        base = Binary("add", Const(bias, dt), Binary("mul", acc, Const(alpha / size, dt)))
+        return Binary("div", x.gen(list(o)), Binary("pow", base, Const(beta, dt)))
+
+    if x.numel:
+        cx.emit_kernel(reduction_kernel(f"lrn_{out.name}", out, x.shape, (size,), value, "add", Const(0.0, dt), finish, buffers_of(x), x.size))
+    return [of_buffer(out)]
+

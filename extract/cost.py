@@ -1,14 +1,24 @@
 """Cost models: what one extracted e-node costs, in estimated microseconds.
 
 A ``CostModel`` prices a node from its op, attributes and the shapes/dtypes of its inputs and
-output. ``RooflineCost`` is the analytic default: time = max(FLOPs / peak, bytes / bandwidth)
-plus a per-kernel overhead. Weight-only nodes cost nothing (they are folded at export), and
-metadata-only layout ops (Reshape, Squeeze, Identity...) cost only a tiny dispatch.
+output. ``RooflineCost`` is the analytic default: per op class (matmul, conv, elementwise, ...)
+time = overhead + max(FLOPs / peak, bytes / bandwidth), with the three constants per class
+taken from a profile (built in, or measured by ``onnxsat calibrate``, see ``profile.py``).
+Weight-only nodes cost nothing (they are folded at export), and metadata-only layout ops
+(Reshape, Squeeze, Identity...) cost only the "view" class overhead.
+
+With ``fusion="ort"`` (the ``ort-cpu`` target) the model prices what onnxruntime will actually
+run: nodes that ORT's graph optimizer fuses into their producer (Conv+BatchNorm/Add/Mul/
+activation, MatMul+bias into Gemm, Gemm+activation, Transpose pairs, the Erf-Gelu tail) cost
+only a dispatch, because the fused kernel makes one memory pass where the producer already
+writes its output. Whether a producer is fusable is judged from the ops its input e-class
+holds (``NodeCtx.in_ops``), since per-node costs cannot see which node extraction picks there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..egraph.ops import BY_CTOR
@@ -16,7 +26,47 @@ from ..egraph.ops.registry import CostCtx, numel
 from .serialized import ENode, Ref
 
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
-_VIEW_OPS = {"reshape", "flatten", "squeeze", "unsqueeze", "identity"}
+VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape_of"})
+
+OP_CLASSES = ("matmul", "conv", "elementwise", "reduce", "layout", "pool", "view")
+"""Op classes with their own constants; ops outside them (opaque) use ``default``."""
+
+_FAMILY_CLASS = {
+    "matmul": "matmul",
+    "gemm": "matmul",
+    "conv": "conv",
+    "unary": "elementwise",
+    "binary": "elementwise",
+    "ternary": "elementwise",
+    "reduce": "reduce",
+    "pool": "pool",
+    "layout": "layout",
+    "shape": "elementwise",
+}
+_OP_CLASS_OVERRIDES = {
+    "softmax": "reduce",
+    "layer_norm": "reduce",
+    "lrn": "reduce",
+    "batch_norm": "elementwise",
+}
+
+# ORT graph-optimizer fusions (onnxruntime/core/optimizer): producer ops each consumer folds into.
+_ACTIVATIONS = frozenset({"relu", "leaky_relu", "clip", "sigmoid", "tanh"})
+_CONV_LIKE = frozenset({"conv"})
+_GEMM_LIKE = frozenset({"gemm"})
+_MATMUL_LIKE = frozenset({"matmul", "gemm"})
+
+
+def op_class(op: str) -> str:
+    """The cost class of an e-node op (``default`` for ops the table does not model)."""
+    if op in VIEW_OPS:
+        return "view"
+    if op in _OP_CLASS_OVERRIDES:
+        return _OP_CLASS_OVERRIDES[op]
+    spec = BY_CTOR.get(op)
+    if spec is None:
+        return "default"
+    return _FAMILY_CLASS.get(spec.family, "default")
 
 
 @dataclass(frozen=True)
@@ -29,6 +79,10 @@ class NodeCtx:
     in_shapes: list[tuple[int, ...] | None]
     in_dtypes: list[int | None]
     is_const: bool
+    in_ops: tuple[frozenset[str], ...] = ()
+    """Per input: the ops of every node in its e-class (what ORT might fuse this node into)."""
+    in_const: tuple[bool, ...] = ()
+    """Per input: computable from weights alone."""
 
 
 class CostModel(Protocol):
@@ -39,30 +93,107 @@ class CostModel(Protocol):
 
 
 @dataclass(frozen=True)
-class RooflineCost:
-    """Analytic roofline cost of one kernel per node (no fusion credit yet)."""
+class ClassConstants:
+    """Roofline constants of one op class: time = overhead + max(flops / peak, memory time).
 
-    name: str = "ort-cpu"
+    Memory time charges the first ``cache_bytes`` a kernel moves at ``bandwidth_gbs`` and the
+    rest at ``spill_gbs``: a kernel whose data outgrows the per-core cache streams from the
+    shared levels or DRAM, several times slower on a CPU.
+    """
+
     peak_gflops: float = 50.0
     bandwidth_gbs: float = 10.0
-    kernel_overhead_us: float = 2.0
+    overhead_us: float = 2.0
+    spill_gbs: float = math.inf
+    cache_bytes: float = math.inf
+
+    def time_us(self, flops: float, bytes_moved: float) -> float:
+        compute = flops / (self.peak_gflops * 1e3)
+        near = min(bytes_moved, self.cache_bytes)
+        memory = near / (self.bandwidth_gbs * 1e3) + (bytes_moved - near) / (self.spill_gbs * 1e3)
+        return self.overhead_us + max(compute, memory)
+
+
+def node_work(
+    op: str,
+    in_shapes: list[tuple[int, ...] | None],
+    in_dtypes: list[int | None],
+    out_shape: tuple[int, ...] | None,
+    out_dtype: int | None,
+    attrs: dict[str, object],
+) -> tuple[float, float]:
+    """FLOPs (from the op table's formula) and bytes read plus written by one kernel."""
+    spec = BY_CTOR.get(op)
+    flops = spec.flops(CostCtx(in_shapes, out_shape, attrs)) if spec is not None else 0.0
+    bytes_moved = sum(
+        numel(s) * _ITEMSIZE.get(d or 1, 4) for s, d in zip(in_shapes, in_dtypes, strict=False)
+    ) + numel(out_shape) * _ITEMSIZE.get(out_dtype or 1, 4)
+    return float(flops), float(bytes_moved)
+
+
+@dataclass(frozen=True)
+class RooflineCost:
+    """Analytic roofline cost of one kernel per node, per op class, optionally ORT-fusion-aware."""
+
+    name: str = "ort-cpu"
+    default: ClassConstants = field(default_factory=ClassConstants)
+    classes: dict[str, ClassConstants] = field(default_factory=dict)
+    """Per op class constants; a class missing here uses ``default``."""
     view_overhead_us: float = 0.2
+    """Cost of a metadata-only op (and of a node ORT fuses away): one cheap dispatch."""
+    fusion: str = "none"
+    """``ort``: price ORT's graph fusions (the ort-cpu target); ``none``: one kernel per node."""
+    run_overhead_us: float = 0.0
+    """Fixed cost of one inference call (not part of any node; added to whole-model estimates)."""
+    calibrated: bool = False
+    source: str = "built-in defaults"
+
+    def constants(self, cls: str) -> ClassConstants:
+        return self.classes.get(cls, self.default)
 
     def node_cost(self, ctx: NodeCtx) -> float:
         op = ctx.node.op
         if ctx.is_const or op.startswith("Tensor.") or op.startswith("TList."):
             return 0.0
-        if op in _VIEW_OPS:
+        cls = op_class(op)
+        if cls == "view":
+            return self.classes["view"].overhead_us if "view" in self.classes else self.view_overhead_us
+        if self.fusion == "ort" and ort_fuses_into_producer(ctx):
             return self.view_overhead_us
-        spec = BY_CTOR.get(op)
-        attrs = _named_attrs(ctx.node) if spec is not None else {}
-        flops = spec.flops(CostCtx(ctx.in_shapes, ctx.out_shape, attrs)) if spec is not None else 0.0
-        bytes_moved = sum(
-            numel(s) * _ITEMSIZE.get(d or 1, 4) for s, d in zip(ctx.in_shapes, ctx.in_dtypes, strict=False)
-        ) + numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
-        compute_us = flops / (self.peak_gflops * 1e3)
-        memory_us = bytes_moved / (self.bandwidth_gbs * 1e3)
-        return max(compute_us, memory_us) + self.kernel_overhead_us
+        attrs = _named_attrs(ctx.node) if op in BY_CTOR else {}
+        flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
+        return self.constants(cls).time_us(flops, bytes_moved)
+
+
+def ort_fuses_into_producer(ctx: NodeCtx) -> bool:
+    """True when onnxruntime's CPU graph optimizer folds this node into the kernel producing its input.
+
+    Modelled: ConvActivationFusion and GemmActivationFusion (Relu, LeakyRelu, Clip, Sigmoid,
+    Tanh), ConvBNFusion, ConvAddFusion/ConvMulFusion with a constant operand, the NCHWc
+    Conv+Add(sum) fusion, MatMulAddFusion (MatMul + constant bias -> Gemm), Transpose pairs
+    merged by the transpose optimizer, and the Add/Mul tail of the Erf-based GeluFusion.
+    Not modelled: LayerNorm fusion of the decomposed pattern, attention fusions.
+    """
+    op = ctx.node.op
+    ins = ctx.in_ops
+    if not ins:
+        return False
+    const = ctx.in_const if len(ctx.in_const) == len(ins) else (False,) * len(ins)
+    if op in _ACTIVATIONS:
+        return bool(ins[0] & (_CONV_LIKE | _GEMM_LIKE))
+    if op == "batch_norm":
+        return bool(ins[0] & _CONV_LIKE) and all(const[1:])
+    if op == "transpose":
+        return "transpose" in ins[0]
+    if op in ("add", "mul") and len(ins) == 2:
+        for i in (0, 1):
+            other = 1 - i
+            if ins[i] & _CONV_LIKE and (const[other] or op == "add"):
+                return True
+            if op == "add" and ins[i] & _MATMUL_LIKE and const[other]:
+                return True
+        return any("erf" in s for s in ins)
+    return False
 
 
 def _named_attrs(node: ENode) -> dict[str, object]:
@@ -71,11 +202,13 @@ def _named_attrs(node: ENode) -> dict[str, object]:
     return {attr.name: value for attr, value in zip(spec.attrs, literals, strict=False)}
 
 
-PROFILES: dict[str, CostModel] = {"ort-cpu": RooflineCost(name="ort-cpu")}
-
-
 def known_dims(shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
     """Symbolic dims priced as 1 (the cost of one batch/sequence element)."""
     if shape is None:
         return None
     return tuple(d if d >= 0 else 1 for d in shape)
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """|predicted - measured| / measured (inf when nothing was measured)."""
+    return abs(predicted - measured) / measured if measured > 0 else math.inf

@@ -67,6 +67,14 @@ class _Pricer:
     def __init__(self, eg: SerializedEGraph, cost: CostModel, const: set[str]):
         self.eg, self.cost, self.const = eg, cost, const
         self.cache: dict[tuple[str, ENode], float] = {}
+        self.class_ops: dict[str, frozenset[str]] = {}
+
+    def ops_of(self, eclass: str) -> frozenset[str]:
+        """Every op an e-class can be computed by (what ORT may fuse a consumer into)."""
+        ops = self.class_ops.get(eclass)
+        if ops is None:
+            ops = self.class_ops[eclass] = frozenset(n.op for n in self.eg.classes.get(eclass, ()))
+        return ops
 
     def __call__(self, eclass: str, node: ENode) -> float:
         key = (eclass, node)
@@ -80,6 +88,8 @@ class _Pricer:
                 in_shapes=[known_dims(self.eg.shapes.get(c)) for c in children],
                 in_dtypes=[self.eg.dtypes.get(c) for c in children],
                 is_const=node_const or node.op in CONST_LEAVES,
+                in_ops=tuple(self.ops_of(c) for c in children),
+                in_const=tuple(c in self.const for c in children),
             )
             self.cache[key] = max(0.0, float(self.cost.node_cost(ctx)))
         return self.cache[key]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
-TARGETS = ("ort-cpu",)
+TARGETS = ("ort-cpu", "onnxsat-cpu", "h200")
 EXTRACTORS = ("greedy-dag", "tree", "ilp")
 
 EXIT_OK = 0
@@ -286,7 +286,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--target",
         choices=TARGETS,
         default=_DEFAULT_OPTIONS.target,
-        help="cost model the extractor minimizes (default %(default)s)",
+        help="cost model the extractor minimizes: ort-cpu prices what onnxruntime runs (with its own"
+        " fusions), onnxsat-cpu onnxsat's CPU kernels, h200 an NVIDIA H200 from published figures"
+        " (default %(default)s)",
+    )
+    sel.add_argument(
+        "--cost-profile",
+        metavar="PROFILE.json",
+        default=None,
+        help="use the cost constants measured by `onnxsat calibrate` (the profile's target must match --target)",
+    )
+    sel.add_argument(
+        "--measure",
+        action="store_true",
+        help="time original and optimized model on onnxruntime (interleaved rounds, medians, bootstrap 95%% CI)"
+        " and write the optimized model only if its whole CI of the speed-up lies above 1.02; else write"
+        " the original with exact simplifications only (core rules), or unchanged if that is slower",
     )
     sel.add_argument(
         "--allow-contrib-ops",
@@ -309,7 +324,77 @@ def build_parser() -> argparse.ArgumentParser:
         help="time limit of the ilp extractor; on expiry its best solution and gap are used (default %(default)s)",
     )
     _add_rules_parser(sub)
+    _add_calibrate_parser(sub)
     return parser
+
+
+def _add_calibrate_parser(sub: Any) -> None:
+    """``onnxsat calibrate``: measure the cost model's constants on this machine."""
+    cal = sub.add_parser(
+        "calibrate",
+        help="measure the cost model's constants on this machine and write a profile",
+        description=(
+            "Time single-node models (MatMul, Gemm, Conv, elementwise, reductions, layout, pooling) in\n"
+            "onnxruntime at several sizes, fit per op class the roofline constants (peak FLOP/s,\n"
+            "bandwidth, per-kernel overhead), and write them as a profile for `optimize --cost-profile`.\n"
+            "Prints predicted vs measured time per node; shapes marked held-out were not used in the fit."
+        ),
+        epilog="example:\n  onnxsat calibrate -o profile.json && onnxsat optimize m.onnx -o o.onnx --cost-profile profile.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cal.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
+    cal.add_argument("--target", choices=("ort-cpu",), default="ort-cpu", help="what to measure (default %(default)s)")
+    cal.add_argument("--quick", action="store_true", help="fewer shapes and ~3 s of timing (for tests)")
+    cal.add_argument(
+        "--seconds", type=_seconds_arg, default=None, help="timing budget (default 20, or 3 with --quick)"
+    )
+    cal.add_argument(
+        "--threads", type=_int_arg(1), default=None, help="onnxruntime intra-op threads (default: its own)"
+    )
+    cal.add_argument("--json", action="store_true", help="print the fit report as JSON instead of the table")
+
+
+def _run_calibrate(args: argparse.Namespace) -> int:
+    import json
+
+    from onnxsat.extract.calibrate import calibrate
+    from onnxsat.extract.profile import save_profile
+    from onnxsat.modelio import check_output_path
+
+    out = check_output_path(args.output)
+    result = calibrate(args.target, quick=args.quick, threads=args.threads, seconds=args.seconds)
+    save_profile(result.cost, out, result.report())
+    if args.json:
+        print(json.dumps(result.report(), indent=2))
+    else:
+        print(result.render())
+        print(f"\nwrote {out}")
+    return EXIT_OK
+
+
+def _add_plugin_flags(group: Any) -> None:
+    """``--rules FILE`` and ``--strict-plugins``, shared by optimize and rules list/verify."""
+    group.add_argument(
+        "--rules",
+        dest="rule_files",
+        metavar="FILE.py",
+        action="append",
+        default=[],
+        help="also load the rule plugin in FILE.py (defines PLUGIN; repeatable); its rules are verified"
+        " before use, see docs/plugins.md",
+    )
+    group.add_argument(
+        "--strict-plugins",
+        action="store_true",
+        help="fail (exit 2) when a plugin does not load or a plugin rule fails verification,"
+        " instead of warning and going on without it",
+    )
+
+
+def _plugin_cache_dir() -> str:
+    """Where verdicts on plugin rules are kept between runs: $XDG_CACHE_HOME/onnxsat or ~/.cache/onnxsat."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "onnxsat")
 
 
 def _add_plugin_flags(group: Any) -> None:
@@ -424,6 +509,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         target=args.target,
         extractor=args.extractor,
         ilp_time_limit=args.ilp_time_limit,
+        cost_profile=args.cost_profile,
+        measure=args.measure,
         verify=not args.no_verify,
         input_shapes=input_shapes,
         materialize_constants=args.materialize_constants,
@@ -500,6 +587,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
         if report_path.resolve() == out_path.resolve():
             raise BadInputError("--report-json must not be the output model path")
 
+    if options.cost_profile is not None:  # a bad profile fails now, not after saturation
+        from onnxsat.pipeline import _cost_model
+
+        _cost_model(options)
     model = load_model(args.input)
     _check_input_shapes(model, options.input_shapes)
 
@@ -624,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "rules":
             return _run_rules(args)
+        if args.command == "calibrate":
+            return _run_calibrate(args)
         return _run_optimize(args)
     except OnnxsatError as e:
         print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)

@@ -36,6 +36,9 @@ class Options:
     plugin_cache_dir: str | None = None
     """Where plugin rules' verification verdicts are cached (None: verify in every process)."""
     target: str = "ort-cpu"
+    """Cost-model target: ort-cpu (what onnxruntime runs, with its fusions), onnxsat-cpu or h200."""
+    cost_profile: str | None = None
+    """A profile file from ``onnxsat calibrate`` (its target must equal ``target``); None: built-in."""
     extractor: str = "greedy-dag"
     """greedy-dag (default), tree (egglog-style tree costs, for comparison) or ilp (exact, HiGHS)."""
     ilp_time_limit: float = 30.0
@@ -50,3 +53,8 @@ class Options:
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
     progress: bool = False
+    measure: bool = False
+    """Time original vs optimized on onnxruntime and never ship a slower model (``onnxsat.measure``)."""
+    measure_rounds: int = 30
+    measure_threads: int | None = None
+    """onnxruntime intra-op threads while measuring (None: its default)."""

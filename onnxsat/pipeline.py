@@ -15,7 +15,7 @@ from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.errors import OnnxsatError, VerificationError
-from onnxsat.extract.cost import PROFILES, CostModel
+from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.options import Options
@@ -91,9 +91,20 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
 
 
 def _cost_model(options: Options) -> CostModel:
-    if options.target not in PROFILES:
-        raise OptionsError(f"unknown target {options.target!r} (known: {', '.join(PROFILES)})")
-    return PROFILES[options.target]
+    """The built-in profile of ``options.target``, or the calibrated ``options.cost_profile`` file."""
+    from onnxsat.extract.profile import TARGETS, load_profile
+
+    if options.target not in TARGETS:
+        raise OptionsError(f"unknown target {options.target!r} (known: {', '.join(TARGETS)})")
+    if options.cost_profile is None:
+        return TARGETS[options.target]
+    cost = load_profile(options.cost_profile)
+    if cost.name != options.target:
+        raise OptionsError(
+            f"cost profile {options.cost_profile} is for target {cost.name!r}, not {options.target!r}"
+            f" (pass --target {cost.name})"
+        )
+    return cost
 
 
 def _extract(program, cost: CostModel, options: Options) -> ExtractedGraph:  # type: ignore[no-untyped-def]
@@ -137,6 +148,11 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
             report.verification = _verify(model, optimized, options, enabled)
     else:
         report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
+    if options.measure:
+        from onnxsat.measure import keep_if_faster
+
+        with _stage(report, "measure", options.progress):
+            optimized = keep_if_faster(model, optimized, options, report)
     report.nodes_after = _op_counts(optimized)
     report.file_bytes_after = optimized.ByteSize()
     return optimized, report

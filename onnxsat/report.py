@@ -68,6 +68,8 @@ class Report:
     unknown_ops: dict[str, int] = field(default_factory=dict)
     opaque_reasons: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    measured: dict[str, Any] | None = None
+    """``--measure``: onnxruntime latency before/after (medians, 95% CI, verdict) and what shipped."""
 
     @property
     def total_before(self) -> int:
@@ -105,6 +107,8 @@ class Report:
             f"  estimated cost   {self.cost_before:,.1f} us -> {self.cost_after:,.1f} us"
             f"  (x{gain:.2f}, extractor {self.extractor}{gap})"
         )
+        if self.measured is not None:
+            lines.append(f"  measured latency {self.measured['summary']}")
         sat = self.saturation
         lines.append(
             f"  e-graph          {sat.enodes_before} -> {sat.enodes_after} e-nodes, {len(sat.iterations)} iterations,"

@@ -1,0 +1,451 @@
+"""``onnxsat calibrate``: measure the roofline constants of each op class on this machine.
+
+Each sample is a single-node ONNX model (MatMul, Gemm, Conv, Relu/Add/Mul, ReduceMean/Softmax,
+Transpose/Concat, MaxPool/GlobalAveragePool, Reshape) timed in onnxruntime; the time of a
+trivial model (one Identity on one element) is the fixed cost of an inference call and is
+subtracted, so what is fitted is the node's own time. Per op class, the constants of
+time = overhead + max(FLOPs / peak, bytes / bandwidth) are fitted by weighted least squares
+(relative error; a grid over the machine balance peak/bandwidth makes the max linear).
+Samples marked ``held_out`` are never used in the fit: the error reported on them is the
+model's prediction error on shapes it has not seen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .cost import OP_CLASSES, ClassConstants, RooflineCost, node_work, relative_error
+
+OPSET = 17
+_F32 = TensorProto.FLOAT
+NOISE_US = 2.0
+"""Timing noise of one call here: fit weights are 1 / (time + noise), so relative error counts
+for real work, and nodes of a microsecond or less do not dominate the fit."""
+_BALANCES = np.logspace(-3, 4, 141)
+_SPILL_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+"""Machine balances (FLOPs per byte at which compute and memory time are equal) tried in the fit."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One single-node model: what ORT runs and what the cost model sees of it."""
+
+    cls: str
+    op_type: str
+    op: str
+    """The e-graph constructor (``node_work`` looks up its FLOP formula)."""
+    inputs: tuple[tuple[int, ...], ...]
+    weights: frozenset[int]
+    """Indices of inputs that are initializers (read each run, like weights in a model)."""
+    out_shape: tuple[int, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    """ONNX attributes of the node."""
+    egraph_attrs: dict[str, Any] = field(default_factory=dict)
+    """The same attributes as the e-graph constructor names them (for FLOP formulas)."""
+    held_out: bool = False
+
+    @property
+    def label(self) -> str:
+        shapes = "x".join(",".join(map(str, s)) for s in self.inputs)
+        return f"{self.op_type}[{shapes}]"
+
+    def work(self) -> tuple[float, float]:
+        dtypes: list[int | None] = [_F32] * len(self.inputs)
+        return node_work(self.op, list(self.inputs), dtypes, self.out_shape, _F32, self.egraph_attrs)
+
+    def model(self) -> onnx.ModelProto:
+        rng = np.random.default_rng(0)
+        names = [f"in{i}" for i in range(len(self.inputs))]
+        graph_inputs = [
+            helper.make_tensor_value_info(n, _F32, s)
+            for i, (n, s) in enumerate(zip(names, self.inputs, strict=True))
+            if i not in self.weights
+        ]
+        inits = [
+            numpy_helper.from_array(rng.standard_normal(self.inputs[i]).astype(np.float32), names[i])
+            for i in sorted(self.weights)
+        ]
+        node = helper.make_node(self.op_type, names, ["out"], **self.attrs)
+        out = helper.make_tensor_value_info("out", _F32, self.out_shape)
+        graph = helper.make_graph([node], f"calibrate_{self.op_type}", graph_inputs, [out], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+def _matmul(m: int, k: int, n: int, held: bool = False) -> Sample:
+    return Sample("matmul", "MatMul", "matmul", ((m, k), (k, n)), frozenset({1}), (m, n), held_out=held)
+
+
+def _gemm(m: int, k: int, n: int, held: bool = False) -> Sample:
+    return Sample(
+        "matmul", "Gemm", "gemm", ((m, k), (n, k), (n,)), frozenset({1, 2}), (m, n),
+        {"transB": 1}, {"transB": 1}, held_out=held,
+    )  # fmt: skip
+
+
+def _conv(c: int, hw: int, o: int, k: int, stride: int = 1, held: bool = False) -> Sample:
+    pad = k // 2
+    out = (hw + 2 * pad - k) // stride + 1
+    attrs = {"kernel_shape": [k, k], "pads": [pad] * 4, "strides": [stride] * 2}
+    return Sample(
+        "conv", "Conv", "conv", ((1, c, hw, hw), (o, c, k, k), (o,)), frozenset({1, 2}), (1, o, out, out),
+        attrs, held_out=held,
+    )  # fmt: skip
+
+
+def _eltwise(op_type: str, op: str, shape: tuple[int, ...], arity: int, held: bool = False) -> Sample:
+    return Sample("elementwise", op_type, op, (shape,) * arity, frozenset(), shape, held_out=held)
+
+
+def _reduce(op_type: str, op: str, rows: int, cols: int, held: bool = False) -> Sample:
+    keep = op_type != "Softmax"
+    attrs: dict[str, Any] = {"axes": [1], "keepdims": 1} if keep else {"axis": 1}
+    out = (rows, 1) if keep else (rows, cols)
+    return Sample("reduce", op_type, op, ((rows, cols),), frozenset(), out, attrs, held_out=held)
+
+
+def _transpose(shape: tuple[int, ...], perm: tuple[int, ...], held: bool = False) -> Sample:
+    out = tuple(shape[p] for p in perm)
+    return Sample(
+        "layout", "Transpose", "transpose", (shape,), frozenset(), out, {"perm": list(perm)}, held_out=held
+    )
+
+
+def _concat(a: tuple[int, ...], b: tuple[int, ...], held: bool = False) -> Sample:
+    out = (a[0], a[1] + b[1], *a[2:])
+    return Sample("layout", "Concat", "concat", (a, b), frozenset(), out, {"axis": 1}, held_out=held)
+
+
+def _maxpool(c: int, hw: int, held: bool = False) -> Sample:
+    out = (hw + 2 - 3) // 2 + 1
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    return Sample(
+        "pool", "MaxPool", "max_pool", ((1, c, hw, hw),), frozenset(), (1, c, out, out), attrs,
+        {"kernel": (3, 3)}, held_out=held,
+    )  # fmt: skip
+
+
+def _gap(c: int, hw: int, held: bool = False) -> Sample:
+    return Sample(
+        "pool", "GlobalAveragePool", "global_average_pool", ((1, c, hw, hw),), frozenset(), (1, c, 1, 1),
+        held_out=held,
+    )  # fmt: skip
+
+
+def samples(quick: bool = False) -> list[Sample]:
+    """The calibration set: per class several fit shapes and held-out shapes between them."""
+    full = [
+        _matmul(8, 64, 64), _matmul(1, 256, 256), _matmul(16, 512, 512), _matmul(64, 256, 1024),
+        _matmul(256, 512, 256), _matmul(128, 1024, 512), _matmul(2, 1024, 1024), _matmul(1, 512, 2048), _gemm(64, 512, 512), _gemm(4, 128, 128),
+        _matmul(32, 384, 768, True), _matmul(4, 1024, 512, True), _matmul(96, 128, 128, True),
+        _gemm(16, 768, 256, True),
+        _conv(3, 64, 16, 3), _conv(32, 28, 32, 3), _conv(64, 14, 128, 1), _conv(128, 7, 128, 3),
+        _conv(16, 56, 16, 1), _conv(64, 28, 64, 3, stride=2), _conv(64, 56, 64, 1), _conv(256, 14, 64, 1),
+        _conv(32, 56, 64, 1, held=True), _conv(64, 14, 64, 3, held=True), _conv(16, 32, 32, 3, held=True),
+        _eltwise("Relu", "relu", (1000,), 1), _eltwise("Relu", "relu", (64, 256), 1),
+        _eltwise("Relu", "relu", (256, 1024), 1), _eltwise("Relu", "relu", (1024, 1024), 1),
+        _eltwise("Add", "add", (4, 1024), 2), _eltwise("Add", "add", (256, 256), 2),
+        _eltwise("Add", "add", (512, 1024), 2), _eltwise("Mul", "mul", (128, 512), 2),
+        _eltwise("Relu", "relu", (128, 512), 1, True), _eltwise("Add", "add", (64, 1024), 2, True),
+        _eltwise("Mul", "mul", (1024, 1024), 2, True), _eltwise("Relu", "relu", (32, 64), 1, True),
+        _reduce("ReduceMean", "reduce_mean", 64, 256), _reduce("ReduceMean", "reduce_mean", 512, 1024),
+        _reduce("Softmax", "softmax", 128, 128), _reduce("Softmax", "softmax", 256, 1024),
+        _reduce("ReduceMean", "reduce_mean", 256, 768, True), _reduce("Softmax", "softmax", 64, 512, True),
+        _transpose((60, 60), (1, 0)), _transpose((1000, 1000), (1, 0)), _transpose((1, 64, 56, 56), (0, 2, 3, 1)),
+        _concat((1, 32, 28, 28), (1, 32, 28, 28)), _concat((64, 512), (64, 256)),
+        _transpose((500, 300), (1, 0), True), _transpose((1, 32, 28, 28), (0, 2, 3, 1), True),
+        _concat((1, 64, 14, 14), (1, 128, 14, 14), True),
+        _maxpool(64, 56), _maxpool(32, 28), _maxpool(128, 14), _gap(256, 7), _gap(1024, 7),
+        _maxpool(64, 28, True), _gap(512, 14, True),
+        # A graph output cannot alias a graph input, so ORT copies here: tiny tensors measure the dispatch.
+        Sample("view", "Reshape", "reshape", ((4, 4), (1,)), frozenset({1}), (16,)),
+        Sample("view", "Reshape", "reshape", ((8, 8), (1,)), frozenset({1}), (64,)),
+    ]  # fmt: skip
+    if not quick:
+        return full
+    keep: dict[tuple[str, bool], int] = {}
+    out = []
+    for s in full:  # per class: the first three fit samples and the first two held-out ones
+        n = keep.get((s.cls, s.held_out), 0)
+        if n < (2 if s.held_out else 3):
+            out.append(s)
+            keep[(s.cls, s.held_out)] = n + 1
+    return out
+
+
+def _reshape_fix(model: onnx.ModelProto, sample: Sample) -> None:
+    """Reshape's shape input is an int64 constant, not a float weight."""
+    if sample.op_type == "Reshape":
+        init = model.graph.initializer[0]
+        init.CopyFrom(numpy_helper.from_array(np.array([-1], dtype=np.int64), init.name))
+
+
+QUANTILE = 25
+"""Percentile of a sample's run times that is kept: other processes only ever add time, so a
+low percentile over rounds spread in time is the least disturbed estimate of the node itself."""
+
+
+CALLS_PER_ROUND = 2
+
+
+def _runner(model: onnx.ModelProto, threads: int | None) -> Callable[[], object]:
+    """A zero-argument call of ``model`` in onnxruntime on seeded random inputs."""
+    from ..latency import ort_session
+
+    sess = ort_session(model, threads=threads)
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+    return lambda: sess.run(None, feeds)
+
+
+def time_runs(runs: list[Callable[[], object]], *, seconds: float, min_rounds: int = 5) -> list[float]:
+    """Per runnable, the ``QUANTILE`` percentile of its call time (microseconds).
+
+    Rounds call every runnable a few times in turn (the first call untimed), so a burst of load elsewhere hits all of them
+    alike instead of ruining one; rounds continue until ``seconds`` have passed.
+    """
+    for run in runs:
+        run()
+        run()
+    times: list[list[float]] = [[] for _ in runs]
+    deadline = time.perf_counter() + seconds
+    rounds = 0
+    while rounds < min_rounds or time.perf_counter() < deadline:
+        for run, acc in zip(runs, times, strict=True):
+            run()  # warms the caches the previous runnable evicted, as a model's previous node would
+            for _ in range(CALLS_PER_ROUND):
+                start = time.perf_counter()
+                run()
+                acc.append(time.perf_counter() - start)
+        rounds += 1
+    return [float(np.percentile(acc, QUANTILE)) * 1e6 for acc in times]
+
+
+def _empty_model() -> onnx.ModelProto:
+    """No node at all: what one ``run`` costs before any kernel."""
+    x = helper.make_tensor_value_info("x", _F32, (1,))
+    graph = helper.make_graph([], "empty", [x], [x])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+@dataclass
+class Measured:
+    sample: Sample
+    flops: float
+    bytes: float
+    node_us: float
+    """Measured time minus the fixed cost of a call."""
+    predicted_us: float = 0.0
+
+    @property
+    def rel_error(self) -> float:
+        return relative_error(self.predicted_us, self.node_us)
+
+
+def measure(
+    sample_list: list[Sample], *, threads: int | None = None, seconds: float = 10.0
+) -> tuple[float, list[Measured]]:
+    """The fixed cost of a call and every sample's own time (microseconds)."""
+    models = [_empty_model()]
+    for sample in sample_list:
+        model = sample.model()
+        _reshape_fix(model, sample)
+        models.append(model)
+    baseline, *totals = time_runs([_runner(m, threads) for m in models], seconds=seconds)
+    out: list[Measured] = []
+    for sample, total in zip(sample_list, totals, strict=True):
+        flops, bytes_moved = sample.work()
+        out.append(Measured(sample, flops, bytes_moved, max(total - baseline, MIN_NODE_US)))
+    return baseline, out
+
+
+MIN_NODE_US = 0.05
+"""Floor of a node's own time (a node can measure at or below the empty model's time)."""
+
+
+def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConstants:
+    """Weighted least squares (weights 1 / (time + noise)) of overhead + a * max(flops, r * bytes').
+
+    bytes' = min(bytes, cache) + q * (bytes beyond the cache). For each machine balance r and
+    spill factor q on a grid, the model is linear in (overhead, a), both kept non-negative; the
+    (r, q) with the smallest weighted residual wins. peak = 1/a, bandwidth = peak/r, spill
+    bandwidth = bandwidth/q.
+    """
+    t = np.array([r.node_us for r in rows])
+    flops = np.array([r.flops for r in rows])
+    nbytes = np.array([r.bytes for r in rows])
+    near = np.minimum(nbytes, cache_bytes)
+    far = nbytes - near
+    w = 1.0 / (t + NOISE_US)
+    best: tuple[float, float, float, float, float] | None = None  # residual, overhead, a, r, q
+    for q in _SPILL_FACTORS if np.any(far > 0) else (1.0,):
+        eff = near + q * far
+        for r in _BALANCES:
+            x = np.maximum(flops, eff * r)
+            for overhead, a in _nonneg_line(x, t, w):
+                resid = float(np.sum((w * (overhead + a * x - t)) ** 2))
+                if best is None or resid < best[0]:
+                    best = (resid, overhead, a, float(r), float(q))
+    assert best is not None
+    _, overhead, a, r, q = best
+    if a <= 0:
+        return ClassConstants(math.inf, math.inf, overhead)
+    peak = 1.0 / (a * 1e3)  # a is microseconds per FLOP; peak in GFLOP/s
+    bandwidth = peak / r
+    return ClassConstants(peak, bandwidth, overhead, spill_gbs=bandwidth / q, cache_bytes=cache_bytes)
+
+
+def cache_bytes() -> float:
+    """Per-core cache the spill term starts after: the largest cache level private to CPU 0
+    (Linux sysfs), else 1 MiB."""
+    best = 0
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+            kind = (index / "type").read_text().strip()
+        except OSError:
+            continue
+        if kind != "Instruction" and shared in ("0", "0-0") and size.endswith("K"):
+            best = max(best, int(size[:-1]) * 1024)
+    return float(best or 1 << 20)
+
+
+def _nonneg_line(x: np.ndarray, t: np.ndarray, w: np.ndarray) -> list[tuple[float, float]]:
+    """Candidate (intercept, slope) pairs >= 0 for weighted t ~ intercept + slope * x."""
+    a_mat = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (c0, c1), *_ = np.linalg.lstsq(a_mat, t * w, rcond=None)
+    cands = []
+    if c0 >= 0 and c1 >= 0:
+        cands.append((float(c0), float(c1)))
+    slope_only = float(np.sum(w * w * x * t) / max(np.sum(w * w * x * x), 1e-300))
+    cands.append((0.0, max(slope_only, 0.0)))
+    cands.append((float(np.sum(w * w * t) / np.sum(w * w)), 0.0))
+    return cands
+
+
+@dataclass
+class Calibration:
+    """A fitted profile and the evidence of how well it predicts."""
+
+    cost: RooflineCost
+    measured: list[Measured]
+    baseline_us: float
+    seconds: float
+
+    def held_out(self) -> list[Measured]:
+        return [m for m in self.measured if m.sample.held_out]
+
+    def median_error(self, held_out: bool = True) -> float:
+        rows = [m.rel_error for m in self.measured if m.sample.held_out == held_out]
+        return float(statistics.median(rows)) if rows else float("nan")
+
+    def report(self) -> dict[str, Any]:
+        """Per sample predicted vs measured, and median relative errors (fit and held-out)."""
+        per_class: dict[str, float] = {}
+        for cls in OP_CLASSES:
+            errs = [m.rel_error for m in self.held_out() if m.sample.cls == cls]
+            if errs:
+                per_class[cls] = round(float(statistics.median(errs)), 4)
+        return {
+            "seconds": round(self.seconds, 2),
+            "run_overhead_us": round(self.baseline_us, 3),
+            "median_rel_error_held_out": round(self.median_error(True), 4),
+            "median_rel_error_fit": round(self.median_error(False), 4),
+            "median_rel_error_held_out_per_class": per_class,
+            "samples": [
+                {
+                    "op": m.sample.label,
+                    "class": m.sample.cls,
+                    "held_out": m.sample.held_out,
+                    "measured_us": round(m.node_us, 3),
+                    "predicted_us": round(m.predicted_us, 3),
+                    "rel_error": round(m.rel_error, 4),
+                }
+                for m in self.measured
+            ],
+        }
+
+    def render(self) -> str:
+        lines = [f"{'op':<44} {'class':<12} {'set':<8} {'measured us':>12} {'predicted us':>13} {'error':>7}"]
+        for m in self.measured:
+            lines.append(
+                f"{m.sample.label:<44} {m.sample.cls:<12} {'held-out' if m.sample.held_out else 'fit':<8}"
+                f" {m.node_us:>12.2f} {m.predicted_us:>13.2f} {m.rel_error:>7.1%}"
+            )
+        lines.append("")
+        lines.append(
+            f"median relative error per node: held-out {self.median_error(True):.1%},"
+            f" fit {self.median_error(False):.1%}; fixed cost per call {self.baseline_us:.1f} us;"
+            f" {self.seconds:.1f} s"
+        )
+        return "\n".join(lines)
+
+
+def calibrate(
+    target: str = "ort-cpu",
+    *,
+    quick: bool = False,
+    threads: int | None = None,
+    seconds: float | None = None,
+) -> Calibration:
+    """Measure, fit per class, and predict every sample (held-out ones were not fitted)."""
+    from .profile import builtin_profile
+
+    if target != "ort-cpu":
+        from ..errors import BadInputError
+
+        raise BadInputError(
+            f"calibration measures onnxruntime on this CPU: only --target ort-cpu (not {target!r})"
+        )
+    start = time.perf_counter()
+    seconds = seconds if seconds is not None else (3.0 if quick else 20.0)
+    base = builtin_profile(target)
+    cache = cache_bytes()
+    baseline, measured = measure(samples(quick), threads=threads, seconds=seconds)
+    classes: dict[str, ClassConstants] = {}
+    for cls in OP_CLASSES:
+        rows = [m for m in measured if m.sample.cls == cls and not m.sample.held_out]
+        if not rows:
+            continue
+        if cls == "view":
+            classes[cls] = ClassConstants(
+                math.inf, math.inf, float(statistics.median(r.node_us for r in rows))
+            )
+        else:
+            classes[cls] = fit_class(rows, cache)
+    default = classes.get("elementwise", base.default)
+    cost = RooflineCost(
+        name=target,
+        default=default,
+        classes=classes,
+        view_overhead_us=classes["view"].overhead_us if "view" in classes else base.view_overhead_us,
+        fusion=base.fusion,
+        run_overhead_us=baseline,
+        calibrated=True,
+        source=(
+            f"onnxsat calibrate on {platform.node() or 'this machine'} ({platform.machine()},"
+            f" {_ort_version()}, intra-op threads {threads or 'default'}),"
+            f" {datetime.date.today().isoformat()}{' --quick' if quick else ''}"
+        ),
+    )
+    for m in measured:
+        m.predicted_us = cost.constants(m.sample.cls).time_us(m.flops, m.bytes)
+    return Calibration(cost, measured, baseline, time.perf_counter() - start)
+
+
+def _ort_version() -> str:
+    import onnxruntime as ort
+
+    return f"onnxruntime {ort.__version__}"

@@ -397,31 +397,6 @@ def _plugin_cache_dir() -> str:
     return os.path.join(base, "onnxsat")
 
 
-def _add_plugin_flags(group: Any) -> None:
-    """``--rules FILE`` and ``--strict-plugins``, shared by optimize and rules list/verify."""
-    group.add_argument(
-        "--rules",
-        dest="rule_files",
-        metavar="FILE.py",
-        action="append",
-        default=[],
-        help="also load the rule plugin in FILE.py (defines PLUGIN; repeatable); its rules are verified"
-        " before use, see docs/plugins.md",
-    )
-    group.add_argument(
-        "--strict-plugins",
-        action="store_true",
-        help="fail (exit 2) when a plugin does not load or a plugin rule fails verification,"
-        " instead of warning and going on without it",
-    )
-
-
-def _plugin_cache_dir() -> str:
-    """Where verdicts on plugin rules are kept between runs: $XDG_CACHE_HOME/onnxsat or ~/.cache/onnxsat."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxsat")
-
-
 def _add_rules_parser(sub: Any) -> None:
     """``onnxsat rules list|verify``: the rule table and the check of each rule egglog runs."""
     rules = sub.add_parser(

@@ -128,6 +128,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     """
     options = options or Options()
     report = Report(model_name=model.graph.name, file_bytes_before=model.ByteSize())
+    report.pinned_dims = _pins_by_input(model, options)
     report.nodes_before = _op_counts(model)
     report.warnings.extend(load_plugins(options))
     try:
@@ -190,6 +191,26 @@ def _verify(original: onnx.ModelProto, optimized: onnx.ModelProto, options: Opti
 
     culprits = minimal_failing_rules(original, options, enabled)
     raise VerificationError(bad.name, bad.max_abs_err, bad.detail or "outputs differ", culprit_rules=culprits)
+
+
+def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[str, int]]:
+    """For the report: per pinned input, each dim the model left open (its symbol, or "dim K") -> value."""
+    pins: dict[str, dict[str, int]] = {}
+    for vi in model.graph.input:
+        pinned = options.input_shapes.get(vi.name)
+        if pinned is None:
+            continue
+        declared = list(vi.type.tensor_type.shape.dim)
+        if not vi.type.tensor_type.HasField("shape"):
+            declared = [onnx.TensorShapeProto.Dimension() for _ in pinned]
+        opened = {
+            (d.dim_param or f"dim {axis}"): int(value)
+            for axis, (d, value) in enumerate(zip(declared, pinned, strict=False))
+            if not d.HasField("dim_value")
+        }
+        if opened:
+            pins[vi.name] = opened
+    return pins
 
 
 def _pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:

@@ -68,6 +68,8 @@ class Report:
     unknown_ops: dict[str, int] = field(default_factory=dict)
     opaque_reasons: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    pinned_dims: dict[str, dict[str, int]] = field(default_factory=dict)
+    """``--input-shape``: per input, the dims that were not fixed in the model (symbol or "dim K") -> value."""
     measured: dict[str, Any] | None = None
     """``--measure``: onnxruntime latency before/after (medians, 95% CI, verdict) and what shipped."""
 
@@ -126,6 +128,12 @@ class Report:
             )
         stages = ", ".join(f"{k} {s:.2f}s" for k, s in self.stage_seconds.items())
         lines.append(f"  time             {stages}")
+        if self.pinned_dims:
+            pins = "; ".join(
+                f"{name}: " + ", ".join(f"{dim}={value}" for dim, value in dims.items())
+                for name, dims in self.pinned_dims.items()
+            )
+            lines.append(f"  pinned dims      {pins} (the output is specialized to these sizes)")
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         return "\n".join(lines)

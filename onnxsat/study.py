@@ -10,10 +10,13 @@ plain dicts so they go straight into pandas, matplotlib or JSON.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -31,6 +34,8 @@ __all__ = [
     "rules_in_program",
     "run",
     "summary",
+    "table",
+    "load_model",
 ]
 
 Record = dict[str, Any]
@@ -150,6 +155,7 @@ def ablation(
     families: Iterable[str] | None = None,
     latency_rounds: int = 0,
     calls_per_round: int = 5,
+    full: Run | None = None,
 ) -> list[Record]:
     """Re-run with each rule family disabled in turn; one record per family plus the ``(none)`` baseline.
 
@@ -157,12 +163,12 @@ def ablation(
     the share of the optimization that family is responsible for (1.0: it did not matter).
     With ``latency_rounds`` > 0 each optimized model is also timed on onnxruntime against the
     full run's model (``onnxsat.latency``: interleaved rounds, bootstrap 95% CI; use >= 30 rounds
-    for a claim).
+    for a claim). ``full``: a run of ``model`` with ``options`` already made (not repeated).
     """
     from onnxsat.rules import RULES
 
     options = options or Options()
-    full = run(name, model, options)
+    full = full or run(name, model, options)
     chosen = list(RULES.families) if families is None else list(families)
     records = [_ablation_record(full, "(none)", full, latency_rounds, calls_per_round)]
     for family in chosen:
@@ -266,3 +272,33 @@ def extractor_records(
             }
         )
     return records
+
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+"""The repository's example models (present in a source checkout)."""
+
+
+def load_model(spec: str) -> onnx.ModelProto:
+    """``light:NAME.onnx`` (an ONNX light model shipped in the onnx package), else a file in examples/."""
+    if spec.startswith("light:"):
+        light = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
+        return onnx.load(str(light / spec.removeprefix("light:")))
+    return onnx.load(str(EXAMPLES / spec))
+
+
+def table(records: Sequence[Record], columns: Sequence[str] | None = None) -> str:
+    """Records as a Markdown table (``IPython.display.Markdown`` renders it; it reads as text too)."""
+    if not records:
+        return "(no records)"
+    cols = list(columns or records[0].keys())
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return "nan" if math.isnan(value) else f"{value:.4g}"
+        if isinstance(value, tuple):
+            return "[" + ", ".join(cell(v) for v in value) + "]"
+        return str(value)
+
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in cols) + " |" for r in records]
+    return "\n".join(lines)

@@ -55,6 +55,11 @@ class Sample:
     egraph_attrs: dict[str, Any] = field(default_factory=dict)
     """The same attributes as the e-graph constructor names them (for FLOP formulas)."""
     held_out: bool = False
+    int_values: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Initializers that are int64 constants (Reshape's shape, Split's sizes), by input index."""
+    outputs: int = 1
+    """Outputs of one kernel (Split); ``out_shape`` is then their concatenation along axis 1, which
+    is what the cost model's per-output nodes add up to."""
 
     @property
     def label(self) -> str:
@@ -74,12 +79,21 @@ class Sample:
             if i not in self.weights
         ]
         inits = [
-            numpy_helper.from_array(rng.standard_normal(self.inputs[i]).astype(np.float32), names[i])
+            numpy_helper.from_array(
+                np.array(self.int_values[i], dtype=np.int64)
+                if i in self.int_values
+                else rng.standard_normal(self.inputs[i]).astype(np.float32),
+                names[i],
+            )
             for i in sorted(self.weights)
         ]
-        node = helper.make_node(self.op_type, names, ["out"], **self.attrs)
-        out = helper.make_tensor_value_info("out", _F32, self.out_shape)
-        graph = helper.make_graph([node], f"calibrate_{self.op_type}", graph_inputs, [out], inits)
+        if self.outputs == 1:
+            outs = [helper.make_tensor_value_info("out", _F32, self.out_shape)]
+        else:  # equal parts along axis 1 (Split)
+            part = (self.out_shape[0], self.out_shape[1] // self.outputs, *self.out_shape[2:])
+            outs = [helper.make_tensor_value_info(f"out{i}", _F32, part) for i in range(self.outputs)]
+        node = helper.make_node(self.op_type, names, [o.name for o in outs], **self.attrs)
+        graph = helper.make_graph([node], f"calibrate_{self.op_type}", graph_inputs, outs, inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
@@ -127,6 +141,13 @@ def _concat(a: tuple[int, ...], b: tuple[int, ...], held: bool = False) -> Sampl
     return Sample("layout", "Concat", "concat", (a, b), frozenset(), out, {"axis": 1}, held_out=held)
 
 
+def _split(rows: int, cols: int, parts: int, held: bool = False) -> Sample:
+    return Sample(
+        "layout", "Split", "split", ((rows, cols), (parts,)), frozenset({1}), (rows, cols), {"axis": 1},
+        {"num_outputs": parts}, held_out=held, int_values={1: (cols // parts,) * parts}, outputs=parts,
+    )  # fmt: skip
+
+
 def _maxpool(c: int, hw: int, held: bool = False) -> Sample:
     out = (hw + 2 - 3) // 2 + 1
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
@@ -152,6 +173,7 @@ def samples(quick: bool = False) -> list[Sample]:
         _gemm(16, 768, 256, True),
         _conv(3, 64, 16, 3), _conv(32, 28, 32, 3), _conv(64, 14, 128, 1), _conv(128, 7, 128, 3),
         _conv(16, 56, 16, 1), _conv(64, 28, 64, 3, stride=2), _conv(64, 56, 64, 1), _conv(256, 14, 64, 1),
+        _conv(16, 28, 16, 1), _conv(8, 16, 8, 3), _conv(32, 14, 32, 1, held=True),
         _conv(32, 56, 64, 1, held=True), _conv(64, 14, 64, 3, held=True), _conv(16, 32, 32, 3, held=True),
         _eltwise("Relu", "relu", (1000,), 1), _eltwise("Relu", "relu", (64, 256), 1),
         _eltwise("Relu", "relu", (256, 1024), 1), _eltwise("Relu", "relu", (1024, 1024), 1),
@@ -169,8 +191,9 @@ def samples(quick: bool = False) -> list[Sample]:
         _maxpool(64, 56), _maxpool(32, 28), _maxpool(128, 14), _gap(256, 7), _gap(1024, 7),
         _maxpool(64, 28, True), _gap(512, 14, True),
         # A graph output cannot alias a graph input, so ORT copies here: tiny tensors measure the dispatch.
-        Sample("view", "Reshape", "reshape", ((4, 4), (1,)), frozenset({1}), (16,)),
-        Sample("view", "Reshape", "reshape", ((8, 8), (1,)), frozenset({1}), (64,)),
+        _split(64, 256, 2), _split(256, 768, 3), _split(16, 1024, 4), _split(128, 600, 3, True),
+        Sample("view", "Reshape", "reshape", ((4, 4), (1,)), frozenset({1}), (16,), int_values={1: (-1,)}),
+        Sample("view", "Reshape", "reshape", ((8, 8), (1,)), frozenset({1}), (64,), int_values={1: (-1,)}),
     ]  # fmt: skip
     if not quick:
         return full
@@ -182,13 +205,6 @@ def samples(quick: bool = False) -> list[Sample]:
             out.append(s)
             keep[(s.cls, s.held_out)] = n + 1
     return out
-
-
-def _reshape_fix(model: onnx.ModelProto, sample: Sample) -> None:
-    """Reshape's shape input is an int64 constant, not a float weight."""
-    if sample.op_type == "Reshape":
-        init = model.graph.initializer[0]
-        init.CopyFrom(numpy_helper.from_array(np.array([-1], dtype=np.int64), init.name))
 
 
 QUANTILE = 25
@@ -258,10 +274,7 @@ def measure(
 ) -> tuple[float, list[Measured]]:
     """The fixed cost of a call and every sample's own time (microseconds)."""
     models = [_empty_model()]
-    for sample in sample_list:
-        model = sample.model()
-        _reshape_fix(model, sample)
-        models.append(model)
+    models += [sample.model() for sample in sample_list]
     baseline, *totals = time_runs([_runner(m, threads) for m in models], seconds=seconds)
     out: list[Measured] = []
     for sample, total in zip(sample_list, totals, strict=True):

@@ -162,7 +162,15 @@ class RooflineCost:
             return self.view_overhead_us
         attrs = _named_attrs(ctx.node) if op in BY_CTOR else {}
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
-        return self.constants(cls).time_us(flops, bytes_moved)
+        consts = self.constants(cls)
+        parts = _outputs_of_one_kernel(op, ctx.in_shapes, attrs)
+        if parts > 1:
+            # One e-node per output of a multi-output kernel (Split): each pays its share of the
+            # dispatch and of the input read, and writes its own output.
+            in_bytes = bytes_moved - numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
+            bytes_moved -= in_bytes * (1 - 1 / parts)
+            return consts.time_us(flops / parts, bytes_moved) - consts.overhead_us * (1 - 1 / parts)
+        return consts.time_us(flops, bytes_moved)
 
 
 def ort_fuses_into_producer(ctx: NodeCtx) -> bool:
@@ -194,6 +202,18 @@ def ort_fuses_into_producer(ctx: NodeCtx) -> bool:
                 return True
         return any("erf" in s for s in ins)
     return False
+
+
+def _outputs_of_one_kernel(op: str, in_shapes: list[tuple[int, ...] | None], attrs: dict[str, object]) -> int:
+    """How many e-nodes (one per output) share the kernel of an indexed-output op like Split."""
+    spec = BY_CTOR.get(op)
+    if spec is None or not spec.indexed_outputs:
+        return 1
+    count = attrs.get("num_outputs")
+    if isinstance(count, int) and count > 0:
+        return count
+    sizes = in_shapes[1] if len(in_shapes) > 1 else None
+    return max(1, sizes[0]) if sizes else 1
 
 
 def _named_attrs(node: ENode) -> dict[str, object]:

@@ -1,22 +1,30 @@
 """Sharing-aware greedy extraction (tree pass, then a greedy-DAG pass) and DAG scoring.
 
-The tree pass is Bellman-Ford over e-classes with non-negative node costs; it only switches a
-class's choice on a strict improvement, which can never close a cycle. The DAG pass prices a
-candidate by the union of the sub-DAG it needs (a tensor used twice is paid once) and skips any
-candidate whose sub-DAG contains its own class. Every result is scored by one independent
-function, ``dag_cost``, and the cheaper of the two is returned.
+Both passes run on an integer-indexed copy of the e-graph (``_Indexed``) so that 100k-node
+graphs take seconds. The tree pass is Knuth's generalization of Dijkstra: with non-negative
+node costs, classes are settled in order of their cheapest tree cost, each once, so the result
+is the exact minimum tree cost and never a cycle. The DAG pass prices a candidate by the union
+of the sub-DAG it needs (a tensor used twice is paid once), with each class's sub-DAG kept as a
+bit set (a Python int), and skips any candidate whose sub-DAG contains its own class. Every
+result is scored by one independent function, ``dag_cost``, and the cheaper of the two is
+returned.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .cost import CostModel, NodeCtx, known_dims
 from .serialized import CONST_LEAVES, ENode, SerializedEGraph
 
 INF = float("inf")
-DAG_PASS_MAX_CLASSES = 4_000
-"""Above this the quadratic DAG pass is skipped (tree result; ILP remains exact)."""
+DAG_PASS_MAX_CLASSES = 60_000
+"""Above this the DAG pass is skipped (its bit sets grow as classes squared; ILP remains exact)."""
+_BITS_LOOP_MAX = 48
+"""Bit sets with at most this many new members are summed bit by bit, larger ones with numpy."""
 
 
 @dataclass
@@ -41,33 +49,44 @@ class ExtractedGraph:
 
 
 def const_classes(eg: SerializedEGraph) -> set[str]:
-    """E-classes computable from weights alone (fixpoint over all candidates)."""
-    const: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for eclass, nodes in eg.classes.items():
-            if eclass in const:
+    """E-classes computable from weights alone: a worklist from the constant leaves upwards."""
+    waiting: dict[tuple[str, int], int] = {}
+    users: dict[str, list[tuple[str, int]]] = {}
+    ready: list[str] = []
+    for eclass, nodes in eg.classes.items():
+        for i, node in enumerate(nodes):
+            if node.op in ("Tensor.input", "opaque"):
                 continue
-            for node in nodes:
-                if node.op in CONST_LEAVES or node.op == "TList.nil":
-                    ok = True
-                elif node.op in ("Tensor.input", "opaque"):
-                    ok = False
-                else:
-                    ok = all(c in const for c in node.children)
-                if ok:
-                    const.add(eclass)
-                    changed = True
-                    break
+            if node.op in CONST_LEAVES or node.op == "TList.nil":
+                ready.append(eclass)
+                continue
+            kids = set(node.children)
+            if not kids:
+                continue  # a constructor without tensor inputs that is no constant leaf
+            waiting[(eclass, i)] = len(kids)
+            for kid in kids:
+                users.setdefault(kid, []).append((eclass, i))
+    const: set[str] = set()
+    while ready:
+        eclass = ready.pop()
+        if eclass in const:
+            continue
+        const.add(eclass)
+        for key in users.get(eclass, ()):
+            waiting[key] -= 1
+            if waiting[key] == 0 and key[0] not in const:
+                ready.append(key[0])
     return const
 
 
 class _Pricer:
+    """``price(eclass, node)``: the cost model's price of one e-node, cached per node."""
+
     def __init__(self, eg: SerializedEGraph, cost: CostModel, const: set[str]):
         self.eg, self.cost, self.const = eg, cost, const
-        self.cache: dict[tuple[str, ENode], float] = {}
+        self.cache: dict[int, tuple[ENode, float]] = {}
         self.class_ops: dict[str, frozenset[str]] = {}
+        self._shapes: dict[str, tuple[int, ...] | None] = {}
 
     def ops_of(self, eclass: str) -> frozenset[str]:
         """Every op an e-class can be computed by (what ORT may fuse a consumer into)."""
@@ -76,68 +95,150 @@ class _Pricer:
             ops = self.class_ops[eclass] = frozenset(n.op for n in self.eg.classes.get(eclass, ()))
         return ops
 
+    def _shape(self, eclass: str) -> tuple[int, ...] | None:
+        if eclass not in self._shapes:
+            self._shapes[eclass] = known_dims(self.eg.shapes.get(eclass))
+        return self._shapes[eclass]
+
     def __call__(self, eclass: str, node: ENode) -> float:
-        key = (eclass, node)
-        if key not in self.cache:
-            children = node.children
-            node_const = eclass in self.const and all(c in self.const for c in children) and node.op != "opaque"
-            ctx = NodeCtx(
-                node=node,
-                out_shape=known_dims(self.eg.shapes.get(eclass)),
-                out_dtype=self.eg.dtypes.get(eclass),
-                in_shapes=[known_dims(self.eg.shapes.get(c)) for c in children],
-                in_dtypes=[self.eg.dtypes.get(c) for c in children],
-                is_const=node_const or node.op in CONST_LEAVES,
-                in_ops=tuple(self.ops_of(c) for c in children),
-                in_const=tuple(c in self.const for c in children),
-            )
-            self.cache[key] = max(0.0, float(self.cost.node_cost(ctx)))
-        return self.cache[key]
+        # Keyed by identity (nodes live in ``eg.classes`` for the pricer's lifetime); the node is
+        # kept in the entry so an id is never reused by another object while cached.
+        hit = self.cache.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        children = node.children
+        const = self.const
+        node_const = node.op in CONST_LEAVES or (
+            eclass in const and node.op != "opaque" and all(c in const for c in children)
+        )
+        ctx = NodeCtx(
+            node=node,
+            out_shape=self._shape(eclass),
+            out_dtype=self.eg.dtypes.get(eclass),
+            in_shapes=[self._shape(c) for c in children],
+            in_dtypes=[self.eg.dtypes.get(c) for c in children],
+            is_const=node_const,
+            in_ops=tuple(self.ops_of(c) for c in children),
+            in_const=tuple(c in const for c in children),
+        )
+        value = max(0.0, float(self.cost.node_cost(ctx)))
+        self.cache[id(node)] = (node, value)
+        return value
 
 
-def _tree_choice(eg: SerializedEGraph, price: _Pricer) -> dict[str, ENode]:
-    best: dict[str, float] = {}
-    choice: dict[str, ENode] = {}
-    changed = True
-    while changed:
-        changed = False
-        for eclass in sorted(eg.classes):
+class _Indexed:
+    """The e-graph with classes and nodes numbered: children and parents as int lists."""
+
+    def __init__(self, eg: SerializedEGraph, price: _Pricer):
+        self.names = sorted(eg.classes)
+        index = {c: i for i, c in enumerate(self.names)}
+        self.nodes: list[ENode] = []
+        self.node_class: list[int] = []
+        self.kids: list[tuple[int, ...]] = []
+        """Children of each node, with repeats (tree cost counts a repeated child twice)."""
+        self.distinct: list[tuple[int, ...]] = []
+        self.class_nodes: list[list[int]] = []
+        self.parents: list[list[int]] = [[] for _ in self.names]
+        self.prices: list[float] = []
+        missing = len(self.names)  # children without a class: an index no class has
+        for ci, eclass in enumerate(self.names):
+            own = []
             for node in eg.classes[eclass]:
-                children = node.children
-                if any(c not in best for c in children):
-                    continue
-                total = price(eclass, node) + sum(best[c] for c in children)
-                if total < best.get(eclass, INF):
-                    best[eclass], choice[eclass] = total, node
-                    changed = True
+                n = len(self.nodes)
+                kids = tuple(index.get(k, missing) for k in node.children)
+                distinct = tuple(dict.fromkeys(kids))
+                self.nodes.append(node)
+                self.node_class.append(ci)
+                self.kids.append(kids)
+                self.distinct.append(distinct)
+                self.prices.append(price(eclass, node))
+                for k in distinct:
+                    if k != missing:
+                        self.parents[k].append(n)
+                own.append(n)
+            self.class_nodes.append(own)
+
+    def as_choice(self, choice: list[int]) -> dict[str, ENode]:
+        return {self.names[c]: self.nodes[n] for c, n in enumerate(choice) if n >= 0}
+
+
+def _tree_choice(ix: _Indexed) -> list[int]:
+    """Per class the node of minimum tree cost (Knuth's algorithm; -1 for classes without a term)."""
+    n_classes = len(ix.names)
+    best = [INF] * (n_classes + 1)  # the extra slot is the "missing child" class
+    choice = [-1] * n_classes
+    pending = [len(d) for d in ix.distinct]
+    heap = [(ix.prices[n], n) for n, d in enumerate(ix.distinct) if not d]
+    heapq.heapify(heap)
+    while heap:
+        total, n = heapq.heappop(heap)
+        c = ix.node_class[n]
+        if choice[c] >= 0:
+            continue
+        choice[c], best[c] = n, total
+        for p in ix.parents[c]:
+            pending[p] -= 1
+            if pending[p] == 0 and choice[ix.node_class[p]] < 0:
+                heapq.heappush(heap, (ix.prices[p] + sum(best[k] for k in ix.kids[p]), p))
     return choice
 
 
-def _dag_choice(eg: SerializedEGraph, price: _Pricer, start: dict[str, ENode], order: list[str]) -> dict[str, ENode]:
-    """Greedy-DAG: each class keeps the cheapest candidate by the cost of the union of its sub-DAG."""
-    sets: dict[str, dict[str, float]] = {}
-    totals: dict[str, float] = {}
-    choice = dict(start)
+def _dag_choice(ix: _Indexed, start: list[int], order: list[int]) -> list[int]:
+    """Greedy-DAG: each class keeps the cheapest candidate by the cost of the union of its sub-DAG.
+
+    A class's sub-DAG is a bit set over class numbers; ``member`` holds the price each member
+    class contributes (its currently chosen node's), so the union's cost is the larger child's
+    total plus the members the other children add.
+    """
+    n_classes = len(ix.names)
+    sets = [0] * (n_classes + 1)  # 0 = no sub-DAG yet (a computed one always holds its own bit)
+    totals = [INF] * (n_classes + 1)
+    member = np.zeros(n_classes + 1)
+    choice = list(start)
+    prices = ix.prices
     for _ in range(3):
         changed = False
-        for eclass in order:
-            for node in eg.classes[eclass]:
-                children = node.children
-                if any(c not in sets for c in children):
+        for c in order:
+            bit = 1 << c
+            for n in ix.class_nodes[c]:
+                kids = ix.distinct[n]
+                if any(sets[k] == 0 for k in kids):
                     continue
-                merged: dict[str, float] = {}
-                for c in children:
-                    merged.update(sets[c])
-                if eclass in merged:
+                if kids:
+                    base = max(kids, key=totals.__getitem__)
+                    merged, sub = sets[base], totals[base]
+                    for k in kids:
+                        if k != base:
+                            extra = sets[k] & ~merged
+                            if extra:
+                                sub += _sum_members(extra, member)
+                                merged |= extra
+                else:
+                    merged, sub = 0, 0.0
+                if merged & bit:
                     continue  # would be a cycle
-                merged[eclass] = price(eclass, node)
-                total = sum(merged.values())
-                if total < totals.get(eclass, INF) - 1e-12:
-                    sets[eclass], totals[eclass], choice[eclass] = merged, total, node
+                total = sub + prices[n]
+                if total < totals[c] - 1e-12:
+                    sets[c], totals[c], choice[c] = merged | bit, total, n
+                    member[c] = prices[n]
                     changed = True
         if not changed:
             break
     return choice
+
+
+def _sum_members(bits: int, member: np.ndarray) -> float:
+    """Sum of ``member[i]`` over the set bits i of ``bits``."""
+    if bits.bit_count() <= _BITS_LOOP_MAX:
+        total = 0.0
+        while bits:
+            low = bits & -bits
+            total += member[low.bit_length() - 1]
+            bits ^= low
+        return float(total)
+    raw = np.frombuffer(bits.to_bytes((bits.bit_length() + 7) // 8, "little"), dtype=np.uint8)
+    flags = np.unpackbits(raw, bitorder="little")[: len(member)]
+    return float(flags @ member[: len(flags)])
 
 
 def topological(choice: dict[str, ENode], roots: list[str]) -> list[tuple[str, ENode]]:
@@ -173,19 +274,25 @@ def dag_cost(nodes: list[tuple[str, ENode]], price: _Pricer) -> float:
     return sum(price(eclass, node) for eclass, node in nodes)
 
 
-def extract_greedy(eg: SerializedEGraph, cost: CostModel, roots: list[str], *, tree_only: bool = False) -> ExtractedGraph:
+def extract_greedy(
+    eg: SerializedEGraph, cost: CostModel, roots: list[str], *, tree_only: bool = False
+) -> ExtractedGraph:
     const = const_classes(eg)
     price = _Pricer(eg, cost, const)
-    tree = _tree_choice(eg, price)
+    ix = _Indexed(eg, price)
+    tree_index = _tree_choice(ix)
+    tree = ix.as_choice(tree_index)
     missing = [r for r in roots if r not in tree]
     if missing:
         raise RuntimeError(f"no finite-cost term for output e-classes {missing}")
     candidates = [("tree", topological(tree, roots))]
     if not tree_only and len(eg.classes) <= DAG_PASS_MAX_CLASSES:
-        order = [eclass for eclass, _ in candidates[0][1]]
-        order += sorted(c for c in eg.classes if c not in set(order))
-        dag = _dag_choice(eg, price, tree, order)
-        candidates.append(("greedy-dag", topological(dag, roots)))
+        position = {c: i for i, c in enumerate(ix.names)}
+        first = [position[eclass] for eclass, _ in candidates[0][1]]
+        seen = set(first)
+        order = first + [c for c in range(len(ix.names)) if c not in seen]
+        dag = _dag_choice(ix, tree_index, order)
+        candidates.append(("greedy-dag", topological(ix.as_choice(dag), roots)))
     method, nodes = min(candidates, key=lambda c: (dag_cost(c[1], price), c[0] != "greedy-dag"))
     return ExtractedGraph(
         nodes=nodes,

@@ -110,20 +110,33 @@ def case_params(cases: Sequence[Any]) -> list[Any]:
 
 # ---------------------------------------------------------------- import
 @functools.cache
-def _warm_egraph() -> Any:
-    """An empty e-graph that already holds the compiled shape rules."""
+def _warm_egraph(rules: bool = False) -> Any:
+    """An empty e-graph that already holds the compiled shape rules (and, with ``rules``, the
+    rewrite rulesets ``optimize`` runs by default: registering them costs ~1-3 s per e-graph)."""
     from egglog import EGraph
 
     egraph = EGraph()
     egraph.run(shape_rules.saturate())
+    if rules:
+        from onnxsat.options import Budgets
+        from onnxsat.rules.multi import FAMILY as MULTI
+        from onnxsat.rules.registry import RULES
+        from onnxsat.rules.schedule import rewrite_step, select_rules
+
+        enabled = select_rules()
+        multi = [n for n in enabled if RULES.family_of(n) == MULTI]
+        for names in (multi, [n for n in enabled if n not in multi]):  # the rulesets saturate() runs
+            if names:
+                egraph.run(rewrite_step(names, Budgets()))
     return egraph
 
 
 @contextmanager
-def warm_import() -> Iterator[None]:
+def warm_import(rules: bool = False) -> Iterator[None]:
     """The next ``from_onnx`` in this block gets the warmed e-graph (reverted on exit); any later
-    one in the block gets a fresh ``EGraph`` as usual."""
-    egraph = _warm_egraph()
+    one in the block gets a fresh ``EGraph`` as usual. ``rules``: the e-graph also holds the
+    default rewrite rules (for running ``optimize`` many times)."""
+    egraph = _warm_egraph(rules)
     original = _importer.EGraph
     handed_out = False
 

@@ -3,7 +3,7 @@
 Importing this package registers every in-tree family in ``registry.RULES``, in this order.
 """
 
-from . import algebraic, core, fusion, layout, multi  # noqa: F401  (each module registers its family)
+from . import algebraic, core, fusion, interchange, layout, linear, multi  # noqa: F401  (each module registers its family)
 from .registry import RULES
 
 __all__ = ["RULES"]

@@ -33,8 +33,41 @@ _add("add-const-assoc", L.add(L.add(x, a), b), L.add(x, L.add(a, b)), L.is_const
 _add("mul-const-assoc", L.mul(L.mul(x, a), b), L.mul(x, L.mul(a, b)), L.is_const(a), L.is_const(b))
 # (x-a)+b => x+(b-a): one op on the activation instead of two. Reassociates.
 _add("sub-add-const", L.add(L.sub(x, a), b), L.add(x, L.sub(b, a)), L.is_const(a), L.is_const(b))
-# (x/a)*b => x*(b/a). Reassociates.
-_add("div-mul-const", L.mul(L.div(x, a), b), L.mul(x, L.div(b, a)), L.is_const(a), L.is_const(b))
+# (x/a)*b => x*(b/a). Reassociates; floats only (integer Div truncates: (3/2)*2 is not 3*(2/2)).
+_add(
+    "div-mul-const",
+    L.mul(L.div(x, a), b),
+    L.mul(x, L.div(b, a)),
+    L.is_const(a),
+    L.is_const(b),
+    L.dtype(x) == dt,
+    Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
+)
+# (x+a)-b => x+(a-b); (x-a)-b => x-(a+b); (x*a)/b => x*(a/b); (x/a)/b => x/(a*b). Reassociate.
+_add("add-sub-const", L.sub(L.add(x, a), b), L.add(x, L.sub(a, b)), L.is_const(a), L.is_const(b))
+_add("sub-sub-const", L.sub(L.sub(x, a), b), L.sub(x, L.add(a, b)), L.is_const(a), L.is_const(b))
+_add("mul-div-const", L.div(L.mul(x, a), b), L.mul(x, L.div(a, b)), L.is_const(a), L.is_const(b))
+_add("div-div-const", L.div(L.div(x, a), b), L.div(x, L.mul(a, b)), L.is_const(a), L.is_const(b))
+# (x+a)*b => x*b + a*b (TASO's distributivity, towards the affine form x*s + t every chain of
+# constant scales and shifts folds into). Reassociates.
+_add("mul-add-const-distribute", L.mul(L.add(x, a), b), L.add(L.mul(x, b), L.mul(a, b)), L.is_const(a), L.is_const(b))
+# x - c => x + (-c) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above apply
+# (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
+_add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a))
+for _dt in (1, 11):
+    _add(
+        "div-const-to-mul",
+        L.div(x, a),
+        L.mul(x, L.reciprocal(a)),
+        L.is_const(a),
+        L.dtype(x) == i64(_dt),
+        variant=f"dtype{_dt}",
+    )
+# c*x => x*c and c+x => x+c for a constant c: one canonical side for every fold (exact).
+_add("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a))
+_add("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a))
+# x + x => x * 2 (exact): joins the Mul folds.
+_add("add-self", L.add(x, x), L.mul(x, L.Tensor.splat(f64(2.0), Vec[i64].empty(), dt)), L.dtype(x) == dt)
 # ---------------------------------------------------------------- factoring and negation
 # x*a + x*b => x*(a+b): one multiply instead of two.
 _add("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)))
@@ -56,6 +89,9 @@ _add("abs-neg", L.abs_(L.neg(x)), L.abs_(x))
 # relu(x) - relu(-x) => x (exact for every float: one of the two terms is zero).
 _add("relu-difference", L.sub(L.relu(x), L.relu(L.neg(x))), x)
 # reciprocal(reciprocal(x)) is x only up to rounding of 1/x; not included.
+# relu(f(x)) => f(x) where f is never negative (sigmoid, exp, abs; sqrt gives NaN or >= 0).
+for _name, _f in (("sigmoid", L.sigmoid), ("exp", L.exp), ("abs", L.abs_), ("sqrt", L.sqrt)):
+    _add("relu-nonnegative", L.relu(_f(x)), _f(x), variant=_name)
 
 # ---------------------------------------------------------------- MatMul and Gemm
 _2d = (L.shape(x) == sa, sa.length() == i64(2), L.shape(w) == sb, sb.length() == i64(2))
@@ -102,6 +138,19 @@ _add(
     L.transpose(L.matmul(x, w), _T),
     *_2d,
 )
+for _r in (3, 4):
+    # ... and for batched products (the last two axes swapped, batch axes kept).
+    _swap = Vec(*[i64(i) for i in range(_r - 2)], i64(_r - 1), i64(_r - 2))
+    _add(
+        "matmul-transposes",
+        L.matmul(L.transpose(w, _swap), L.transpose(x, _swap)),
+        L.transpose(L.matmul(x, w), _swap),
+        L.shape(x) == sa,
+        sa.length() == i64(_r),
+        L.shape(w) == sb,
+        sb.length() == i64(_r),
+        variant=f"batched{_r}",
+    )
 # x @ W^T + c => Gemm(transB=1): the transpose is free inside Gemm.
 _add(
     "gemm-fold-transpose-b",
@@ -182,6 +231,28 @@ for _n in (1, 2, 3):
             L.shape(a) == _scale_shape,
             variant=f"{_variant}-nobias-{_n}",
         )
+
+# Conv followed by a constant scalar scale folds into W and b (TASO's conv bilinearity with smul).
+_add(
+    "conv-mul-fold",
+    L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
+    L.conv(x, L.mul(w, a), L.mul(b, a), strides, pads, dil, group),
+    L.is_const(w),
+    L.is_const(a),
+    L.shape(a) == Vec[i64].empty(),
+    L.shape(b) == sb,
+    L.is_const(b),
+    variant="scalar",
+)
+_add(
+    "conv-mul-fold",
+    L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
+    L.conv(x, L.mul(w, a), L.Tensor.none(), strides, pads, dil, group),
+    L.is_const(w),
+    L.is_const(a),
+    L.shape(a) == Vec[i64].empty(),
+    variant="scalar-nobias",
+)
 
 # Conv bilinearity: conv(x, W1) + conv(x, W2) => conv(x, W1 + W2) (TASO): one conv instead of two.
 _add(

@@ -8,7 +8,7 @@ pair merges once, not in both orders. These rules run for ``Budgets.k_multi`` it
 
 from __future__ import annotations
 
-from egglog import Vec, i64, rule, union, vars_
+from egglog import Vec, f64, i64, rule, union, vars_
 
 from ..egraph import lang as L
 from .registry import RULES
@@ -55,6 +55,34 @@ _add(
     sx.length() >= i64(2),
     actions=[union(t1).with_(_p1), union(t2).with_(_p2)],
 )
+
+# Parallel Gemms x*W1 + b1, x*W2 + b2 with equal alpha/beta/transA (fully connected heads) => one
+# Gemm over [W1|W2] (or stacked rows under transB) and [b1|b2], split on the feature axis.
+a1, a2 = vars_("a1 a2", f64)
+ta, tb = vars_("ta tb", i64)
+for _tb, _waxis, _n1, _n2 in ((0, 1, s1[1], s2[1]), (1, 0, s1[0], s2[0])):
+    for _with_bias in (True, False):
+        _c1 = b1 if _with_bias else L.Tensor.none()
+        _c2 = b2 if _with_bias else L.Tensor.none()
+        _c = L.concat(L.tlist([b1, b2]), i64(0)) if _with_bias else L.Tensor.none()
+        _merged_gemm = L.gemm(x, L.concat(L.tlist([w1, w2]), i64(_waxis)), _c, a1, a2, ta, i64(_tb))
+        _g1, _g2 = _parts(_merged_gemm, i64(1), _n1, _n2)
+        _add(
+            "merge-parallel-gemm",
+            f"transb{_tb}-{'bias' if _with_bias else 'nobias'}",
+            t1 == L.gemm(x, w1, _c1, a1, a2, ta, i64(_tb)),
+            t2 == L.gemm(x, w2, _c2, a1, a2, ta, i64(_tb)),
+            *_ordered(w1, w2),
+            L.is_const(w1),
+            L.is_const(w2),
+            L.shape(w1) == s1,
+            L.shape(w2) == s2,
+            s1.length() == i64(2),
+            s2.length() == i64(2),
+            s1[1 - _waxis] == s2[1 - _waxis],
+            *((L.is_const(b1), L.is_const(b2), L.shape(b1) == Vec(_n1), L.shape(b2) == Vec(_n2)) if _with_bias else ()),
+            actions=[union(t1).with_(_g1), union(t2).with_(_g2)],
+        )
 
 # Parallel Convs with equal stride/padding/dilation and kernel size (Inception branches) => one
 # Conv over concatenated output channels, split on the channel axis.

@@ -180,6 +180,21 @@ PROOFS = {
         L.Tensor.ints(L.ivec([42]), 0),
         {},
     ),
+    "add-sub-const": (L.sub(L.add(X, A), B), L.add(X, L.sub(A, B)), {"x": (2, 3), "a": (3,), "b": (3,)}),
+    "sub-sub-const": (L.sub(L.sub(X, A), B), L.sub(X, L.add(A, B)), {"x": (2, 3), "a": (3,), "b": (3,)}),
+    "mul-div-const": (L.div(L.mul(X, A), B), L.mul(X, L.div(A, B)), {"x": (2, 3), "a": (3,), "b": (3,)}),
+    "div-div-const": (L.div(L.div(X, A), B), L.div(X, L.mul(A, B)), {"x": (2, 3), "a": (3,), "b": (3,)}),
+    "mul-add-const-distribute": (
+        L.mul(L.add(X, A), B),
+        L.add(L.mul(X, B), L.mul(A, B)),
+        {"x": (2, 3), "a": (3,), "b": (3,)},
+    ),
+    "sub-const-to-add": (L.sub(X, A), L.add(X, L.neg(A)), {"x": (2, 3), "a": (3,)}),
+    "div-const-to-mul": (L.div(X, A), L.mul(X, L.reciprocal(A)), {"x": (2, 3), "a": (3,)}),
+    "mul-const-commute": (L.mul(A, X), L.mul(X, A), {"x": (2, 3), "a": (3,)}),
+    "add-const-commute": (L.add(A, X), L.add(X, A), {"x": (2, 3), "a": (3,)}),
+    "add-self": (L.add(X, X), L.mul(X, L.Tensor.splat(2.0, L.ivec([]), F)), {"x": (2, 3)}),
+    "relu-nonnegative": (L.relu(L.sigmoid(X)), L.sigmoid(X), {"x": (2, 3)}),
 }
 CONSTS = ("a", "b", "w", "w2")
 
@@ -197,6 +212,8 @@ def test_every_rule_has_a_prove_test() -> None:
 def test_guards_hold() -> None:
     # Constant folding needs constants.
     refute(L.add(L.add(X, Y), Z), L.add(X, L.add(Y, Z)), {"x": (2, 3), "y": (3,), "z": (3,)})
+    # Division by a float16 constant stays a division (x * (1/c) rounds differently there).
+    refute(L.div(X, A), L.mul(X, L.reciprocal(A)), {"x": (2, 3), "a": (3,)}, CONSTS, {"x": TensorProto.FLOAT16, "a": TensorProto.FLOAT16})
     # Cast to another type stays.
     refute(L.cast(X, TensorProto.DOUBLE), X, {"x": (2, 3)})
     # A non-zero pad value does not fold into a Conv.

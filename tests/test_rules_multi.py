@@ -35,6 +35,22 @@ def test_prove_parallel_matmuls_merge() -> None:
         eg.check_fail(eq(L.matmul(X, w1)).to(L.split(swapped, L.Tensor.ints(L.ivec([6, 3]), 1), 2, 0, 1)))
 
 
+def test_prove_parallel_gemms_merge() -> None:
+    w1, w2, b1, b2 = (L.Tensor.weight(n) for n in ("w1", "w2", "b1", "b2"))
+    shapes = {"x": (2, 4), "w1": (3, 4), "w2": (5, 4), "b1": (3,), "b2": (5,)}
+
+    def gemm(w: L.Tensor, b: L.Tensor) -> L.Tensor:
+        return L.gemm(X, w, b, 1.0, 1.0, 0, 1)
+
+    with _egraph([gemm(w1, b1), gemm(w2, b2)], shapes, ("w1", "w2", "b1", "b2"), {}) as eg:
+        eg.register(union(L.tensor_ref(1)).with_(w1), union(L.tensor_ref(2)).with_(w2))
+        _run(eg, 2)
+        merged = L.gemm(X, L.concat(L.tlist([w1, w2]), 0), L.concat(L.tlist([b1, b2]), 0), 1.0, 1.0, 0, 1)
+        sizes = L.Tensor.ints(L.ivec([3, 5]), 1)
+        eg.check(eq(gemm(w1, b1)).to(L.split(merged, sizes, 1, 0, 0)))
+        eg.check(eq(gemm(w2, b2)).to(L.split(merged, sizes, 1, 0, 1)))
+
+
 def test_non_constant_weights_do_not_merge() -> None:
     y, z = L.Tensor.input("y"), L.Tensor.input("z")
     merged = L.matmul(X, L.concat(L.tlist([y, z]), 1))
@@ -94,6 +110,7 @@ def test_numeric_inception_block_merges_verify() -> None:
 def test_every_multi_rule_is_tested() -> None:
     assert set(multi.RULE_NAMES) == {
         "merge-parallel-matmul",
+        "merge-parallel-gemm",
         "merge-parallel-conv",
         "merge-enlarge-1x1-into-3x3",
     }

@@ -1,0 +1,250 @@
+"""Linear-op rules (TASO/TENSAT class): MatMul associativity and transposes of products, and
+constant scales, shifts and negations folded into MatMul/Gemm/Conv weights.
+
+Folding turns an elementwise op on activations into arithmetic on weights, which is computed
+once at export (LayerNorm's gamma/beta into the next projection, a Mul after a Gemm, a
+BatchNorm written out before a Linear). Rules that reassociate floating-point sums or products
+say so in their comment (results differ in the last bits, as TASO's do); no rule here is
+guarded by dtype because each is exact up to that rounding in every float type.
+"""
+
+from __future__ import annotations
+
+from egglog import Vec, f64, i64, vars_
+from egglog.egraph import FactLike
+
+from ..egraph import lang as L
+from .registry import ROOT as t
+from .registry import RULES, rewrite_rule
+
+FAMILY = "linear"
+
+x, y, z, w, v, b, c = vars_("x y z w v b c", L.Tensor)
+scale, bias, mean, var = vars_("scale bias mean var", L.Tensor)
+sx, sy, sz, sw, sv, so, strides, pads, dil = vars_("sx sy sz sw sv so strides pads dil", Vec[i64])
+ta, tb, group, dt = vars_("ta tb group dt", i64)
+alpha, beta, eps = vars_("alpha beta eps", f64)
+
+
+def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
+    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
+
+
+def _ints(*values: i64 | int) -> L.Tensor:
+    return L.Tensor.ints(Vec(*(i64(d) if isinstance(d, int) else d for d in values)), i64(1))
+
+
+def _swap_last(rank: int) -> Vec[i64]:
+    """The permutation that swaps the last two axes of a ``rank``-D tensor."""
+    return Vec(*[i64(i) for i in range(rank - 2)], i64(rank - 1), i64(rank - 2))
+
+
+_matrix_w = (L.is_const(w), L.shape(w) == sw, sw.length() == i64(2))
+"""A constant weight matrix ``w`` of shape ``sw = [K, N]``."""
+
+# ---------------------------------------------------------------- transposes of products
+for _rx, _rw in ((2, 2), (3, 3), (4, 4), (3, 2), (4, 2)):
+    # (x @ w)^T => w^T @ x^T over the last two axes (TASO): the transposes fold into constant
+    # operands or cancel against neighbouring ones (attention's K^T).
+    _add(
+        "transpose-matmul",
+        L.transpose(L.matmul(x, w), _swap_last(max(_rx, _rw))),
+        L.matmul(L.transpose(w, _swap_last(_rw)), L.transpose(x, _swap_last(_rx))),
+        L.shape(x) == sx,
+        sx.length() == i64(_rx),
+        L.shape(w) == sw,
+        sw.length() == i64(_rw),
+        variant=f"{_rx}-{_rw}",
+    )
+# Gemm(a, b)^T => Gemm(b, a) with the transpose flags swapped and flipped: the Transpose is free.
+_add(
+    "gemm-transpose-out",
+    L.transpose(L.gemm(x, y, L.Tensor.none(), alpha, beta, ta, tb), Vec(i64(1), i64(0))),
+    L.gemm(y, x, L.Tensor.none(), alpha, beta, i64(1) - tb, i64(1) - ta),
+)
+
+# ---------------------------------------------------------------- associativity
+_matrices = (
+    L.shape(x) == sx,
+    sx.length() == i64(2),
+    L.shape(y) == sy,
+    sy.length() == i64(2),
+    L.shape(z) == sz,
+    sz.length() == i64(2),
+)
+# (x @ y) @ z <=> x @ (y @ z) for matrices (TASO): the cheaper order depends on the shapes, so
+# both are offered to the extractor. Reassociates.
+_add(
+    "matmul-assoc",
+    L.matmul(L.matmul(x, y), z),
+    L.matmul(x, L.matmul(y, z)),
+    *_matrices,
+    variant="to-right",
+)
+_add(
+    "matmul-assoc",
+    L.matmul(x, L.matmul(y, z)),
+    L.matmul(L.matmul(x, y), z),
+    *_matrices,
+    variant="to-left",
+)
+
+# ---------------------------------------------------------------- scales and shifts into MatMul weights
+_k_col = _ints(sw[0], 1)
+for _variant, _v_shape, _w_scaled in (
+    ("vector", Vec(sw[0]), L.mul(w, L.reshape(v, _k_col, i64(0)))),
+    ("row", Vec(i64(1), sw[0]), L.mul(w, L.reshape(v, _k_col, i64(0)))),
+    ("scalar", Vec[i64].empty(), L.mul(w, v)),
+):
+    # (x * v) @ W => x @ (v[:, None] * W) for a constant per-input-feature scale v (LayerNorm's
+    # gamma before a projection): the Mul folds into the weight. Reassociates.
+    _add(
+        "matmul-input-scale-fold",
+        L.matmul(L.mul(x, v), w),
+        L.matmul(x, _w_scaled),
+        *_matrix_w,
+        L.is_const(v),
+        L.shape(v) == _v_shape,
+        L.shape(x) == sx,
+        L.shape(L.mul(x, v)) == sx,
+        variant=_variant,
+    )
+for _variant, _v_shape, _w_scaled in (
+    ("vector", Vec(sw[1]), L.mul(w, v)),
+    ("row", Vec(i64(1), sw[1]), L.mul(w, L.reshape(v, _ints(sw[1]), i64(0)))),
+    ("scalar", Vec[i64].empty(), L.mul(w, v)),
+):
+    # (x @ W) * v => x @ (W * v) for a constant per-output-feature scale v. Reassociates.
+    _add(
+        "matmul-output-scale-fold",
+        L.mul(L.matmul(x, w), v),
+        L.matmul(x, _w_scaled),
+        *_matrix_w,
+        L.is_const(v),
+        L.shape(v) == _v_shape,
+        L.shape(t) == so,
+        L.shape(L.matmul(x, w)) == so,
+        variant=_variant,
+    )
+for _variant, _v_shape in (("vector", Vec(sw[0])), ("row", Vec(i64(1), sw[0]))):
+    # (x + v) @ W => x @ W + v @ W for a constant shift v (LayerNorm's beta before a projection):
+    # v @ W folds, and the sum becomes a Gemm bias. Reassociates.
+    _add(
+        "matmul-input-shift-fold",
+        L.matmul(L.add(x, v), w),
+        L.add(L.matmul(x, w), L.matmul(L.reshape(v, _ints(sw[0]), i64(0)), w)),
+        *_matrix_w,
+        L.is_const(v),
+        L.shape(v) == _v_shape,
+        L.shape(x) == sx,
+        L.shape(L.add(x, v)) == sx,
+        variant=_variant,
+    )
+
+# ---------------------------------------------------------------- scales into Gemm weights and bias
+for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
+    _n = _ints(so[1])
+    _gemm_scale = (
+        L.is_const(w),
+        L.is_const(v),
+        L.shape(v) == Vec(so[1]),
+        L.shape(t) == so,
+        so.length() == i64(2),
+    )
+    # Gemm(x, W, c) * v => Gemm(x, W * v, c * v) for a constant per-output-feature scale v (ONNX
+    # keeps alpha/beta in float32, so the scale goes into the tensors, not into alpha). Reassociates.
+    _add(
+        "gemm-mul-fold",
+        L.mul(L.gemm(x, w, c, alpha, beta, ta, i64(_tb)), v),
+        L.gemm(
+            x,
+            L.mul(w, L.reshape(v, _col, i64(0))),
+            L.mul(c, L.reshape(v, _n, i64(0))),
+            alpha,
+            beta,
+            ta,
+            i64(_tb),
+        ),
+        *_gemm_scale,
+        L.is_const(c),
+        L.shape(c) == sz,
+        variant=f"transb{_tb}",
+    )
+    _add(
+        "gemm-mul-fold",
+        L.mul(L.gemm(x, w, L.Tensor.none(), alpha, beta, ta, i64(_tb)), v),
+        L.gemm(x, L.mul(w, L.reshape(v, _col, i64(0))), L.Tensor.none(), alpha, beta, ta, i64(_tb)),
+        *_gemm_scale,
+        variant=f"transb{_tb}-noc",
+    )
+
+# ---------------------------------------------------------------- scales into Conv weights
+for _n in (1, 2):
+    _per_in = _ints(1, sw[1], *[1] * _n)
+    for _variant, _v_shape in (
+        ("1c11", Vec(i64(1), sw[1], *[i64(1)] * _n)),
+        ("c11", Vec(sw[1], *[i64(1)] * _n)),
+    ):
+        # conv(x * v, W) => conv(x, W * v[None, :, None, None]) for a constant per-input-channel
+        # scale v (group 1; zero padding stays zero). Reassociates.
+        _add(
+            "conv-input-scale-fold",
+            L.conv(L.mul(x, v), w, b, strides, pads, dil, i64(1)),
+            L.conv(x, L.mul(w, L.reshape(v, _per_in, i64(0))), b, strides, pads, dil, i64(1)),
+            L.is_const(w),
+            L.is_const(v),
+            L.shape(w) == sw,
+            sw.length() == i64(_n + 2),
+            L.shape(v) == _v_shape,
+            L.shape(x) == sx,
+            L.shape(L.mul(x, v)) == sx,
+            variant=f"{_variant}-{_n}",
+        )
+_add(
+    "conv-input-scale-fold",
+    L.conv(L.mul(x, v), w, b, strides, pads, dil, group),
+    L.conv(x, L.mul(w, v), b, strides, pads, dil, group),
+    L.is_const(w),
+    L.is_const(v),
+    L.shape(v) == Vec[i64].empty(),
+    variant="scalar",
+)
+
+# ---------------------------------------------------------------- negation into weights
+# -x @ W => x @ (-W), conv(-x, W) => conv(x, -W), (-x) * c => x * (-c) for constant W, c: the
+# negation folds (exact).
+_add("neg-into-weights", L.matmul(L.neg(x), w), L.matmul(x, L.neg(w)), L.is_const(w), variant="matmul")
+_add(
+    "neg-into-weights",
+    L.conv(L.neg(x), w, b, strides, pads, dil, group),
+    L.conv(x, L.neg(w), b, strides, pads, dil, group),
+    L.is_const(w),
+    variant="conv",
+)
+_add("neg-into-weights", L.mul(L.neg(x), c), L.mul(x, L.neg(c)), L.is_const(c), variant="mul")
+
+# ---------------------------------------------------------------- BatchNormalization as an affine map
+for _r in (2, 3, 4):
+    _factor = L.div(scale, L.sqrt(L.add(var, L.Tensor.splat(eps, Vec[i64].empty(), dt))))
+    _per_channel = _ints(sx[1], *[1] * (_r - 2))
+    # BN(x) => x * f + (b - mean * f), f = scale / sqrt(var + eps), for constant statistics: the
+    # Mul and Add then fold into a neighbouring MatMul/Gemm/Conv (BN not after a Conv). Reassociates.
+    _add(
+        "batchnorm-to-affine",
+        L.batch_norm(x, scale, bias, mean, var, eps),
+        L.add(
+            L.mul(x, L.reshape(_factor, _per_channel, i64(0))),
+            L.reshape(L.sub(bias, L.mul(mean, _factor)), _per_channel, i64(0)),
+        ),
+        L.shape(x) == sx,
+        sx.length() == i64(_r),
+        L.dtype(var) == dt,
+        L.is_const(scale),
+        L.is_const(bias),
+        L.is_const(mean),
+        L.is_const(var),
+        variant=str(_r),
+    )
+
+RULE_NAMES = list(RULES.families[FAMILY])
+"""This family's rule names, in declaration order."""

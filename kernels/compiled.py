@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxsat.errors import OnnxsatError
 from onnxsat.lowering.lower import LoweringError, lower, value_inputs
+from onnxsat.options import Options
 
 from .executable import Executable, ExecutableStats
 from .jit import default_cache_dir
@@ -26,8 +28,16 @@ from .jit import default_cache_dir
 class CompiledModel:
     """Call with keyword arrays (``cm(x=...)``) or a dict (``cm({'x': ...})``); returns a dict."""
 
-    def __init__(self, model: onnx.ModelProto, threads: int | None = None, cache_dir: Path | str | None = "default"):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        threads: int | None = None,
+        cache_dir: Path | str | None = "default",
+        opt_level: int = 3,
+    ):
+        """``opt_level`` 0 skips LLVM's optimizations (much faster to compile, slower to run)."""
         self.model = model
+        self.opt_level = opt_level
         inits = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in inits]
         self.output_names = [o.name for o in model.graph.output]
@@ -36,6 +46,8 @@ class CompiledModel:
         self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self._executables: dict[Any, Executable] = {}
+        self.optimize_report: Any = None
+        """The ``onnxsat.optimize`` report when the model was optimized before compiling."""
         self._lock = threading.Lock()
         static = self._static_shapes()
         if static is not None and not self.value_inputs:
@@ -58,7 +70,7 @@ class CompiledModel:
             exe = self._executables.get(key)
             if exe is None:
                 program = lower(self.model, shapes, known)
-                exe = Executable(program, self.pool, self.threads, self.cache_dir)
+                exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level)
                 self._executables[key] = exe
         return exe
 
@@ -85,3 +97,33 @@ class CompiledModel:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False)
+
+
+class UnsupportedTargetError(OnnxsatError):
+    exit_code = 2
+
+
+def compile_model(
+    model: onnx.ModelProto,
+    target: str = "cpu",
+    options: Options | None = None,
+    *,
+    optimize: bool = True,
+    threads: int | None = None,
+    cache_dir: Path | str | None = "default",
+) -> CompiledModel:
+    """Optimize ``model`` (unless ``optimize=False``) and compile it to native kernels.
+
+    The optimized model is verified against the original by ``onnxsat.optimize`` before it is
+    lowered; ``CompiledModel.optimize_report`` keeps that report.
+    """
+    if target != "cpu":
+        raise UnsupportedTargetError(f"target {target!r} is not available (only 'cpu' is built)")
+    report = None
+    if optimize:
+        from onnxsat.pipeline import optimize as run_optimize
+
+        model, report = run_optimize(model, options)
+    compiled = CompiledModel(model, threads=threads, cache_dir=cache_dir)
+    compiled.optimize_report = report
+    return compiled

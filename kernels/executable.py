@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer
+from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, canonical, render
 from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, MatMulStep, StridedOperand
 
 from .arena import ArenaPlan, plan_arena
@@ -26,7 +26,7 @@ from .blas import gemm_function, matrix_layout
 from .codegen import build_module, kernel_signature
 from .jit import CompiledModule
 
-PARALLEL_MIN_COST = 30_000.0
+PARALLEL_MIN_COST = 1_000_000.0
 """Kernels estimated below this many scalar operations run on one thread."""
 
 
@@ -53,19 +53,24 @@ class Executable:
         threads: int,
         cache_dir: Path | None,
         module: CompiledModule | None = None,
+        symbols: dict[str, str] | None = None,
+        opt_level: int = 3,
     ):
-        """``module``: an already compiled module holding this program's kernels (several programs
-        can share one, see ``compile_together``); by default the kernels are compiled here."""
+        """``module``/``symbols``: an already compiled module holding this program's kernels and
+        each kernel's function name in it (programs can share one, see ``compile_together``); by
+        default the kernels are compiled here."""
         start = time.perf_counter()
         self.program = program
         self.pool = pool
         self.threads = threads
         kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
         if module is None and kernels:
-            module = CompiledModule(build_module(kernels), cache_dir)
+            module, symbols = compile_kernels(kernels, cache_dir, opt_level)
         self.module = module
+        self.symbols = symbols if symbols is not None else {k.name: k.name for k in kernels}
         proto = kernel_signature()
-        self.functions = {k.name: proto(self.module.address(k.name)) for k in kernels} if self.module else {}
+        addresses = {sym: module.address(sym) for sym in set(self.symbols.values())} if module else {}
+        self.functions = {k.name: proto(addresses[self.symbols[k.name]]) for k in kernels}
         io = {b.name for _, b in program.inputs} | {b.name for _, b in program.outputs} | set(program.constants)
         self.plan: ArenaPlan = plan_arena(program.steps, io)
         self.arena = np.zeros(self.plan.size + 64, dtype=np.uint8)
@@ -176,26 +181,25 @@ class Executable:
         return run
 
     def _fallback_runner(self, step: FallbackStep) -> Callable[[dict[str, np.ndarray]], None]:
+        """The node alone in a model (original tensor names, so subgraphs find what they read),
+        run by onnx's reference evaluator."""
         from onnx import helper
         from onnx.reference import ReferenceEvaluator
 
-        names = [f"i{k}" if b is not None else "" for k, b in enumerate(step.inputs)]
-        outs = [f"o{k}" for k in range(len(step.outputs))]
-        node = helper.make_node(step.node.op_type, names, outs, domain=step.node.domain)
-        node.attribute.extend(step.node.attribute)
+        feeds = [(t, b) for t, b in zip(step.node.input, step.inputs, strict=True) if t and b is not None]
+        feeds += [(t, b) for t, b in step.captures if t not in {n for n, _ in feeds}]
         vis = [
-            helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(NUMPY_DTYPES[b.dtype]), b.shape)
-            for nm, b in zip(names, step.inputs, strict=True)
-            if b is not None
+            helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(NUMPY_DTYPES[b.dtype]), b.shape)
+            for t, b in feeds
         ]
-        graph = helper.make_graph([node], "fallback", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
+        outs = [o for o in step.node.output if o]
+        graph = helper.make_graph([step.node], "fallback", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(step.node.domain, step.opset)])
         evaluator = ReferenceEvaluator(model)
-        in_names = [(nm, b.name) for nm, b in zip(names, step.inputs, strict=True) if b is not None]
         out_names = [b.name for b in step.outputs]
 
         def run(arrays: dict[str, np.ndarray]) -> None:
-            results = evaluator.run(None, {nm: arrays[bn] for nm, bn in in_names})
+            results = evaluator.run(None, {t: arrays[b.name] for t, b in feeds})
             for bn, value in zip(out_names, results, strict=True):
                 np.copyto(arrays[bn], np.asarray(value).reshape(arrays[bn].shape), casting="unsafe")
 
@@ -222,10 +226,22 @@ def _strided(base: np.ndarray, buf: Buffer, op: StridedOperand) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat[op.offset :], shape=op.shape, strides=tuple(s * item for s in op.strides))
 
 
-def rename_kernels(program: KernelProgram, prefix: str) -> KernelProgram:
-    """The same program with every kernel name prefixed (so programs can share one module)."""
-    steps = [KernelStep(replace(s.kernel, name=prefix + s.kernel.name)) if isinstance(s, KernelStep) else s for s in program.steps]
-    return replace(program, steps=steps)
+def compile_kernels(
+    kernels: list[Kernel], cache_dir: Path | None, opt_level: int = 3
+) -> tuple[CompiledModule, dict[str, str]]:
+    """One module holding each distinct kernel once: kernels that differ only in their buffers
+    (repeated layers) share a function. Returns the module and kernel name -> function name."""
+    by_text: dict[str, str] = {}
+    unique: list[Kernel] = []
+    symbols: dict[str, str] = {}
+    for kernel in kernels:
+        canon = canonical(kernel)
+        text = render(canon)
+        if text not in by_text:
+            by_text[text] = f"k{len(unique)}"
+            unique.append(replace(canon, name=by_text[text]))
+        symbols[kernel.name] = by_text[text]
+    return CompiledModule(build_module(unique), cache_dir, opt_level), symbols
 
 
 def compile_together(
@@ -238,5 +254,13 @@ def compile_together(
     """Executables for several programs from one LLVM module (one optimization and codegen run)."""
     renamed = [rename_kernels(p, f"m{i}_") for i, p in enumerate(programs)]
     kernels = [s.kernel for p in renamed for s in p.steps if isinstance(s, KernelStep)]
-    module = CompiledModule(build_module(kernels), cache_dir, opt_level) if kernels else None
-    return [Executable(p, pool, threads, cache_dir, module) for p in renamed]
+    if not kernels:
+        return [Executable(p, pool, threads, cache_dir) for p in renamed]
+    module, symbols = compile_kernels(kernels, cache_dir, opt_level)
+    return [Executable(p, pool, threads, cache_dir, module, symbols) for p in renamed]
+
+
+def rename_kernels(program: KernelProgram, prefix: str) -> KernelProgram:
+    """The same program with every kernel name prefixed (so programs can share one module)."""
+    steps = [KernelStep(replace(s.kernel, name=prefix + s.kernel.name)) if isinstance(s, KernelStep) else s for s in program.steps]
+    return replace(program, steps=steps)

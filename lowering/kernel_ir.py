@@ -362,3 +362,27 @@ def render(kernel: Kernel) -> str:
 
     stmts(kernel.body, 2)
     return "\n".join(lines)
+
+
+def _rename(node: object, mapping: dict[str, Buffer]) -> object:
+    """A copy of an IR node with buffers replaced by ``mapping`` (by name)."""
+    from dataclasses import fields, is_dataclass, replace
+
+    if isinstance(node, Buffer):
+        return mapping.get(node.name, node)
+    if isinstance(node, tuple):
+        return tuple(_rename(x, mapping) for x in node)
+    if is_dataclass(node) and not isinstance(node, type):
+        changes = {f.name: _rename(getattr(node, f.name), mapping) for f in fields(node)}
+        return replace(node, **changes)  # type: ignore[type-var]
+    return node
+
+
+def canonical(kernel: Kernel) -> Kernel:
+    """The kernel with its name and buffer names replaced by positional ones: two kernels that do
+    the same work on different buffers have equal canonical forms (compiled once)."""
+    mapping = {b.name: Buffer(f"a{i}", b.dtype, b.shape) for i, b in enumerate(kernel.params)}
+    body = _rename(kernel.body, mapping)
+    params = tuple(mapping[b.name] for b in kernel.params)
+    outputs = tuple(mapping[n].name for n in kernel.outputs)
+    return Kernel("k", params, outputs, kernel.parallel_var, kernel.parallel_extent, body, kernel.cost)  # type: ignore[arg-type]

@@ -17,6 +17,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxsat.errors import OnnxsatError
+
 from .kernel_ir import Buffer, dtype_of_numpy
 from .loops import buffers_of, materialize_kernel
 from .partition import PNode, partition
@@ -45,8 +47,10 @@ VALUE_SLOTS: dict[str, tuple[int, ...]] = {
 """Inputs whose *values* decide shapes: a compiled model is specialized on them."""
 
 
-class LoweringError(Exception):
+class LoweringError(OnnxsatError):
     """The model cannot be compiled as given (unknown shapes, data-dependent shapes, odd dtypes)."""
+
+    exit_code = 2
 
 
 def value_inputs(model: onnx.ModelProto) -> list[str]:
@@ -169,7 +173,7 @@ class Lowerer:
         if value.size == 1:
             item = value.reshape(-1)[0].item()
             return scalar(item, dt, tuple(value.shape))
-        key = f"{value.dtype}{value.shape}{hash(value.tobytes())}"
+        key = f"{value.dtype}{value.shape}{id(value)}"  # the same array object: one buffer
         buf = self.const_buffers.get(key)
         if buf is None:
             buf = Buffer(f"c{next(self.counter)}", dt, tuple(value.shape))
@@ -277,14 +281,19 @@ class Lowerer:
         for t in node.input:
             x = self.value(t)
             in_buffers.append(None if x is None else self.materialize(x, t).view.buffer)
-        shapes = _infer_output_shapes(node, self.opset, in_buffers, {t: self.consts[t] for t in node.input if t in self.consts})
+        captures = []
+        for t in sorted(_outer_references(node)):
+            x = self.value(t) if (t in self.lazies or t in self.consts) else None
+            if x is not None:
+                captures.append((t, self.materialize(x, t).view.buffer))
+        shapes = _infer_output_shapes(node, self.opset, in_buffers, {t: self.consts[t] for t in node.input if t in self.consts}, captures)
         outs = []
         for tensor, (shape, elem) in zip(node.output, shapes, strict=True):
             dt = ir_dtype(elem) if elem else "f32"
             buf = self.out_buffer(tensor, shape, dt)
             outs.append(buf)
             self.lazies[tensor] = of_buffer(buf)
-        self.emit(FallbackStep(node, self.opset, tuple(in_buffers), tuple(outs), reason))
+        self.emit(FallbackStep(node, self.opset, tuple(in_buffers), tuple(outs), reason, tuple(captures)))
         self.fallbacks[node.op_type] = self.fallbacks.get(node.op_type, 0) + 1
 
 
@@ -308,14 +317,34 @@ def _reference_run(node: onnx.NodeProto, opset: int, values: list[np.ndarray | N
     return [next(it) if o else None for o in outs]  # type: ignore[misc]
 
 
+def _outer_references(node: onnx.NodeProto) -> set[str]:
+    """Names the node's subgraphs read from the enclosing graph."""
+    found: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                for t in list(n.input) + sorted(_outer_references(n)):
+                    if t and t not in defined:
+                        found.add(t)
+                defined.update(n.output)
+            found.update(o.name for o in g.output if o.name not in defined)
+    return found
+
+
 def _infer_output_shapes(
-    node: onnx.NodeProto, opset: int, inputs: list[Buffer | None], consts: dict[str, np.ndarray]
+    node: onnx.NodeProto,
+    opset: int,
+    inputs: list[Buffer | None],
+    consts: dict[str, np.ndarray],
+    captures: list[tuple[str, Buffer]],
 ) -> list[tuple[tuple[int, ...], int]]:
     """Static output shapes/types of one node (onnx shape inference with constants propagated)."""
     from .kernel_ir import NUMPY_DTYPES
 
     vis, inits = [], []
-    for name, buf in zip(node.input, inputs, strict=True):
+    for name, buf in [*zip(node.input, inputs, strict=True), *captures]:
         if buf is None:
             continue
         if name in consts:

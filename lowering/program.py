@@ -50,6 +50,8 @@ class FallbackStep:
     inputs: tuple[Buffer | None, ...]
     outputs: tuple[Buffer, ...]
     reason: str
+    captures: tuple[tuple[str, Buffer], ...] = ()
+    """Outer-scope tensors its subgraphs (If/Loop bodies) read, by name."""
 
 
 Step = KernelStep | MatMulStep | FallbackStep
@@ -99,7 +101,7 @@ def step_buffers(step: Step) -> list[Buffer]:
         return list(step.kernel.params)
     if isinstance(step, MatMulStep):
         return [step.a.buffer, step.b.buffer, step.out]
-    return [b for b in step.inputs if b is not None] + list(step.outputs)
+    return [b for b in step.inputs if b is not None] + [b for _, b in step.captures] + list(step.outputs)
 
 
 def step_writes(step: Step) -> list[Buffer]:

@@ -259,3 +259,37 @@ def _batch_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         return Binary("add", Binary("mul", Binary("mul", Binary("sub", p, m), inv), s), bb)
 
     return [elementwise(bn, [x, *params], x.dtype)]
+
+
+_VARIADIC = {"Sum": "add", "Max": "max", "Min": "min", "Mean": "add"}
+
+
+@lowering(*_VARIADIC, kind="elementwise")
+def _variadic(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    parts = [x for x in xs if x is not None]
+    if len({x.dtype for x in parts}) != 1 or not is_float(parts[0].dtype):
+        raise NotLowered(f"{nv.op_type} of {[x.dtype for x in parts]}")
+    op = _VARIADIC[nv.op_type]
+    scale = 1.0 / len(parts) if nv.op_type == "Mean" else None
+
+    def fold(*values: Expr) -> Expr:
+        out = values[0]
+        for v in values[1:]:
+            out = Binary(op, out, v)
+        return out if scale is None else Binary("mul", out, c(scale, out))
+
+    return [elementwise(fold, parts, parts[0].dtype)]
+
+
+@lowering("Dropout", kind="elementwise")
+def _dropout(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    """Inference: the identity (a training-mode Dropout is random and is not lowered)."""
+    x = xs[0]
+    assert x is not None
+    training = nv.const(2) if nv.has(2) else None
+    if training is not None and bool(np.asarray(training).reshape(-1)[0]):
+        raise NotLowered("Dropout in training mode")
+    if nv.has(2) and training is None:
+        raise NotLowered("Dropout training_mode known only at run time")
+    mask = scalar(True, "bool", x.shape) if len(nv.outputs) > 1 and nv.outputs[1] else None
+    return [x, mask]

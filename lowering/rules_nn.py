@@ -114,25 +114,15 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if pointwise:
         col = reshape(x, (batch, group, ck, ohw))
     else:
+        # Windows laid out as [N, G, Cg, *kernel, *out]: every index is affine in the loop
+        # variables (no div/mod per element), and the innermost loop walks the output width.
 
         def im2col(idx: Index) -> Expr:
-            n, g, row, col_ = idx
-            c_in = row
-            offs: list[Expr] = []
-            rest = math.prod(kernel)
-            for kd in kernel:
-                rest //= kd
-                offs.append(mod(Binary("div", row, i64(rest)), kd) if rest > 1 else mod(row, kd))
-            c_in = Binary("div", row, i64(math.prod(kernel)))
-            ch = add(mul(g, i64(cg)), c_in)
-            pos_out: list[Expr] = []
-            rest = ohw
-            for od in out_sp:
-                rest //= od
-                pos_out.append(mod(Binary("div", col_, i64(rest)), od) if rest > 1 else mod(col_, od))
+            n, g, c_in = idx[0], idx[1], idx[2]
+            ks, os_ = idx[3 : 3 + n_sp], idx[3 + n_sp :]
             ok: Expr | None = None
-            src: list[Expr] = [n, ch]
-            for o, k, s, dil, b, d in zip(pos_out, offs, strides, dilations, begin, in_sp, strict=True):
+            src: list[Expr] = [n, add(mul(g, i64(cg)), c_in)]
+            for o, k, s, dil, b, d in zip(os_, ks, strides, dilations, begin, in_sp, strict=True):
                 q = add(add(mul(o, i64(s)), i64(-b)), mul(k, i64(dil)))
                 valid = Binary("and", Compare("ge", q, i64(0)), Compare("lt", q, i64(d)))
                 ok = valid if ok is None else Binary("and", ok, valid)
@@ -140,7 +130,8 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
             v = x.gen(src)
             return v if ok is None else Select(ok, v, Const(0.0, dt))
 
-        col = cx.materialize(general((batch, group, ck, ohw), dt, im2col, x.size + 20), "im2col")
+        windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, x.size + 20)
+        col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
     y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
     y = reshape(y, (batch, cout, *out_sp))

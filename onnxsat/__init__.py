@@ -1,7 +1,7 @@
 """onnxsat: an equality-saturation optimizer for ONNX tensor graphs.
 
-Public API: ``optimize(model, options) -> (model, report)``, ``Options``/``Budgets`` and
-``Report``. Everything else is internal.
+Public API: ``optimize(model, options) -> (model, report)``, ``compile(model, target) ->
+CompiledModel``, ``Options``/``Budgets`` and ``Report``. Everything else is internal.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .options import Budgets, Options
 from .report import Report
 
 __version__ = "0.1.0"
-__all__ = ["optimize", "Options", "Budgets", "Report", "__version__"]
+__all__ = ["optimize", "compile", "Options", "Budgets", "Report", "__version__"]
 
 
 def optimize(model, options=None):  # type: ignore[no-untyped-def]
@@ -18,3 +18,13 @@ def optimize(model, options=None):  # type: ignore[no-untyped-def]
     from .pipeline import optimize as _optimize
 
     return _optimize(model, options)
+
+
+def compile(model, target="cpu", options=None, *, optimize=True, threads=None):  # type: ignore[no-untyped-def]  # noqa: A001
+    """Optimize and compile an ONNX ModelProto to native kernels; see ``onnxsat.kernels.compiled``.
+
+    Returns a ``CompiledModel``: ``cm(input_name=array, ...)`` gives a dict of output arrays.
+    """
+    from .kernels.compiled import compile_model
+
+    return compile_model(model, target, options, optimize=optimize, threads=threads)

@@ -281,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="never run these rules or rule families (comma-separated, repeatable)",
     )
+    sel.add_argument(
+        "--enable-rules",
+        metavar="NAME,...",
+        type=_name_list_arg,
+        action="append",
+        default=[],
+        help="also run these default-off rules or families, e.g. partial (PET partial-equivalence rules,"
+        " each site verified at the model's shapes before it enters the e-graph)",
+    )
     _add_plugin_flags(sel)
     sel.add_argument(
         "--target",
@@ -399,6 +408,10 @@ def _plugin_cache_dir() -> str:
 
 def _add_rules_parser(sub: Any) -> None:
     """``onnxsat rules list|verify``: the rule table and the check of each rule egglog runs."""
+    from onnxsat.kernels.command import add_parser as add_compile_parser
+
+    add_compile_parser(sub)
+
     rules = sub.add_parser(
         "rules",
         help="list the rewrite rules, or verify them on generated instances",
@@ -478,6 +491,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         budgets=Budgets(**budget_changes),
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
+        enable_rules=_flatten(args.enable_rules),
         rule_files=tuple(args.rule_files),
         strict_plugins=args.strict_plugins,
         plugin_cache_dir=_plugin_cache_dir(),
@@ -692,6 +706,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run_rules(args)
         if args.command == "calibrate":
             return _run_calibrate(args)
+        if args.command == "compile":
+            from onnxsat.kernels.command import run as run_compile
+
+            return run_compile(args)
         return _run_optimize(args)
     except OnnxsatError as e:
         print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)

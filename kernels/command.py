@@ -1,0 +1,124 @@
+"""``onnxsat compile MODEL --target cpu [--bench]``: compile, check against onnxruntime, time.
+
+The compiled model is always checked against the original on onnxruntime with seeded random
+inputs (a mismatch exits with status 3); ``--bench`` adds an interleaved latency comparison
+(``onnxsat.latency``) against onnxruntime at ORT_ENABLE_ALL with the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from onnxsat.errors import BadInputError, VerificationError
+
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def add_parser(sub: Any) -> None:
+    """Register the ``compile`` subcommand on ``sub`` (the CLI's subparsers)."""
+    p = sub.add_parser(
+        "compile",
+        help="compile a model to native CPU kernels, check it against onnxruntime, optionally time it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("input", metavar="INPUT", help="the ONNX model to compile (read only)")
+    p.add_argument("--target", default="cpu", choices=["cpu"], help="code generation target (default: cpu)")
+    p.add_argument("--bench", action="store_true", help="time the compiled model against onnxruntime")
+    p.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds for --bench (default: 30)")
+    p.add_argument("--threads", type=int, default=None, help="threads for both sides (default: all cores)")
+    p.add_argument("--no-optimize", action="store_true", help="lower the model as given (skip onnxsat optimize)")
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME:D1,D2,...",
+        help="fix an input's shape (repeatable); needed for symbolic dims",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+    shapes = {}
+    for spec in specs:
+        name, _, dims = spec.rpartition(":")
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError as exc:
+            raise BadInputError(f"bad --input-shape {spec!r} (want NAME:D1,D2,...)") from exc
+        if not name:
+            raise BadInputError(f"bad --input-shape {spec!r} (want NAME:D1,D2,...)")
+    return shapes
+
+
+def _pin(model: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
+    """A copy of ``model`` whose listed inputs have the given static shapes."""
+    import onnx
+
+    if not shapes:
+        return model
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(model)
+    for vi in pinned.graph.input:
+        if vi.name in shapes:
+            dims = vi.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[vi.name]:
+                dims.add().dim_value = d
+    return pinned
+
+
+def run(args: argparse.Namespace) -> int:
+    from onnxsat.latency import compare_latency, ort_session
+    from onnxsat.modelio import load_model
+    from onnxsat.options import Options
+    from onnxsat.verification import make_inputs
+
+    from .compiled import compile_model
+
+    model = _pin(load_model(args.input), _shapes(args.input_shape))
+    threads = args.threads or os.cpu_count() or 1
+    compiled = compile_model(model, args.target, Options(), optimize=not args.no_optimize, threads=threads)
+    feeds = make_inputs(model, seed=0)
+    session = ort_session(model, level="all", threads=threads)
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    got = compiled(feeds)
+    errors: dict[str, float] = {}
+    for name, want in expected.items():
+        have = got[name]
+        if have.shape != np.shape(want):
+            raise VerificationError(name, float("inf"), f"shape {have.shape} != {np.shape(want)}")
+        err = float(np.max(np.abs(have.astype(np.float64) - np.asarray(want, np.float64)))) if have.size else 0.0
+        errors[name] = err
+        if not np.allclose(have, want, rtol=RTOL, atol=ATOL, equal_nan=True):
+            raise VerificationError(name, err, "compiled model differs from onnxruntime")
+    stats = compiled.stats(feeds)
+    result: dict[str, Any] = {
+        "model": args.input,
+        "target": args.target,
+        "kernels": stats.kernels,
+        "blas_calls": stats.blas_calls,
+        "fallbacks": stats.fallbacks,
+        "arena_bytes": stats.arena_bytes,
+        "compile_seconds": round(stats.compile_seconds, 3),
+        "max_abs_error": errors,
+    }
+    if args.bench:
+        cmp = compare_latency(lambda: session.run(None, feeds), lambda: compiled(feeds), rounds=args.rounds)
+        result["latency"] = {"onnxruntime_ms": cmp.baseline_ms, "compiled_ms": cmp.candidate_ms, **cmp.to_dict()}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"compiled {args.input} for {args.target}: {stats.kernels} kernels, {stats.blas_calls} BLAS calls, arena {stats.arena_bytes} bytes")
+        print(f"numpy fallbacks: {stats.fallbacks or 'none'}")
+        print("matches onnxruntime: " + ", ".join(f"{k} (max abs err {v:.2e})" for k, v in errors.items()))
+        if args.bench:
+            print(f"latency vs onnxruntime (ORT_ENABLE_ALL, {threads} threads): {cmp}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,72 @@
+"""Real models through the CPU lowering: every light model (seeded random weights) and every example
+compiles and matches onnxruntime.
+
+Light models compile without LLVM optimizations (``opt_level=0``) to keep the suite fast; the
+examples compile at O3, and one goes through the public ``onnxsat.compile`` (optimize, then lower).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import onnxsat
+from onnxsat.kernels.compiled import CompiledModel
+from tests.models import EXAMPLES, LIGHT_MODELS, expose_pre_softmax, load_light, randomize_weights
+from tests.test_examples_models import RUNNABLE, _random_feeds
+
+CHEAP_LIGHT = {"light_squeezenet.onnx", "light_shufflenet.onnx", "light_inception_v1.onnx"}
+"""The light models that compile and run in a few seconds; the others are marked slow."""
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+
+
+def _assert_matches(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for name, expected in want.items():
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_allclose(got[name], expected, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in CHEAP_LIGHT else pytest.mark.slow) for n in LIGHT_MODELS]
+)
+def test_light_model_matches_onnxruntime(name: str) -> None:
+    from onnxsat.verification import make_inputs
+
+    model = expose_pre_softmax(randomize_weights(load_light(name)))
+    feeds = make_inputs(model, seed=0)
+    compiled = CompiledModel(model, threads=1, cache_dir=None, opt_level=0)
+    _assert_matches(compiled(feeds), _ort(model, feeds))
+    assert not compiled.stats(feeds).fallbacks, "every op of the light models has a native lowering"
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_example_matches_onnxruntime(name: str) -> None:
+    model = onnx.load(str(EXAMPLES / f"{name}.onnx"))
+    compiled = CompiledModel(model, cache_dir=None)
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # control_flow takes both branches
+        feeds = _random_feeds(model, rng)
+        _assert_matches(compiled(feeds), _ort(model, feeds))
+
+
+def test_public_compile_optimizes_then_lowers() -> None:
+    model = onnx.load(str(EXAMPLES / "small_cnn.onnx"))
+    compiled = onnxsat.compile(model, target="cpu")
+    assert compiled.optimize_report is not None
+    feeds = _random_feeds(model, np.random.default_rng(1))
+    _assert_matches(compiled(**feeds), _ort(model, feeds))
+
+
+def test_unknown_target_is_a_clear_error() -> None:
+    from onnxsat.errors import OnnxsatError
+
+    with pytest.raises(OnnxsatError, match="target 'tpu'"):
+        onnxsat.compile(onnx.load(str(EXAMPLES / "small_cnn.onnx")), target="tpu")

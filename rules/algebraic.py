@@ -46,7 +46,16 @@ _add(
 # (x+a)-b => x+(a-b); (x-a)-b => x-(a+b); (x*a)/b => x*(a/b); (x/a)/b => x/(a*b). Reassociate.
 _add("add-sub-const", L.sub(L.add(x, a), b), L.add(x, L.sub(a, b)), L.is_const(a), L.is_const(b))
 _add("sub-sub-const", L.sub(L.sub(x, a), b), L.sub(x, L.add(a, b)), L.is_const(a), L.is_const(b))
-_add("mul-div-const", L.div(L.mul(x, a), b), L.mul(x, L.div(a, b)), L.is_const(a), L.is_const(b))
+# (x*a)/b => x*(a/b): floats only, as div-mul-const (integer Div truncates: (x*3)/2 is not x*(3/2)).
+_add(
+    "mul-div-const",
+    L.div(L.mul(x, a), b),
+    L.mul(x, L.div(a, b)),
+    L.is_const(a),
+    L.is_const(b),
+    L.dtype(x) == dt,
+    Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
+)
 _add("div-div-const", L.div(L.div(x, a), b), L.div(x, L.mul(a, b)), L.is_const(a), L.is_const(b))
 # (x+a)*b => x*b + a*b (TASO's distributivity, towards the affine form x*s + t every chain of
 # constant scales and shifts folds into). Reassociates.

@@ -281,15 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="never run these rules or rule families (comma-separated, repeatable)",
     )
-    sel.add_argument(
-        "--enable-rules",
-        metavar="NAME,...",
-        type=_name_list_arg,
-        action="append",
-        default=[],
-        help="also run these default-off rules or families, e.g. partial (PET partial-equivalence rules,"
-        " each site verified at the model's shapes before it enters the e-graph)",
-    )
     _add_plugin_flags(sel)
     sel.add_argument(
         "--target",
@@ -334,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rules_parser(sub)
     _add_calibrate_parser(sub)
+    from onnxsat.kernels.command import add_parser as add_compile_parser
+
+    add_compile_parser(sub)
     return parser
 
 
@@ -408,10 +402,6 @@ def _plugin_cache_dir() -> str:
 
 def _add_rules_parser(sub: Any) -> None:
     """``onnxsat rules list|verify``: the rule table and the check of each rule egglog runs."""
-    from onnxsat.kernels.command import add_parser as add_compile_parser
-
-    add_compile_parser(sub)
-
     rules = sub.add_parser(
         "rules",
         help="list the rewrite rules, or verify them on generated instances",
@@ -491,7 +481,6 @@ def options_from_args(args: argparse.Namespace) -> Options:
         budgets=Budgets(**budget_changes),
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
-        enable_rules=_flatten(args.enable_rules),
         rule_files=tuple(args.rule_files),
         strict_plugins=args.strict_plugins,
         plugin_cache_dir=_plugin_cache_dir(),

@@ -1,0 +1,184 @@
+"""The LLVM backend against the kernel IR's numpy interpreter, the math library against float64,
+the arena planner, the partitioner and the on-disk kernel cache."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxsat.kernels.arena import lifetimes, plan_arena
+from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.kernels.executable import compile_together
+from onnxsat.lowering.interpret import interpret
+from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, Load, Store, Unary, Var
+from onnxsat.lowering.lower import lower
+from onnxsat.lowering.partition import PNode, partition
+from onnxsat.lowering.program import KernelStep
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], outputs: list[str], opset: int = 18) -> onnx.ModelProto:
+    ins = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs.items()]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs]
+    return helper.make_model(helper.make_graph(nodes, "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
+
+
+FUSION_CASES = {
+    "bias-gelu": (
+        [helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Gelu", ["s"], ["y"])],
+        {"x": [3, 5, 8], "b": [8]},
+    ),
+    "transpose-softmax": (
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1]), helper.make_node("Softmax", ["t"], ["y"], axis=-1)],
+        {"x": [2, 6, 5]},
+    ),
+    "residual-layernorm": (
+        [
+            helper.make_node("Add", ["x", "r"], ["s"]),
+            helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"], axis=-1, epsilon=1e-5),
+        ],
+        {"x": [4, 16], "r": [4, 16], "g": [16], "b": [16]},
+    ),
+    "concat-pad-reduce": (
+        [
+            helper.make_node("Concat", ["x", "r"], ["c"], axis=1),
+            helper.make_node("Pad", ["c", "pads"], ["p"], mode="reflect"),
+            helper.make_node("ReduceSum", ["p", "axes"], ["y"], keepdims=0),
+        ],
+        {"x": [2, 3, 4], "r": [2, 2, 4]},
+    ),
+    "tanh-sigmoid-exp": (
+        [helper.make_node("Tanh", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Exp", ["s"], ["y"])],
+        {"x": [7, 9]},
+    ),
+}
+
+
+def _with_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.graph.initializer.extend(
+        [
+            helper.make_tensor("pads", TensorProto.INT64, [6], [0, 1, 0, 0, 1, 0]),
+            helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+        ]
+    )
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(FUSION_CASES))
+def test_llvm_kernels_agree_with_the_interpreter(name: str) -> None:
+    """Every kernel of a fused program gives the same buffer contents compiled and interpreted."""
+    nodes, inputs = FUSION_CASES[name]
+    model = _with_constants(_model(nodes, inputs, ["y"]))
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs.items()}
+    program = lower(model, {n: tuple(s) for n, s in inputs.items()})
+    (exe,) = compile_together([program], None, 1, None)
+    native = exe.run(feeds)
+    arrays = {**{b.name: np.array(v) for b, v in ((b, exe.fixed[b.name]) for b in program.buffers().values() if b.name in exe.fixed)}}
+    for tensor, buf in program.inputs:
+        arrays[buf.name] = feeds[tensor]
+    for _, buf in program.outputs:
+        arrays[buf.name] = np.zeros(buf.shape, NUMPY_DTYPES[buf.dtype])
+    for step in program.steps:
+        assert isinstance(step, KernelStep), "these programs need no BLAS"
+        interpret(step.kernel, arrays)
+    for tensor, buf in program.outputs:
+        np.testing.assert_allclose(native[tensor], arrays[buf.name], rtol=2e-5, atol=2e-6)
+
+
+def test_fusion_makes_one_kernel_per_chain() -> None:
+    nodes, inputs = FUSION_CASES["bias-gelu"]
+    program = lower(_model(nodes, inputs, ["y"]), {n: tuple(s) for n, s in inputs.items()})
+    assert sum(isinstance(s, KernelStep) for s in program.steps) == 1
+
+
+@pytest.mark.parametrize("op", ["exp", "erf", "tanh", "sigmoid"])
+def test_math_library_accuracy(op: str) -> None:
+    """The vectorizable float32 exp/erf/tanh against float64 references, over their whole range."""
+    x = np.concatenate([np.linspace(-12, 12, 4001), np.linspace(-1e-3, 1e-3, 101), [-100.0, 100.0, 0.0]]).astype(np.float32)
+    src = Buffer("x", "f32", x.shape)
+    dst = Buffer("y", "f32", x.shape)
+    p = Var("p")
+    kernel = Kernel("k", (src, dst), ("y",), "p", x.size, (Store(dst, p, Unary(op, Load(src, p))),))
+    program_free = compile_together([_one_kernel_program(kernel)], None, 1, None)[0]
+    got = program_free.run({"x": x})["y"]
+    x64 = x.astype(np.float64)
+    ref = {
+        "exp": np.exp(x64),
+        "erf": np.array([math.erf(v) for v in x64]),
+        "tanh": np.tanh(x64),
+        "sigmoid": 1.0 / (1.0 + np.exp(-x64)),
+    }[op]
+    with np.errstate(all="ignore"):
+        ref32 = ref.astype(np.float32)  # exp(100) is inf in float32
+        rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30)
+    normal = np.isfinite(ref32) & (np.abs(ref) >= np.finfo(np.float32).tiny)
+    assert np.max(rel[normal]) < 2e-6, f"{op}: worst relative error {np.max(rel[normal]):.2e}"
+    assert np.all(np.abs(got[~normal & np.isfinite(ref32)]) < 2 * np.finfo(np.float32).tiny)
+    assert np.array_equal(np.isinf(got), np.isinf(ref32))
+
+
+def _one_kernel_program(kernel: Kernel):  # type: ignore[no-untyped-def]
+    from onnxsat.lowering.program import KernelProgram
+
+    return KernelProgram([("x", kernel.params[0])], [("y", kernel.params[1])], [KernelStep(kernel)])
+
+
+def test_arena_reuses_dead_buffers_and_never_overlaps_live_ones() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"])]
+    nodes += [helper.make_node("MatMul", ["r", "w"], ["h2"]), helper.make_node("Relu", ["h2"], ["r2"])]
+    nodes += [helper.make_node("MatMul", ["r2", "w"], ["y"])]
+    model = _model(nodes, {"x": [8, 32], "w": [32, 32]}, ["y"])
+    program = lower(model, {"x": (8, 32), "w": (32, 32)})
+    io = {b.name for _, b in program.inputs + program.outputs}
+    plan = plan_arena(program.steps, io)
+    live = lifetimes(program.steps, io)
+    assert plan.size < plan.naive_size
+    items = list(live.items())
+    for i, (a, (ba, fa, la)) in enumerate(items):
+        for b, (bb, fb, lb) in items[i + 1 :]:
+            if not (la < fb or lb < fa):
+                oa, ob = plan.offsets[a], plan.offsets[b]
+                assert oa + ba.nbytes <= ob or ob + bb.nbytes <= oa, f"{a} and {b} overlap while both live"
+
+
+def test_partition_groups_chains_and_stores_shared_tensors() -> None:
+    nodes = [
+        PNode("n0", "elementwise", ("x",), ("a",)),
+        PNode("n1", "elementwise", ("a",), ("b",)),
+        PNode("n2", "reduce", ("b",), ("c",)),
+        PNode("n3", "elementwise", ("b", "c"), ("d",)),
+    ]
+    parts = partition(nodes, ["d"])
+    assert parts.roots == {"b", "c", "d"}  # b has two consumers; c is a reduction; d is the output
+    assert parts.groups["b"] == ["n0", "n1"]
+    assert parts.order.index("b") < parts.order.index("c") < parts.order.index("d")
+
+
+def test_compiled_kernels_are_cached_on_disk(tmp_path: Path) -> None:
+    nodes, inputs = FUSION_CASES["tanh-sigmoid-exp"]
+    model = _model(nodes, inputs, ["y"])
+    feeds = {"x": np.random.default_rng(0).standard_normal((7, 9)).astype(np.float32)}
+    first = CompiledModel(model, threads=1, cache_dir=tmp_path)
+    second = CompiledModel(model, threads=1, cache_dir=tmp_path)
+    assert not first.stats(feeds).cache_hit and second.stats(feeds).cache_hit
+    assert len(list(tmp_path.glob("*.o"))) == 1
+    np.testing.assert_array_equal(first(feeds)["y"], second(feeds)["y"])
+
+
+def test_inputs_are_not_modified_and_outputs_are_fresh() -> None:
+    nodes, inputs = FUSION_CASES["bias-gelu"]
+    model = _model(nodes, inputs, ["y"])
+    rng = np.random.default_rng(0)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs.items()}
+    before = {k: v.copy() for k, v in feeds.items()}
+    compiled = CompiledModel(model, threads=1, cache_dir=None)
+    y1 = compiled(feeds)["y"]
+    y2 = compiled(feeds)["y"]
+    assert y1 is not y2 and np.array_equal(y1, y2)
+    for k in feeds:
+        np.testing.assert_array_equal(feeds[k], before[k])

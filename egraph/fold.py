@@ -14,6 +14,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from onnxsat.modelio import serialized_size
+
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Relu", "Sigmoid", "Tanh", "Erf",
     "Reciprocal", "Abs", "Identity", "Cast", "Clip", "LeakyRelu", "Where", "Gelu",
@@ -59,7 +61,7 @@ def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: 
     first, and only if the file grew too much are large dense results left unfolded.
     """
     folded, count = _fold(model, max_dense_bytes=None)
-    if materialize or folded.ByteSize() <= original_bytes + _budget(original_bytes):
+    if materialize or serialized_size(folded) <= original_bytes + _budget(original_bytes):
         return folded, count
     return _fold(model, max_dense_bytes=SMALL_DENSE_BYTES)
 

@@ -25,6 +25,7 @@ from onnxsat.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
     "MAX_PROTO_BYTES",
+    "check_model_full",
     "check_output_path",
     "load_model",
     "save_model_atomic",
@@ -482,12 +483,32 @@ def save_model_atomic(
                 os.unlink(tmp)
 
 
+def check_model_full(model: ModelProto) -> None:
+    """`onnx.checker` with full_check, also past protobuf's 2 GiB limit.
+
+    The checker's C++ side cannot take such a proto in memory, so a large model is checked from a
+    temporary external-data copy (written next to nothing the user owns).
+    """
+    if serialized_size(model) <= MAX_PROTO_BYTES:
+        onnx.checker.check_model(model, full_check=True)
+        return
+    with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        save_model_atomic(model, path, external_data=True)
+        onnx.checker.check_model(str(path), full_check=True)
+
+
 def serialized_size(model: ModelProto) -> int:
     """Serialized size in bytes, or more than `MAX_PROTO_BYTES` when protobuf refuses to say."""
     try:
         return model.ByteSize()
     except Exception:  # protobuf raises instead of returning sizes past its 2 GiB limit
-        return MAX_PROTO_BYTES + 1
+        # Each tensor is below the limit on its own: the tensors plus the rest is close enough.
+        rest = ModelProto()
+        _copy_fields_except(model, rest, {"graph"})
+        _copy_fields_except(model.graph, rest.graph, {"initializer"})
+        tensors = sum(t.ByteSize() + 8 for t in model.graph.initializer)
+        return max(MAX_PROTO_BYTES + 1, rest.ByteSize() + tensors)
 
 
 def _serialize(model: ModelProto) -> bytes:

@@ -18,6 +18,7 @@ from onnxsat.errors import OnnxsatError, VerificationError
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
 from onnxsat.extract.serialized import serialize
+from onnxsat.modelio import check_model_full, serialized_size
 from onnxsat.options import Options
 from onnxsat.report import Report, VerificationSummary
 from onnxsat.rules.plugins import load_plugins
@@ -86,7 +87,7 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
     report.extraction_gap = graph.gap
     with _stage(report, "export", progress):
         exported = to_onnx(program, graph, allow_contrib_ops=options.allow_contrib_ops)
-        folded, _ = fold_constants(exported, model.ByteSize(), materialize=options.materialize_constants)
+        folded, _ = fold_constants(exported, serialized_size(model), materialize=options.materialize_constants)
     return folded
 
 
@@ -127,7 +128,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     model whose outputs differ from the original's.
     """
     options = options or Options()
-    report = Report(model_name=model.graph.name, file_bytes_before=model.ByteSize())
+    report = Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
     report.pinned_dims = _pins_by_input(model, options)
     report.nodes_before = _op_counts(model)
     report.warnings.extend(load_plugins(options))
@@ -143,7 +144,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         culprits = find_unsound_rules(model, options, enabled, exc.iteration)
         raise UnsoundRewriteError(culprits, exc.detail) from exc
     with _stage(report, "check", options.progress):
-        onnx.checker.check_model(optimized, full_check=True)
+        check_model_full(optimized)
     if options.verify:
         with _stage(report, "verify", options.progress):
             report.verification = _verify(model, optimized, options, enabled)
@@ -155,7 +156,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         with _stage(report, "measure", options.progress):
             optimized = keep_if_faster(model, optimized, options, report)
     report.nodes_after = _op_counts(optimized)
-    report.file_bytes_after = optimized.ByteSize()
+    report.file_bytes_after = serialized_size(optimized)
     return optimized, report
 
 

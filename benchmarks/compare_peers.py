@@ -1,0 +1,490 @@
+"""onnxsat against the ONNX optimizers people use today: onnxsim, onnxslim and onnxoptimizer.
+
+For every model of the suite (the nine ONNX light models with seeded random weights, every model
+in examples/, and any ONNX files on the command line) each tool optimizes the model in a fresh
+process (its wall time, default settings; onnxsat's includes its own verification). Then, in this
+process: node count, max abs error against the original on onnxruntime (ORT_DISABLE_ALL, seeded
+random inputs), and the latency ratio original/optimized at ORT_DISABLE_ALL, ORT_ENABLE_BASIC and
+ORT_ENABLE_ALL. Latency runs the original and every tool's result in the same interleaved rounds
+(order rotated each round, so load drift hits all alike); each ratio gets a percentile-bootstrap
+95% interval and a verdict from `onnxsat.latency` (win above 1.02, loss below 0.98, else tie).
+
+    pip install -e ".[bench]"
+    python benchmarks/compare_peers.py                       # writes benchmarks/results/peers.{md,json,png}
+    python benchmarks/compare_peers.py --only resnet50 --rounds 30 extra/model.onnx
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+TOOLS = ("onnxsat", "onnxsim", "onnxslim", "onnxoptimizer")
+LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
+# Above this max abs error (relative to the output's magnitude) a tool's result counts as wrong.
+ERROR_TOLERANCE = 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# child: one tool on one model, in a fresh process
+
+
+def _optimize_with(tool: str, model: onnx.ModelProto) -> onnx.ModelProto:
+    if tool == "onnxsat":
+        import onnxsat
+
+        return onnxsat.optimize(model, onnxsat.Options())[0]
+    if tool == "onnxsim":
+        import onnxsim
+
+        simplified, ok = onnxsim.simplify(model)
+        if not ok:
+            raise RuntimeError("onnxsim's own check failed")
+        return simplified
+    if tool == "onnxslim":
+        import onnxslim
+
+        return onnxslim.slim(model)
+    if tool == "onnxoptimizer":
+        import onnxoptimizer
+
+        return onnxoptimizer.optimize(model)
+    raise ValueError(f"unknown tool {tool}")
+
+
+def child_main(tool: str, src: str, dst: str, result: str) -> int:
+    """Load, optimize (timed), save; the parent reads ``result`` (JSON) and ``dst``."""
+    from onnxsat.errors import one_line
+
+    model = onnx.load(src)
+    out: dict[str, object] = {}
+    try:
+        start = time.perf_counter()
+        optimized = _optimize_with(tool, model)
+        out["seconds"] = time.perf_counter() - start
+        onnx.save(optimized, dst)
+        out["status"] = "ok"
+    except Exception as e:  # a peer failing on a model is a result, not a crash of the benchmark
+        out["status"] = f"failed: {type(e).__name__}: {one_line(e, 120)}"
+    Path(result).write_text(json.dumps(out))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# parent
+
+
+@dataclass
+class ToolResult:
+    """One tool on one model; latency maps a level to a `LatencyComparison.to_dict()`."""
+
+    status: str
+    seconds: float | None = None
+    nodes: int | None = None
+    max_abs_err: float | None = None
+    latency: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class ModelResult:
+    name: str
+    nodes: int
+    original_ms: dict[str, float] = field(default_factory=dict)
+    tools: dict[str, ToolResult] = field(default_factory=dict)
+    note: str = ""
+
+
+def build_suite(workdir: Path, extra: list[Path], only: list[str]) -> list[tuple[str, Path]]:
+    """The light models with seeded random weights (pre-softmax logits exposed), examples/*, extras."""
+    sys.path.insert(0, str(ROOT))
+    from tests.models import LIGHT_MODELS, expose_pre_softmax, load_light, randomize_weights
+
+    suite: list[tuple[str, Path]] = []
+    for path in [*sorted((ROOT / "examples").glob("*.onnx")), *extra]:
+        if only and not any(o in path.stem for o in only):
+            continue
+        suite.append((path.stem, path))
+    # Smallest first, so an interrupted run has covered as many models as it could.
+    for file_name in sorted(LIGHT_MODELS, key=lambda n: _light_cost(n)):
+        name = Path(file_name).stem.removeprefix("light_") + "-light"
+        if only and not any(o in name for o in only):
+            continue
+        path = workdir / f"{name}.onnx"
+        onnx.save(expose_pre_softmax(randomize_weights(load_light(file_name), seed=0)), str(path))
+        suite.append((name, path))
+    return suite
+
+
+def _light_cost(file_name: str) -> int:
+    """Approximate work of a light model: its weight count (read from the ConstantOfShape shapes)."""
+    from onnx import numpy_helper
+
+    from tests.models import load_light
+
+    model = load_light(file_name)
+    shapes = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    return sum(
+        int(np.prod(shapes[n.input[0]]))
+        for n in model.graph.node
+        if n.op_type == "ConstantOfShape" and n.input[0] in shapes
+    )
+
+
+def installed(tool: str) -> bool:
+    try:
+        __import__(tool)
+    except ImportError:
+        return False
+    return True
+
+
+def run_tool(tool: str, src: Path, workdir: Path, timeout: float) -> tuple[ToolResult, Path | None]:
+    dst = workdir / f"{src.stem}.{tool}.onnx"
+    result = workdir / f"{src.stem}.{tool}.json"
+    cmd = [sys.executable, __file__, "--child", tool, str(src), str(dst), str(result)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return ToolResult(f"timeout after {timeout:g} s"), None
+    if not result.exists():
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return ToolResult(f"crashed (exit {proc.returncode}): {tail[:120]}"), None
+    data = json.loads(result.read_text())
+    if data["status"] != "ok":
+        return ToolResult(data["status"]), None
+    return ToolResult("ok", seconds=data["seconds"]), dst
+
+
+def max_abs_error(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict) -> float:
+    """Largest |difference| over all outputs, relative to max(1, |reference|) per output."""
+    from onnxsat.verification import run_ort
+
+    ref, got = run_ort(original, feeds), run_ort(optimized, feeds)
+    if set(ref) != set(got):
+        return math.inf
+    worst = 0.0
+    for name, value in ref.items():
+        a, b = np.asarray(value, np.float64), np.asarray(got[name], np.float64)
+        if a.shape != b.shape:
+            return math.inf
+        if a.size:
+            scale = max(1.0, float(np.abs(a).max()))
+            worst = max(worst, float(np.abs(a - b).max()) / scale)
+    return worst
+
+
+def time_interleaved(fns: list, rounds: int, calls: int, warmup: int = 2) -> np.ndarray:
+    """Milliseconds, shape (len(fns), rounds): each round times every fn (median of ``calls``),
+    the starting fn rotating from round to round."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times = np.empty((len(fns), rounds))
+    for r in range(rounds):
+        for k in range(len(fns)):
+            i = (r + k) % len(fns)
+            samples = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                fns[i]()
+                samples.append(time.perf_counter() - t0)
+            times[i, r] = float(np.median(samples)) * 1e3
+    return times
+
+
+def measure_latency(
+    models: dict[str, onnx.ModelProto], feeds: dict, level: str, rounds: int, threads: int
+) -> tuple[float, dict[str, dict]]:
+    """Original's median ms and, per tool, original/tool ratio with its bootstrap CI and verdict."""
+    from onnxsat.latency import LatencyComparison, bootstrap_ratio_ci, ort_session
+
+    names = list(models)
+    runs = []
+    for name in names:
+        sess = ort_session(models[name], level=level, threads=threads)  # type: ignore[arg-type]
+        wanted = {i.name for i in sess.get_inputs()}
+        own = {k: v for k, v in feeds.items() if k in wanted}
+        runs.append(lambda s=sess, f=own: s.run(None, f))
+    t0 = time.perf_counter()
+    runs[0]()
+    one_call = time.perf_counter() - t0
+    calls = 1 if one_call > 0.05 else 3 if one_call > 0.005 else 5
+    times = time_interleaved(runs, rounds, calls)
+    base = times[0]
+    out: dict[str, dict] = {}
+    for i, name in enumerate(names[1:], start=1):
+        low, high = bootstrap_ratio_ci(base, times[i])
+        cmp = LatencyComparison(
+            baseline_ms=float(np.median(base)),
+            candidate_ms=float(np.median(times[i])),
+            ratio=float(np.median(base) / np.median(times[i])),
+            ci_low=low,
+            ci_high=high,
+            rounds=rounds,
+        )
+        out[name] = cmp.to_dict()
+    return float(np.median(base)), out
+
+
+def benchmark_model(
+    name: str, path: Path, tools: list[str], workdir: Path, args: argparse.Namespace
+) -> ModelResult:
+    from onnxsat.errors import one_line
+    from onnxsat.verification import make_inputs
+
+    original = onnx.load(str(path))
+    result = ModelResult(name=name, nodes=len(original.graph.node))
+    optimized: dict[str, onnx.ModelProto] = {}
+    for tool in tools:
+        print(f"  {tool} ...", file=sys.stderr, flush=True)
+        tr, out_path = run_tool(tool, path, workdir, args.timeout)
+        result.tools[tool] = tr
+        if out_path is not None:
+            optimized[tool] = onnx.load(str(out_path))
+            tr.nodes = len(optimized[tool].graph.node)
+    try:
+        feeds = make_inputs(original, seed=0)
+        from onnxsat.verification import run_ort
+
+        run_ort(original, feeds)
+    except Exception as e:
+        result.note = f"onnxruntime cannot run the original: {one_line(e, 100)}"
+        return result
+    runnable: dict[str, onnx.ModelProto] = {"original": original}
+    for tool, model in optimized.items():
+        try:
+            tr = result.tools[tool]
+            tr.max_abs_err = max_abs_error(original, model, feeds)
+            if tr.max_abs_err > ERROR_TOLERANCE:
+                tr.status = "wrong outputs"
+            else:
+                runnable[tool] = model
+        except Exception as e:
+            result.tools[tool].status = f"does not run: {one_line(e, 100)}"
+    for level in LEVELS:
+        print(f"  latency {LEVELS[level]} ...", file=sys.stderr, flush=True)
+        base_ms, ratios = measure_latency(runnable, feeds, level, args.rounds, args.threads)
+        result.original_ms[level] = base_ms
+        for tool, cmp in ratios.items():
+            result.tools[tool].latency[level] = cmp
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kib = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kib / 2**20:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    return (
+        f"{cpu}, {os.cpu_count()} logical CPUs{mem}{load} at start; {platform.system()} {platform.release()}"
+    )
+
+
+def versions(tools: list[str]) -> str:
+    names = ["onnxsat", "onnx", "onnxruntime"] + [t for t in tools if t != "onnxsat"]
+    dist = {"onnxsim": "onnxsim", "onnxslim": "onnxslim", "onnxoptimizer": "onnxoptimizer"}
+    parts = []
+    for n in names:
+        try:
+            parts.append(f"{n} {importlib.metadata.version(dist.get(n, n))}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{n} ?")
+    return ", ".join(parts) + f", Python {platform.python_version()}"
+
+
+def _cell_latency(tr: ToolResult, level: str) -> str:
+    c = tr.latency.get(level)
+    if c is None:
+        return "-"
+    return f"{c['ratio']:.3f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}] {c['verdict']}"
+
+
+def render_markdown(results: list[ModelResult], tools: list[str], header: dict[str, str]) -> str:
+    lines = [f"# onnxsat vs peers ({header['date']}, {header.get('progress', '')})", ""]
+    lines += [
+        f"- machine: {header['machine']}",
+        f"- versions: {header['versions']}",
+        f"- settings: {header['settings']}",
+        "",
+    ]
+    lines += [
+        "Latency cells: original/optimized median-latency ratio (above 1: the tool made the model faster), "
+        "[bootstrap 95% CI], verdict (win: CI above 1.02, loss: CI below 0.98, else tie). "
+        "Error: max abs difference to the original over all outputs, relative to max(1, |output|).",
+        "",
+    ]
+    cols = ["model", "tool", "time (s)", "nodes", "max err"] + [LEVELS[lv] for lv in LEVELS] + ["status"]
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "---|" * len(cols))
+    for r in results:
+        lines.append(
+            f"| **{r.name}** | original | | {r.nodes} | | "
+            + " | ".join(f"{r.original_ms[lv]:.2f} ms" if lv in r.original_ms else "-" for lv in LEVELS)
+            + f" | {r.note or 'baseline'} |"
+        )
+        for tool in tools:
+            tr = r.tools[tool]
+            secs = f"{tr.seconds:.2f}" if tr.seconds is not None else "-"
+            nodes = str(tr.nodes) if tr.nodes is not None else "-"
+            err = f"{tr.max_abs_err:.1e}" if tr.max_abs_err is not None else "-"
+            cells = [_cell_latency(tr, lv) for lv in LEVELS]
+            lines.append(
+                f"| | {tool} | {secs} | {nodes} | {err} | " + " | ".join(cells) + f" | {tr.status} |"
+            )
+    lines += ["", "## Geometric means over the models each tool optimized correctly", ""]
+    cols = ["tool", "models", "optimize time (s)", "nodes after/before"] + [
+        f"ratio {LEVELS[lv]}" for lv in LEVELS
+    ]
+    cols += [f"wins/ties/losses {LEVELS['all']}"]
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "---|" * len(cols))
+    for tool in tools:
+        ok = [r for r in results if r.tools[tool].status == "ok"]
+        g_time = geomean([r.tools[tool].seconds or 0.0 for r in ok])
+        g_nodes = geomean([(r.tools[tool].nodes or 0) / r.nodes for r in ok if r.nodes])
+        g_lat = [
+            geomean([r.tools[tool].latency[lv]["ratio"] for r in ok if lv in r.tools[tool].latency])
+            for lv in LEVELS
+        ]
+        verdicts = [r.tools[tool].latency["all"]["verdict"] for r in ok if "all" in r.tools[tool].latency]
+        wtl = f"{verdicts.count('win')}/{verdicts.count('tie')}/{verdicts.count('loss')}"
+        fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+        lines.append(
+            f"| {tool} | {len(ok)} | {fmt(g_time, '.2f')} | {fmt(g_nodes, '.3f')} | "
+            + " | ".join(fmt(v, ".3f") for v in g_lat)
+            + f" | {wtl} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[ModelResult], tools: list[str], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [r for r in results if r.original_ms]
+    fig, axes = plt.subplots(
+        len(LEVELS), 1, figsize=(max(8, 1.1 * len(measured) + 2), 3.2 * len(LEVELS)), sharex=True
+    )
+    width = 0.8 / len(tools)
+    x = np.arange(len(measured))
+    for ax, level in zip(axes, LEVELS, strict=True):
+        for k, tool in enumerate(tools):
+            vals, lo, hi = [], [], []
+            for r in measured:
+                c = r.tools[tool].latency.get(level)
+                vals.append(c["ratio"] if c else np.nan)
+                lo.append(c["ratio"] - c["ci_low"] if c else 0)
+                hi.append(c["ci_high"] - c["ratio"] if c else 0)
+            ax.bar(x + (k - (len(tools) - 1) / 2) * width, vals, width, yerr=[lo, hi], capsize=2, label=tool)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylabel("original / optimized")
+        ax.set_title(LEVELS[level], fontsize=10)
+    axes[-1].set_xticks(x, [r.name for r in measured], rotation=30, ha="right")
+    axes[0].legend(ncol=len(tools), fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", nargs="*", type=Path, help="extra ONNX files to add to the suite")
+    parser.add_argument(
+        "--only", action="append", default=[], help="keep suite models whose name contains this"
+    )
+    parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated tools (default: all four)")
+    parser.add_argument(
+        "--rounds", type=int, default=30, help="interleaved latency rounds (>= 30 for the issue)"
+    )
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads per session")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per tool per model")
+    parser.add_argument(
+        "--out", type=Path, default=RESULTS / "peers", help="writes OUT.md, OUT.json, OUT.png"
+    )
+    parser.add_argument("--child", nargs=4, metavar=("TOOL", "IN", "OUT", "RESULT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return child_main(*args.child)
+
+    tools = [t for t in args.tools.split(",") if t]
+    missing = [t for t in tools if not installed(t)]
+    if missing:
+        print(
+            f"skipping tools that are not installed: {', '.join(missing)} (pip install -e '.[bench]')",
+            file=sys.stderr,
+        )
+        tools = [t for t in tools if t not in missing]
+    header = {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "machine": machine_description(),
+        "versions": versions(tools),
+        "settings": f"{args.rounds} interleaved rounds, {args.threads} onnxruntime threads, default settings of every tool",
+    }
+    results: list[ModelResult] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="onnxsat-peers-") as tmp:
+        workdir = Path(tmp)
+        suite = build_suite(workdir, args.models, args.only)
+        for k, (name, path) in enumerate(suite, start=1):
+            print(f"{name}:", file=sys.stderr, flush=True)
+            results.append(benchmark_model(name, path, tools, workdir, args))
+            # Written after every model, so an interrupted run still leaves its finished rows.
+            header["progress"] = f"{k} of {len(suite)} models done"
+            markdown = write_results(results, tools, header, args.out)
+    print(markdown)
+    return 0
+
+
+def write_results(results: list[ModelResult], tools: list[str], header: dict[str, str], out: Path) -> str:
+    """OUT.md (table), OUT.json (every number) and OUT.png (latency ratios); returns the markdown."""
+    markdown = render_markdown(results, tools, header)
+    out.with_suffix(".md").write_text(markdown)
+    payload = {"header": header, "results": [asdict(r) for r in results]}
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    plot(results, tools, out.with_suffix(".png"), f"onnxsat vs peers, {header['date']}")
+    return markdown
+
+
+if __name__ == "__main__":
+    sys.exit(main())

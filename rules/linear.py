@@ -178,6 +178,43 @@ for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
         variant=f"transb{_tb}-noc",
     )
 
+# ---------------------------------------------------------------- scales and shifts into Gemm inputs
+# Gemm(x * v, W, c) => Gemm(x, v[:, None] * W, c) (W^T scaled per column under transB): a Linear
+# layer exported as Gemm after LayerNorm's gamma. Reassociates.
+for _tb, _k, _col in ((0, sw[0], _ints(sw[0], 1)), (1, sw[1], _ints(sw[1]))):
+    for _variant, _v_shape in (("vector", Vec(_k)), ("row", Vec(i64(1), _k))):
+        _add(
+            "gemm-input-scale-fold",
+            L.gemm(L.mul(x, v), w, c, alpha, beta, i64(0), i64(_tb)),
+            L.gemm(x, L.mul(w, L.reshape(v, _col, i64(0))), c, alpha, beta, i64(0), i64(_tb)),
+            *_matrix_w,
+            L.is_const(v),
+            L.shape(v) == _v_shape,
+            L.shape(x) == sx,
+            L.shape(L.mul(x, v)) == sx,
+            variant=f"transb{_tb}-{_variant}",
+        )
+# Gemm(x + v, W, c) => Gemm(x, W, c + v @ W) for a constant shift v (W^T under transB): LayerNorm's
+# beta folds into the bias. Only for alpha == beta == 1, the exported default. Reassociates.
+for _tb, _k, _w_kn in ((0, sw[0], w), (1, sw[1], L.transpose(w, Vec(i64(1), i64(0))))):
+    _shift = L.matmul(L.reshape(v, _ints(_k), i64(0)), _w_kn)
+    for _variant, _c, _c_new, _c_guards in (
+        ("bias", c, L.add(c, _shift), (L.is_const(c), L.shape(c) == sz, sz.length() <= i64(1))),
+        ("nobias", L.Tensor.none(), _shift, ()),
+    ):
+        _add(
+            "gemm-input-shift-fold",
+            L.gemm(L.add(x, v), w, _c, f64(1.0), f64(1.0), i64(0), i64(_tb)),
+            L.gemm(x, w, _c_new, f64(1.0), f64(1.0), i64(0), i64(_tb)),
+            *_matrix_w,
+            *_c_guards,
+            L.is_const(v),
+            L.shape(v) == Vec(_k),
+            L.shape(x) == sx,
+            L.shape(L.add(x, v)) == sx,
+            variant=f"transb{_tb}-{_variant}",
+        )
+
 # ---------------------------------------------------------------- scales into Conv weights
 for _n in (1, 2):
     _per_in = _ints(1, sw[1], *[1] * _n)
@@ -208,6 +245,39 @@ _add(
     L.is_const(v),
     L.shape(v) == Vec[i64].empty(),
     variant="scalar",
+)
+
+# conv(x + v, W, b) => conv(x, W, b + sum(W * v[None, :, None, None])) for a constant per-input-
+# channel shift v and no padding (padding would add the shift's zeros at the border): the Add folds
+# into the bias (group 1, 2-D). Reassociates.
+_unpadded = Vec(i64(0), i64(0), i64(0), i64(0))
+_shift_sum = L.reduce_sum(
+    L.mul(w, L.reshape(v, _ints(1, sw[1], 1, 1), i64(0))), _ints(1, 2, 3), i64(0), i64(0)
+)
+_conv_shift = (
+    L.is_const(w),
+    L.is_const(v),
+    L.shape(w) == sw,
+    sw.length() == i64(4),
+    L.shape(v) == Vec(i64(1), sw[1], i64(1), i64(1)),
+    L.shape(x) == sx,
+    L.shape(L.add(x, v)) == sx,
+)
+_add(
+    "conv-input-shift-fold",
+    L.conv(L.add(x, v), w, b, strides, _unpadded, dil, i64(1)),
+    L.conv(x, w, L.add(b, _shift_sum), strides, _unpadded, dil, i64(1)),
+    *_conv_shift,
+    L.is_const(b),
+    L.shape(b) == Vec(sw[0]),
+    variant="bias",
+)
+_add(
+    "conv-input-shift-fold",
+    L.conv(L.add(x, v), w, L.Tensor.none(), strides, _unpadded, dil, i64(1)),
+    L.conv(x, w, _shift_sum, strides, _unpadded, dil, i64(1)),
+    *_conv_shift,
+    variant="nobias",
 )
 
 # ---------------------------------------------------------------- negation into weights

@@ -75,6 +75,29 @@ PROOFS = {
         gemm(X, L.mul(W, L.reshape(A, ints(4, 1), 0)), L.mul(B, L.reshape(A, ints(4), 0)), 1),
         {"x": (2, 3), "w": (4, 3), "b": (4,), "a": (4,)},
     ),
+    "gemm-input-scale-fold": (
+        gemm(L.mul(X, A), W, B, 1),
+        gemm(X, L.mul(W, L.reshape(A, ints(3), 0)), B, 1),
+        {"x": (2, 3), "a": (3,), "w": (4, 3), "b": (4,)},
+    ),
+    "gemm-input-shift-fold": (
+        gemm(L.add(X, A), W, B),
+        gemm(X, W, L.add(B, L.matmul(L.reshape(A, ints(3), 0), W))),
+        {"x": (2, 3), "a": (3,), "w": (3, 4), "b": (4,)},
+    ),
+    "conv-input-shift-fold": (
+        L.conv(L.add(X, A), W, NONE, L.ivec([1, 1]), L.ivec([0, 0, 0, 0]), L.ivec([1, 1]), 1),
+        L.conv(
+            X,
+            W,
+            L.reduce_sum(L.mul(W, L.reshape(A, ints(1, 3, 1, 1), 0)), ints(1, 2, 3), 0, 0),
+            L.ivec([1, 1]),
+            L.ivec([0, 0, 0, 0]),
+            L.ivec([1, 1]),
+            1,
+        ),
+        {"x": (1, 3, 5, 5), "a": (1, 3, 1, 1), "w": (4, 3, 3, 3)},
+    ),
     "conv-input-scale-fold": (
         conv(L.mul(X, A), W),
         conv(X, L.mul(W, L.reshape(A, ints(1, 3, 1, 1), 0))),

@@ -49,6 +49,27 @@ def gemm_function(dtype: str) -> Callable[..., None] | None:
     return None
 
 
+@functools.cache
+def _thread_local_setter() -> Callable[[int], int] | None:
+    lib = _library()
+    fn = getattr(lib, "openblas_set_num_threads_local", None) if lib is not None else None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int]
+        fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+def single_threaded_blas() -> None:
+    """Make BLAS calls from the calling thread single-threaded (OpenBLAS's thread-local setting).
+
+    The runtime splits GEMMs over its own threads; OpenBLAS's spinning worker threads on top of
+    that cost far more than they give on a loaded machine. Other threads (numpy) are unaffected.
+    """
+    setter = _thread_local_setter()
+    if setter is not None:
+        setter(1)
+
+
 def blas_info() -> dict[str, str]:
     """Which BLAS library serves GEMM, for benchmark logs."""
     lib = _library()

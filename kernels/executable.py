@@ -22,12 +22,14 @@ from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, canonical, 
 from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, MatMulStep, StridedOperand
 
 from .arena import ArenaPlan, plan_arena
-from .blas import gemm_function, matrix_layout
+from .blas import gemm_function, matrix_layout, single_threaded_blas
 from .codegen import build_module, kernel_signature
 from .jit import CompiledModule
 
 PARALLEL_MIN_COST = 1_000_000.0
 """Kernels estimated below this many scalar operations run on one thread."""
+GEMM_SPLIT_FLOPS = 2_000_000.0
+"""GEMM steps below this many FLOPs run on one thread."""
 
 
 @dataclass
@@ -171,12 +173,35 @@ class Executable:
 
             return run_numpy
         (ta, lda), (tb, ldb) = a_layout, b_layout
-        calls = list(zip(a_offs, b_offs, range(0, max(len(a_offs), 1) * m * n, m * n), strict=False))
+        a_row = step.a.strides[-2]
+        units = [(ao, bo, co, m) for ao, bo, co in zip(a_offs, b_offs, range(0, len(a_offs) * m * n, m * n), strict=True)]
+        if len(units) < self.threads and m >= 2 * self.threads and 2.0 * m * n * k >= GEMM_SPLIT_FLOPS:
+            # Too few matrices to feed the threads: cut each into row blocks.
+            split = []
+            rows = math.ceil(m / self.threads)
+            for ao, bo, co, _ in units:
+                for r0 in range(0, m, rows):
+                    split.append((ao + r0 * a_row, bo, co + r0 * n, min(rows, m - r0)))
+            units = split
+        parallel = self.pool is not None and self.threads > 1 and len(units) > 1 and 2.0 * m * n * k * len(a_offs) >= GEMM_SPLIT_FLOPS
+        parts = [units[i :: self.threads] for i in range(self.threads)] if parallel else [units]
+        pool = self.pool
+
+        def work(arrays: dict[str, np.ndarray], part: list[tuple[int, int, int, int]]) -> None:
+            single_threaded_blas()
+            pa, pb, pc = arrays[a_name].ctypes.data, arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
+            for ao, bo, co, mm in part:
+                gemm(101, ta, tb, mm, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
 
         def run(arrays: dict[str, np.ndarray]) -> None:
-            pa, pb, pc = arrays[a_name].ctypes.data, arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
-            for ao, bo, co in calls:
-                gemm(101, ta, tb, m, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
+            if len(parts) == 1:
+                work(arrays, parts[0])
+                return
+            assert pool is not None
+            futures = [pool.submit(work, arrays, part) for part in parts[1:]]
+            work(arrays, parts[0])
+            for f in futures:
+                f.result()
 
         return run
 

@@ -1,0 +1,157 @@
+"""Kernel-level speed of the CPU backend, against what the memory and numpy can do in the same run.
+
+1. Fused elementwise chains (relu(a*b+c) and x*sigmoid(x)*s) at 1M and 16M floats: the compiled
+   kernel alone (output buffer preallocated, no Python allocation), reported as bytes moved per
+   second, against ``np.copyto`` moving the same number of bytes. Floor: >= 70% of that copy.
+2. GEMM 1024x1024x1024 float32: the compiled model's BLAS step against ``np.matmul`` on the
+   same threads (which BLAS numpy uses is logged via threadpoolctl). Floor: >= 80% of numpy.
+
+Timings are medians over interleaved rounds (kernel, reference, kernel, ...), so machine load
+hits both sides alike.
+
+    python benchmarks/kernels.py [--rounds 30] [--threads 2] [--out benchmarks/results/kernels.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], out: str, inits: list[onnx.TensorProto] | None = None) -> onnx.ModelProto:
+    ins = [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in inputs.items()]
+    graph = helper.make_graph(nodes, "bench", ins, [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)], inits or [])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _interleaved(fns: list[Callable[[], object]], rounds: int) -> list[float]:
+    """Median seconds per call of each function, rounds interleaved."""
+    times: list[list[float]] = [[] for _ in fns]
+    for f in fns:
+        f()
+    for r in range(rounds):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order:
+            start = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - start)
+    return [float(np.median(t)) for t in times]
+
+
+def _kernel_call(compiled: object, feeds: dict[str, np.ndarray]) -> Callable[[], None]:
+    """Run the compiled steps on preallocated buffers (what a fused graph spends in kernels)."""
+    exe = compiled.executable_for(feeds)  # type: ignore[attr-defined]
+    arrays = dict(exe.fixed)
+    for name, buf in exe.program.inputs:
+        arrays[buf.name] = feeds[name]
+    for _, buf in exe.program.outputs:
+        arrays[buf.name] = np.empty(buf.shape, np.float32)
+    runners = exe.runners
+
+    def call() -> None:
+        for run in runners:
+            run(arrays)
+
+    return call
+
+
+def elementwise(n: int, rounds: int, threads: int) -> list[str]:
+    from onnxsat.kernels.compiled import CompiledModel
+
+    rng = np.random.default_rng(0)
+    rows = []
+    chains = {
+        "relu(a*b+c)": (
+            [helper.make_node("Mul", ["a", "b"], ["m"]), helper.make_node("Add", ["m", "c"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+            ["a", "b", "c"],
+            [],
+        ),
+        "x*sigmoid(x)*s": (
+            [helper.make_node("Sigmoid", ["a"], ["g"]), helper.make_node("Mul", ["a", "g"], ["m"]), helper.make_node("Mul", ["m", "s"], ["y"])],
+            ["a"],
+            [numpy_helper.from_array(np.array(1.7, np.float32), "s")],
+        ),
+    }
+    for name, (nodes, ins, inits) in chains.items():
+        model = _model(nodes, {k: [n] for k in ins}, "y", inits)
+        feeds = {k: rng.standard_normal(n).astype(np.float32) for k in ins}
+        compiled = CompiledModel(model, threads=threads)
+        kernel = _kernel_call(compiled, feeds)
+        moved = 4 * n * (len(ins) + 1)
+        src = np.ones(moved // 8, np.float32)
+        dst = np.empty_like(src)
+        t_kernel, t_copy = _interleaved([kernel, lambda: np.copyto(dst, src)], rounds)  # noqa: B023
+        bw_k, bw_c = moved / t_kernel / 1e9, moved / t_copy / 1e9
+        ok = bw_k >= 0.7 * bw_c
+        rows.append(f"| {name} | {n:,} | {t_kernel * 1e3:.3f} | {bw_k:.2f} | {bw_c:.2f} | {bw_k / bw_c:.0%} | {'PASS' if ok else 'FAIL'} |")
+    return rows
+
+
+def gemm(size: int, rounds: int, threads: int) -> tuple[str, str]:
+    from onnxsat.kernels.compiled import CompiledModel
+
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((size, size)).astype(np.float32)
+    a = rng.standard_normal((size, size)).astype(np.float32)
+    model = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": [size, size]}, "y", [numpy_helper.from_array(b, "b")])
+    compiled = CompiledModel(model, threads=threads)
+    kernel = _kernel_call(compiled, {"a": a})
+    out = np.empty((size, size), np.float32)
+    info = "threadpoolctl not installed"
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        info = "; ".join(f"{d.get('internal_api')} {d.get('version')} {d.get('architecture')} threads={d.get('num_threads')}" for d in threadpool_info())
+        with threadpool_limits(threads):
+            t_ours, t_np = _interleaved([kernel, lambda: np.matmul(a, b, out=out)], rounds)
+    except ImportError:
+        t_ours, t_np = _interleaved([kernel, lambda: np.matmul(a, b, out=out)], rounds)
+    flops = 2.0 * size**3
+    ratio = t_np / t_ours
+    row = (
+        f"| {size}^3 | {t_ours * 1e3:.2f} | {flops / t_ours / 1e9:.1f} | {t_np * 1e3:.2f} | {flops / t_np / 1e9:.1f} | "
+        f"{ratio:.0%} | {'PASS' if ratio >= 0.8 else 'FAIL'} |"
+    )
+    return row, info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    lines = [
+        f"threads {args.threads}, medians of {args.rounds} interleaved rounds",
+        "",
+        "| chain | floats | kernel ms | kernel GB/s | copy GB/s (same bytes) | of copy | floor 70% |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for n in (1 << 20, 1 << 24):
+        lines += elementwise(n, args.rounds, args.threads)
+    row, info = gemm(1024, args.rounds, args.threads)
+    lines += [
+        "",
+        "| GEMM | compiled ms | GFLOP/s | numpy ms | GFLOP/s | of numpy | floor 80% |",
+        "|---|---|---|---|---|---|---|",
+        row,
+        "",
+        f"numpy BLAS (threadpoolctl): {info}",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0 if "FAIL" not in text else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -281,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="never run these rules or rule families (comma-separated, repeatable)",
     )
+    sel.add_argument(
+        "--enable-rules",
+        metavar="NAME,...",
+        type=_name_list_arg,
+        action="append",
+        default=[],
+        help="also run these default-off rules or families, e.g. partial (PET partial-equivalence rules,"
+        " each site verified at the model's shapes before it enters the e-graph)",
+    )
     _add_plugin_flags(sel)
     sel.add_argument(
         "--target",
@@ -481,6 +490,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         budgets=Budgets(**budget_changes),
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
+        enable_rules=_flatten(args.enable_rules),
         rule_files=tuple(args.rule_files),
         strict_plugins=args.strict_plugins,
         plugin_cache_dir=_plugin_cache_dir(),

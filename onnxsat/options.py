@@ -27,6 +27,8 @@ class Options:
     rules_only: tuple[str, ...] = ()
     """Run only these rules (names or family names); empty = all."""
     disable_rules: tuple[str, ...] = ()
+    enable_rules: tuple[str, ...] = ()
+    """Also run these default-off rules or families (``partial``: PET rules, verified at the model's shapes)."""
     rule_files: tuple[str, ...] = ()
     """Plugin files (``--rules``), each a Python file defining ``PLUGIN``; see docs/plugins.md."""
     entry_point_plugins: bool = True

@@ -7,6 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 
 import onnx
 from tqdm import tqdm
@@ -21,6 +22,9 @@ from onnxsat.extract.serialized import serialize
 from onnxsat.modelio import check_model_full, serialized_size
 from onnxsat.options import Options
 from onnxsat.report import Report, VerificationSummary
+from onnxsat.rules import RULES
+from onnxsat.rules.partial import FAMILY as PARTIAL_FAMILY
+from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used
 from onnxsat.rules.plugins import load_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, saturate, select_rules
 from onnxsat.verification import VerificationResult
@@ -78,11 +82,18 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
         before = serialize(program.egraph)
         roots = [before.roots[i] for i in range(len(program.outputs))]
         report.cost_before = extract_greedy(before, cost, roots).cost
+    partial: list[PartialRecord] = []
+    if any(RULES.family_of(n) == PARTIAL_FAMILY for n in enabled):
+        with _stage(report, "partial", progress):
+            partial = apply_partial_rules(program, before, enabled)
     with _stage(report, "saturate", progress, total=options.budgets.iterations) as step:
         report.saturation = saturate(program, options.budgets, enabled, on_iteration=lambda _: step())
     with _stage(report, "extract", progress):
         graph = _extract(program, cost, options)
     report.cost_after = graph.cost
+    if partial:
+        mark_used(partial, graph.choice(), graph.origins)
+        report.partial = [asdict(r) for r in partial]
     report.extractor = graph.method
     report.extraction_gap = graph.gap
     with _stage(report, "export", progress):
@@ -133,7 +144,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     report.nodes_before = _op_counts(model)
     report.warnings.extend(load_plugins(options))
     try:
-        enabled = select_rules(options.rules_only, options.disable_rules)
+        enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
     except ValueError as exc:
         raise OptionsError(str(exc)) from exc
     try:

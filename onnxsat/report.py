@@ -70,6 +70,9 @@ class Report:
     warnings: list[str] = field(default_factory=list)
     pinned_dims: dict[str, dict[str, int]] = field(default_factory=dict)
     """``--input-shape``: per input, the dims that were not fixed in the model (symbol or "dim K") -> value."""
+    partial: list[dict[str, Any]] = field(default_factory=list)
+    """PET partial rules: each site found (rule, shapes, emitted/rejected/too-large, boxes, and whether
+    the extracted program uses its mutant + correction)."""
     measured: dict[str, Any] | None = None
     """``--measure``: onnxruntime latency before/after (medians, 95% CI, verdict) and what shipped."""
 
@@ -119,6 +122,16 @@ class Report:
         fired = sat.rule_matches()
         if fired:
             lines.append("  rules fired      " + ", ".join(f"{k} x{v}" for k, v in fired.items() if v))
+        if self.partial:
+            emitted = [p for p in self.partial if p["status"] == "emitted"]
+            used = [p["rule"] for p in emitted if p["used"]]
+            skipped = len(self.partial) - len(emitted)
+            lines.append(
+                f"  partial rules    {len(emitted)} site(s) PET-verified and added"
+                + (f" ({', '.join(sorted(set(p['rule'] for p in emitted)))})" if emitted else "")
+                + (f", {skipped} not added (verification failed or correction too large)" if skipped else "")
+                + f"; extracted program uses: {', '.join(sorted(set(used))) or 'none'}"
+            )
         lines.append(f"  file size        {self.file_bytes_before:,} -> {self.file_bytes_after:,} bytes")
         v = self.verification
         lines.append(f"  verification     {v.status}" + (f" ({v.detail})" if v.detail else ""))

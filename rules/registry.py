@@ -6,7 +6,9 @@ enabled rules from it, and run reports map egglog rule names back to onnxsat nam
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from egglog import RewriteOrRule, Ruleset, eq, rule, ruleset, union, vars_
 from egglog.egraph import FactLike
@@ -26,6 +28,11 @@ class RuleTable:
     """onnxsat name -> relative tolerance of its verification, for rules whose result differs from the
     matched term by float32 rounding of a constant (fusions into ops with float32 attributes);
     every other rule is verified exact up to float64 rounding."""
+    custom: dict[str, tuple[Callable[[str], Any], str]] = field(default_factory=dict)
+    """onnxsat name -> (its own verifier, its pattern as text) for rules that are not egglog rules:
+    PET partial rules run as a verified pass (rules/partial.py) and are checked by PET's method."""
+    default_off: set[str] = field(default_factory=set)
+    """Families that run only when asked for (``--enable-rules``, or named in ``--rules-only``)."""
     _rulesets: dict[tuple[str, ...], Ruleset] = field(default_factory=dict)
 
     def add(self, family: str, name: str, built: RewriteOrRule, egg_name: str) -> None:
@@ -36,7 +43,17 @@ class RuleTable:
         self.egg_to_name[egg_name] = name
         self._rulesets.clear()
 
+    def add_custom(self, family: str, name: str, verifier: Callable[[str], Any], pattern: str) -> None:
+        """A rule applied outside egglog's rulesets, with its own verifier (no egglog rules)."""
+        names = self.families.setdefault(family, [])
+        if name not in names:
+            names.append(name)
+        self.egg_rules.setdefault(name, [])
+        self.custom[name] = (verifier, pattern)
+        self._rulesets.clear()
+
     def remove(self, name: str) -> None:
+        self.custom.pop(name, None)
         for egg_name, _ in self.egg_rules.pop(name, []):
             self.egg_to_name.pop(egg_name, None)
         for names in self.families.values():

@@ -39,8 +39,11 @@ def _rule_name(key: object) -> str:
     return RULES.name_of(str(getattr(key, "name", None) or key))
 
 
-def select_rules(rules_only: tuple[str, ...] = (), disable: tuple[str, ...] = ()) -> list[str]:
-    """Rule names enabled by ``--rules-only`` / ``--disable-rules`` (names or family names)."""
+def select_rules(
+    rules_only: tuple[str, ...] = (), disable: tuple[str, ...] = (), enable: tuple[str, ...] = ()
+) -> list[str]:
+    """Rule names enabled by ``--rules-only`` / ``--disable-rules`` / ``--enable-rules`` (names or
+    family names). Default-off families (``RuleTable.default_off``) run only when named."""
     known = RULES.names()
 
     def expand(items: tuple[str, ...]) -> set[str]:
@@ -54,7 +57,8 @@ def select_rules(rules_only: tuple[str, ...] = (), disable: tuple[str, ...] = ()
                 raise ValueError(f"unknown rule or family {item!r} (see `onnxsat rules list`)")
         return out
 
-    enabled = expand(rules_only) if rules_only else set(known)
+    enabled = expand(rules_only) if rules_only else set(known) - expand(tuple(RULES.default_off))
+    enabled |= expand(enable)
     enabled -= expand(disable)
     return [n for n in known if n in enabled]
 

@@ -1,0 +1,245 @@
+"""PET partial rules: each family's site verified by PET's method, proved into the e-graph, and
+numerically equal to the original on onnxruntime; wrong corrections are caught."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from egglog import eq, union
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxsat
+from onnxsat.egraph import lang as L
+from onnxsat.egraph.shapes import shape_rules
+from onnxsat.extract.serialized import serialize
+from onnxsat.rules import RULES
+from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules
+from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
+from onnxsat.rules.schedule import select_rules
+from onnxsat.rules.verify_partial import verify_partial_rule, verify_site
+
+from .prove import _egraph
+
+F = TensorProto.FLOAT
+
+
+def _ints(values: list[int]) -> L.Tensor:
+    return L.Tensor.ints(L.ivec(values), 1)
+
+
+def _sl(x: L.Tensor, axis: int, a: int, b: int) -> L.Tensor:
+    return L.slice_(x, _ints([a]), _ints([b]), _ints([axis]), L.Tensor.none())
+
+
+def _cat(items: list[L.Tensor], axis: int) -> L.Tensor:
+    return L.concat(L.tlist(items), axis)
+
+
+def _conv(x: L.Tensor, w: L.Tensor, pads: list[int], dil: int = 1) -> L.Tensor:
+    return L.conv(x, w, L.Tensor.none(), L.ivec([1, 1]), L.ivec(pads), L.ivec([dil, dil]), 1)
+
+
+# ---------------------------------------------------------------- rule table and verification
+def test_partial_family_is_listed_and_off_by_default() -> None:
+    assert set(RULE_NAMES) == set(RULES.families["partial"]) == set(PARTIAL_RULES)
+    assert not set(RULE_NAMES) & set(select_rules())
+    assert set(RULE_NAMES) <= set(select_rules(enable=("partial",)))
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_every_partial_rule_verifies_by_pet(name: str) -> None:
+    result = verify_partial_rule(name)
+    assert result.ok, result.detail
+    assert result.instances_fired >= 5
+
+
+def test_wrong_corrections_are_caught() -> None:
+    call = PARTIAL_RULES["conv-spatial-to-batch"].samples()[0]
+    good = spatial_to_batch_site("conv-spatial-to-batch", call)
+    assert good is not None and verify_site(good).ok and verify_site(good).differing_boxes > 0
+    # Corrections one row short on each side of the seam: differing boxes lie outside them.
+    short = spatial_to_batch_site("conv-spatial-to-batch", call, trim=1)
+    assert short is not None
+    verdict = verify_site(short)
+    assert not verdict.ok and "outside the corrected regions" in verdict.detail
+    # Declared slabs right, but the composite drops the correction: mutant != original there.
+    good.composites = list(good.mutants)
+    verdict = verify_site(good)
+    assert not verdict.ok and "mutant + correction != original" in verdict.detail
+
+
+def test_wrong_cuts_are_caught() -> None:
+    """A box grid too coarse for the mutant (one box per output) is caught by the full random test."""
+    call = PARTIAL_RULES["conv-spatial-to-batch"].samples()[0]
+    site = spatial_to_batch_site("conv-spatial-to-batch", call)
+    assert site is not None
+    site.cuts = [[[0, d] for d in call.out_shape]]
+    verdict = verify_site(site)
+    assert not verdict.ok and "wrong cuts" in verdict.detail
+
+
+# ---------------------------------------------------------------- prove: the composite joins the original's e-class
+def _prove(start: L.Tensor, goal: L.Tensor, leaves: dict[str, tuple[int, ...]], consts: tuple[str, ...], rule: str) -> None:
+    with _egraph([start], leaves, consts, {}) as eg:
+        refs = [union(L.tensor_ref(i)).with_((L.Tensor.weight if n in consts else L.Tensor.input)(n)) for i, n in enumerate(leaves)]
+        eg.register(*refs, union(L.tensor_ref(len(leaves))).with_(start))
+        eg.run(shape_rules.saturate())
+        records = apply_partial_rules(SimpleNamespace(egraph=eg), serialize(eg), [rule])
+        assert [r.status for r in records] == ["emitted"], records
+        eg.check(eq(start).to(goal))
+
+
+def test_prove_conv_spatial_to_batch() -> None:
+    x, w = L.Tensor.input("x"), L.Tensor.weight("w")
+    start = _conv(x, w, [1, 1, 1, 1])
+    stacked = _conv(_cat([_sl(x, 2, 0, 4), _sl(x, 2, 4, 8)], 0), w, [1, 1, 1, 1])
+    mutant = _cat([_sl(stacked, 0, 0, 1), _sl(stacked, 0, 1, 2)], 2)
+    halo = _conv(_sl(x, 2, 2, 6), w, [0, 1, 0, 1])  # rows 3, 4 from input rows 2..5
+    goal = _cat([_sl(mutant, 2, 0, 3), halo, _sl(mutant, 2, 5, 8)], 2)
+    _prove(start, goal, {"x": (1, 2, 8, 5), "w": (3, 2, 3, 3)}, ("w",), "conv-spatial-to-batch")
+
+
+def test_prove_pool_spatial_to_batch() -> None:
+    x = L.Tensor.input("x")
+
+    def pool(t: L.Tensor, pads: list[int]) -> L.Tensor:
+        return L.average_pool(t, L.ivec([3, 3]), L.ivec([1, 1]), L.ivec(pads), 0, 1)
+
+    start = pool(x, [1, 1, 1, 1])
+    stacked = pool(_cat([_sl(x, 2, 0, 4), _sl(x, 2, 4, 8)], 0), [1, 1, 1, 1])
+    mutant = _cat([_sl(stacked, 0, 0, 1), _sl(stacked, 0, 1, 2)], 2)
+    goal = _cat([_sl(mutant, 2, 0, 3), pool(_sl(x, 2, 2, 6), [0, 1, 0, 1]), _sl(mutant, 2, 5, 8)], 2)
+    _prove(start, goal, {"x": (1, 2, 8, 6)}, (), "pool-spatial-to-batch")
+
+
+def test_prove_conv_concat_width() -> None:
+    x1, x2, w = L.Tensor.input("x1"), L.Tensor.input("x2"), L.Tensor.weight("w")
+    pads = [1, 1, 1, 1]
+    y1, y2 = _conv(x1, w, pads), _conv(x2, w, pads)
+    with _egraph([y1, y2], {"x1": (1, 2, 4, 5), "x2": (1, 2, 4, 6), "w": (3, 2, 3, 3)}, ("w",), {}) as eg:
+        names = ["x1", "x2", "w"]
+        leaves = [L.Tensor.input("x1"), L.Tensor.input("x2"), L.Tensor.weight("w")]
+        eg.register(*[union(L.tensor_ref(i)).with_(t) for i, t in enumerate(leaves)])
+        eg.register(union(L.tensor_ref(len(names))).with_(y1), union(L.tensor_ref(len(names) + 1)).with_(y2))
+        eg.run(shape_rules.saturate())
+        records = apply_partial_rules(SimpleNamespace(egraph=eg), serialize(eg), ["conv-concat-width"])
+        assert [r.status for r in records] == ["emitted"]
+        both = _conv(_cat([x1, x2], 3), w, pads)  # width 11 -> 11 columns
+        goal1 = _cat([_sl(_sl(both, 3, 0, 5), 3, 0, 4), _conv(_sl(x1, 3, 3, 5), w, [1, 0, 1, 1])], 3)
+        goal2 = _cat([_conv(_sl(x2, 3, 0, 2), w, [1, 1, 1, 0]), _sl(_sl(both, 3, 5, 11), 3, 1, 6)], 3)
+        eg.check(eq(y1).to(goal1))
+        eg.check(eq(y2).to(goal2))
+
+
+def test_prove_dilated_conv_to_batch() -> None:
+    x, w = L.Tensor.input("x"), L.Tensor.weight("w")
+    start = _conv(x, w, [2, 2, 2, 2], dil=2)
+    phases = L.reshape(L.transpose(L.reshape(x, _ints([1, 2, 4, 2, 4, 2]), 0), L.ivec([3, 5, 0, 1, 2, 4])), _ints([4, 2, 4, 4]), 0)
+    plain = _conv(phases, w, [1, 1, 1, 1])
+    goal = L.reshape(L.transpose(L.reshape(plain, _ints([2, 2, 1, 3, 4, 4]), 0), L.ivec([2, 3, 4, 0, 5, 1])), _ints([1, 3, 8, 8]), 0)
+    _prove(start, goal, {"x": (1, 2, 8, 8), "w": (3, 2, 3, 3)}, ("w",), "dilated-conv-to-batch")
+
+
+def test_prove_matmul_batch_to_gemm() -> None:
+    a, b = L.Tensor.input("a"), L.Tensor.weight("b")
+    goal = L.reshape(L.matmul(L.reshape(a, _ints([6, 4]), 0), b), _ints([2, 3, 5]), 0)
+    _prove(L.matmul(a, b), goal, {"a": (2, 3, 4), "b": (4, 5)}, ("b",), "matmul-batch-to-gemm")
+
+
+# ---------------------------------------------------------------- numeric: models on onnxruntime
+def _model(nodes: list, inputs: dict[str, list[int]], outputs: dict[str, list[int]], weights: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in weights.items()]
+    graph = helper.make_graph(
+        nodes,
+        "partial",
+        [helper.make_tensor_value_info(n, F, s) for n, s in inputs.items()],
+        [helper.make_tensor_value_info(n, F, s) for n, s in outputs.items()],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+MODELS = {
+    "conv-spatial-to-batch": lambda: _model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])], {"x": [1, 3, 16, 12]}, {"y": [1, 4, 16, 12]}, {"w": (4, 3, 3, 3), "b": (4,)}
+    ),
+    "pool-spatial-to-batch": lambda: _model(
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])], {"x": [1, 3, 16, 16]}, {"y": [1, 3, 8, 8]}, {}
+    ),
+    "conv-concat-width": lambda: _model(
+        [helper.make_node("Conv", [x, "w", "b"], [y], pads=[1, 1, 1, 1]) for x, y in (("x1", "y1"), ("x2", "y2"))],
+        {"x1": [1, 3, 8, 10], "x2": [1, 3, 8, 12]}, {"y1": [1, 4, 8, 10], "y2": [1, 4, 8, 12]}, {"w": (4, 3, 3, 3), "b": (4,)},
+    ),
+    "dilated-conv-to-batch": lambda: _model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2])], {"x": [1, 3, 12, 12]}, {"y": [1, 4, 12, 12]}, {"w": (4, 3, 3, 3)}
+    ),
+    "matmul-batch-to-gemm": lambda: _model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": [2, 5, 8]}, {"y": [2, 5, 6]}, {"b": (8, 6)}
+    ),
+}
+
+
+def _site_model(site, original: onnx.ModelProto) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
+    """The site's composites as an ONNX model over the original's tensors (float32), via onnxsat's exporter."""
+    from onnxsat.egraph.exporter import to_onnx
+    from onnxsat.egraph.program import Program
+    from onnxsat.rules.rule_instances import term_graph
+
+    weights = {t.name: t for t in original.graph.initializer}
+    rename = {name: leaf for name, (leaf, _, _) in site.leaves.items()}
+    graph = term_graph(*site.composites)
+    nodes = []
+    for eclass, node in graph.nodes:
+        if node.op == "Tensor.input" and rename[node.args[0]] in weights:
+            node = type(node)("Tensor.weight", (rename[node.args[0]],))
+        elif node.op == "Tensor.input":
+            node = type(node)("Tensor.input", (rename[node.args[0]],))
+        nodes.append((eclass, node))
+    graph.nodes = nodes
+    program = Program(
+        egraph=None,  # type: ignore[arg-type]
+        model=original,
+        opset=17,
+        outputs=[(o.name, L.Tensor.none()) for o in original.graph.output],
+        names=[],
+        weights=weights,
+        opaque={},
+        symbols={},
+        true_inputs=[i.name for i in original.graph.input],
+        overridable=set(),
+    )
+    return to_onnx(program, graph)
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_numeric_partial_rule_on_a_model(name: str) -> None:
+    """The optimizer verifies and adds the site; its composite, exported as ONNX, matches the model on onnxruntime."""
+    model = MODELS[name]()
+    out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=(name,)))
+    assert report.verification.status == "passed"
+    assert [p["status"] for p in report.partial] == ["emitted"], report.partial
+    from onnxsat.egraph.importer import from_onnx
+    from onnxsat.rules.partial import find_sites
+
+    program = from_onnx(model)
+    eg = serialize(program.egraph)
+    (site,) = find_sites([name], eg)
+    # Leaves named by e-class: map them back to the model's tensor names.
+    site.leaves = {n: (program.names[eg.origins[c]], s, d) for n, (c, s, d) in site.leaves.items()}
+    composite = _site_model(site, model)
+    onnx.checker.check_model(composite, full_check=True)
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in model.graph.input}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ort.InferenceSession(composite.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    ops = {n.op_type for n in composite.graph.node}
+    assert ops - {"Conv", "MaxPool", "MatMul"}, ops  # really the mutant form, not the original op alone
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost import CostModel, NodeCtx, known_dims
-from .serialized import CONST_LEAVES, ENode, SerializedEGraph
+from .serialized import CONST_LEAVES, ENode, Ref, SerializedEGraph, gc_paused
 
 INF = float("inf")
 DAG_PASS_MAX_CLASSES = 60_000
@@ -86,7 +86,8 @@ class _Pricer:
         self.eg, self.cost, self.const = eg, cost, const
         self.cache: dict[int, tuple[ENode, float]] = {}
         self.class_ops: dict[str, frozenset[str]] = {}
-        self._shapes: dict[str, tuple[int, ...] | None] = {}
+        self._class_info: dict[str, tuple[tuple[int, ...] | None, int | None, frozenset[str], bool]] = {}
+        self.by_signature: dict[tuple[object, ...], float] = {}
 
     def ops_of(self, eclass: str) -> frozenset[str]:
         """Every op an e-class can be computed by (what ORT may fuse a consumer into)."""
@@ -95,10 +96,14 @@ class _Pricer:
             ops = self.class_ops[eclass] = frozenset(n.op for n in self.eg.classes.get(eclass, ()))
         return ops
 
-    def _shape(self, eclass: str) -> tuple[int, ...] | None:
-        if eclass not in self._shapes:
-            self._shapes[eclass] = known_dims(self.eg.shapes.get(eclass))
-        return self._shapes[eclass]
+    def _info(self, eclass: str) -> tuple[tuple[int, ...] | None, int | None, frozenset[str], bool]:
+        """What the cost model sees of an e-class: shape (known dims), dtype, ops, constness."""
+        info = self._class_info.get(eclass)
+        if info is None:
+            shape = known_dims(self.eg.shapes.get(eclass))
+            info = (shape, self.eg.dtypes.get(eclass), self.ops_of(eclass), eclass in self.const)
+            self._class_info[eclass] = info
+        return info
 
     def __call__(self, eclass: str, node: ENode) -> float:
         # Keyed by identity (nodes live in ``eg.classes`` for the pricer's lifetime); the node is
@@ -107,21 +112,19 @@ class _Pricer:
         if hit is not None and hit[0] is node:
             return hit[1]
         children = node.children
-        const = self.const
-        node_const = node.op in CONST_LEAVES or (
-            eclass in const and node.op != "opaque" and all(c in const for c in children)
+        op = node.op
+        shape, dtype, ops, const = (
+            zip(*map(self._info, children), strict=True) if children else ((), (), (), ())
         )
-        ctx = NodeCtx(
-            node=node,
-            out_shape=self._shape(eclass),
-            out_dtype=self.eg.dtypes.get(eclass),
-            in_shapes=[self._shape(c) for c in children],
-            in_dtypes=[self.eg.dtypes.get(c) for c in children],
-            is_const=node_const,
-            in_ops=tuple(self.ops_of(c) for c in children),
-            in_const=tuple(c in const for c in children),
-        )
-        value = max(0.0, float(self.cost.node_cost(ctx)))
+        out_shape, out_dtype, _, out_const = self._info(eclass)
+        node_const = op in CONST_LEAVES or (out_const and op != "opaque" and all(const))
+        # Nodes that agree on everything the cost model sees cost the same (saturation makes many).
+        literals = tuple(a for a in node.args if not isinstance(a, Ref))
+        signature = (op, literals, out_shape, out_dtype, shape, dtype, node_const, ops, const)
+        value = self.by_signature.get(signature)
+        if value is None:
+            ctx = NodeCtx(node, out_shape, out_dtype, list(shape), list(dtype), node_const, ops, const)
+            value = self.by_signature[signature] = max(0.0, float(self.cost.node_cost(ctx)))
         self.cache[id(node)] = (node, value)
         return value
 
@@ -141,20 +144,24 @@ class _Indexed:
         self.parents: list[list[int]] = [[] for _ in self.names]
         self.prices: list[float] = []
         missing = len(self.names)  # children without a class: an index no class has
+        nodes, node_class, all_kids, all_distinct = self.nodes, self.node_class, self.kids, self.distinct
+        parents, prices, get = self.parents, self.prices, index.get
         for ci, eclass in enumerate(self.names):
             own = []
             for node in eg.classes[eclass]:
-                n = len(self.nodes)
-                kids = tuple(index.get(k, missing) for k in node.children)
-                distinct = tuple(dict.fromkeys(kids))
-                self.nodes.append(node)
-                self.node_class.append(ci)
-                self.kids.append(kids)
-                self.distinct.append(distinct)
-                self.prices.append(price(eclass, node))
+                n = len(nodes)
+                kids = tuple([get(k, missing) for k in node.children])
+                distinct = (
+                    kids if len(kids) < 2 or len(set(kids)) == len(kids) else tuple(dict.fromkeys(kids))
+                )
+                nodes.append(node)
+                node_class.append(ci)
+                all_kids.append(kids)
+                all_distinct.append(distinct)
+                prices.append(price(eclass, node))
                 for k in distinct:
                     if k != missing:
-                        self.parents[k].append(n)
+                        parents[k].append(n)
                 own.append(n)
             self.class_nodes.append(own)
 
@@ -193,18 +200,24 @@ def _dag_choice(ix: _Indexed, start: list[int], order: list[int]) -> list[int]:
     n_classes = len(ix.names)
     sets = [0] * (n_classes + 1)  # 0 = no sub-DAG yet (a computed one always holds its own bit)
     totals = [INF] * (n_classes + 1)
-    member = np.zeros(n_classes + 1)
+    member = [0.0] * (n_classes + 1)
     choice = list(start)
-    prices = ix.prices
+    prices, distinct, class_nodes = ix.prices, ix.distinct, ix.class_nodes
     for _ in range(3):
         changed = False
         for c in order:
-            bit = 1 << c
-            for n in ix.class_nodes[c]:
-                kids = ix.distinct[n]
-                if any(sets[k] == 0 for k in kids):
-                    continue
-                if kids:
+            for n in class_nodes[c]:
+                kids = distinct[n]
+                if len(kids) == 1:  # the common case, without the union
+                    merged = sets[kids[0]]
+                    if not merged:
+                        continue
+                    sub = totals[kids[0]]
+                elif not kids:
+                    merged, sub = 0, 0.0
+                else:
+                    if not all(sets[k] for k in kids):
+                        continue
                     base = max(kids, key=totals.__getitem__)
                     merged, sub = sets[base], totals[base]
                     for k in kids:
@@ -213,13 +226,11 @@ def _dag_choice(ix: _Indexed, start: list[int], order: list[int]) -> list[int]:
                             if extra:
                                 sub += _sum_members(extra, member)
                                 merged |= extra
-                else:
-                    merged, sub = 0, 0.0
-                if merged & bit:
+                if (merged >> c) & 1:
                     continue  # would be a cycle
                 total = sub + prices[n]
                 if total < totals[c] - 1e-12:
-                    sets[c], totals[c], choice[c] = merged | bit, total, n
+                    sets[c], totals[c], choice[c] = merged | (1 << c), total, n
                     member[c] = prices[n]
                     changed = True
         if not changed:
@@ -227,7 +238,7 @@ def _dag_choice(ix: _Indexed, start: list[int], order: list[int]) -> list[int]:
     return choice
 
 
-def _sum_members(bits: int, member: np.ndarray) -> float:
+def _sum_members(bits: int, member: list[float]) -> float:
     """Sum of ``member[i]`` over the set bits i of ``bits``."""
     if bits.bit_count() <= _BITS_LOOP_MAX:
         total = 0.0
@@ -235,10 +246,10 @@ def _sum_members(bits: int, member: np.ndarray) -> float:
             low = bits & -bits
             total += member[low.bit_length() - 1]
             bits ^= low
-        return float(total)
+        return total
     raw = np.frombuffer(bits.to_bytes((bits.bit_length() + 7) // 8, "little"), dtype=np.uint8)
     flags = np.unpackbits(raw, bitorder="little")[: len(member)]
-    return float(flags @ member[: len(flags)])
+    return float(flags @ np.asarray(member[: len(flags)]))
 
 
 def topological(choice: dict[str, ENode], roots: list[str]) -> list[tuple[str, ENode]]:
@@ -276,6 +287,14 @@ def dag_cost(nodes: list[tuple[str, ENode]], price: _Pricer) -> float:
 
 def extract_greedy(
     eg: SerializedEGraph, cost: CostModel, roots: list[str], *, tree_only: bool = False
+) -> ExtractedGraph:
+    """The cheaper (by ``dag_cost``) of the tree and the greedy-DAG extraction of ``roots``."""
+    with gc_paused():
+        return _extract_greedy(eg, cost, roots, tree_only)
+
+
+def _extract_greedy(
+    eg: SerializedEGraph, cost: CostModel, roots: list[str], tree_only: bool
 ) -> ExtractedGraph:
     const = const_classes(eg)
     price = _Pricer(eg, cost, const)

@@ -131,7 +131,7 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return feeds
 
 
-def run(name: str, rounds: int, threads: int) -> dict[str, object]:
+def run(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, object]:
     from onnxsat.kernels.blas import blas_info
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.latency import compare_latency, ort_session
@@ -140,7 +140,7 @@ def run(name: str, rounds: int, threads: int) -> dict[str, object]:
     feeds = _feeds(model)
     session = ort_session(model, level="all", threads=threads)
     start = time.perf_counter()
-    compiled = CompiledModel(model, threads=threads)
+    compiled = CompiledModel(model, threads=threads, gemm=gemm)
     got = compiled(feeds)
     compile_s = time.perf_counter() - start
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
@@ -160,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="also write the table (markdown) here")
+    parser.add_argument(
+        "--gemm", choices=["llvm", "blas"], default="llvm", help="products with constant weights: onnxsat's micro-kernel or OpenBLAS"
+    )
     args = parser.parse_args(argv)
     names = args.only or list(MODELS)
     lines = [
-        f"threads {args.threads}, {args.rounds} interleaved rounds; ratio = onnxruntime / compiled (above 1: compiled faster)",
+        f"threads {args.threads}, {args.rounds} interleaved rounds, GEMM {args.gemm}; ratio = onnxruntime / compiled (above 1: compiled faster)",
         "",
         "| model | onnxruntime ms | compiled ms | ratio [95% CI] | max abs err | kernels | BLAS calls | fallbacks | compile s |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     blas = None
     for name in names:
-        r = run(name, args.rounds, args.threads)
+        r = run(name, args.rounds, args.threads, args.gemm)
         blas = r["blas_lib"]
         lo, hi = r["ci"]  # type: ignore[misc]
         row = (

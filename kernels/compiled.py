@@ -34,8 +34,14 @@ class CompiledModel:
         threads: int | None = None,
         cache_dir: Path | str | None = "default",
         opt_level: int = 3,
+        gemm: str = "llvm",
     ):
-        """``opt_level`` 0 skips LLVM's optimizations (much faster to compile, slower to run)."""
+        """``opt_level`` 0 skips LLVM's optimizations (much faster to compile, slower to run);
+        ``gemm``: ``llvm`` runs products with constant weights on onnxsat's packed micro-kernel,
+        ``blas`` sends every product to OpenBLAS."""
+        if gemm not in ("llvm", "blas"):
+            raise ValueError(f"gemm must be 'llvm' or 'blas', not {gemm!r}")
+        self.gemm = gemm
         self.model = model
         self.opt_level = opt_level
         inits = {t.name for t in model.graph.initializer}
@@ -70,7 +76,7 @@ class CompiledModel:
             exe = self._executables.get(key)
             if exe is None:
                 program = lower(self.model, shapes, known)
-                exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level)
+                exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level, gemm=self.gemm)
                 self._executables[key] = exe
         return exe
 

@@ -57,11 +57,15 @@ class Executable:
         module: CompiledModule | None = None,
         symbols: dict[str, str] | None = None,
         opt_level: int = 3,
+        gemm: str = "llvm",
     ):
         """``module``/``symbols``: an already compiled module holding this program's kernels and
         each kernel's function name in it (programs can share one, see ``compile_together``); by
         default the kernels are compiled here."""
         start = time.perf_counter()
+        self.gemm = gemm
+        """``llvm``: the packed micro-kernel for products with constant weights; ``blas``: OpenBLAS only."""
+        self._keep: list[np.ndarray] = []
         self.program = program
         self.pool = pool
         self.threads = threads
@@ -173,6 +177,9 @@ class Executable:
 
             return run_numpy
         (ta, lda), (tb, ldb) = a_layout, b_layout
+        packed = self._packed_runner(step, a_offs, m, n, k) if self.gemm == "llvm" else None
+        if packed is not None:
+            return packed
         a_row = step.a.strides[-2]
         units = [(ao, bo, co, m) for ao, bo, co in zip(a_offs, b_offs, range(0, len(a_offs) * m * n, m * n), strict=True)]
         if len(units) < self.threads and m >= 2 * self.threads and 2.0 * m * n * k >= GEMM_SPLIT_FLOPS:
@@ -200,6 +207,53 @@ class Executable:
             assert pool is not None
             futures = [pool.submit(work, arrays, part) for part in parts[1:]]
             work(arrays, parts[0])
+            for f in futures:
+                f.result()
+
+        return run
+
+    def _packed_runner(
+        self, step: MatMulStep, a_offs: list[int], m: int, n: int, k: int
+    ) -> Callable[[dict[str, np.ndarray]], None] | None:
+        """The LLVM micro-kernel for ``A @ W`` with a constant float32 weight W (packed here, once),
+        split over threads by column panels; None when the step does not fit that form."""
+        from .gemm import pack_b, sgemm_function
+
+        b_value = self.program.constants.get(step.b.buffer.name)
+        a = step.a
+        if b_value is None or step.out.dtype != "f32" or step.alpha != 1.0 or step.beta != 0.0 or len(step.b.shape) != 2:
+            return None
+        if a.strides[-1] != 1 or a.strides[-2] < k:
+            return None
+        # every leading (batch) index of A must continue its rows contiguously, so A is one M x K matrix
+        rows = m * max(len(a_offs), 1)
+        if any(off != a.offset + i * m * a.strides[-2] for i, off in enumerate(a_offs)):
+            return None
+        b_matrix = _strided(np.asarray(b_value).reshape(-1), step.b.buffer, step.b).astype(np.float32)
+        bp = pack_b(b_matrix)
+        panels = bp.shape[0]
+        fn = sgemm_function()
+        lda = a.strides[-2]
+        itemsize = 4
+        a_name, out_name = a.buffer.name, step.out.name
+        a_offset = a.offset
+        parallel = self.pool is not None and self.threads > 1 and panels > 1 and 2.0 * rows * n * k >= GEMM_SPLIT_FLOPS
+        parts = self.threads if parallel else 1
+        per = -(-panels // parts)
+        ranges = [(i * per, min(panels, (i + 1) * per)) for i in range(parts) if i * per < panels]
+        pool = self.pool
+        self._keep.append(bp)
+        bp_ptr = bp.ctypes.data
+
+        def run(arrays: dict[str, np.ndarray]) -> None:
+            pa = arrays[a_name].ctypes.data + a_offset * itemsize
+            pc = arrays[out_name].ctypes.data
+            if len(ranges) == 1:
+                fn(pa, lda, bp_ptr, k, pc, n, rows, n, 0, panels)
+                return
+            assert pool is not None
+            futures = [pool.submit(fn, pa, lda, bp_ptr, k, pc, n, rows, n, r0, r1) for r0, r1 in ranges[1:]]
+            fn(pa, lda, bp_ptr, k, pc, n, rows, n, ranges[0][0], ranges[0][1])
             for f in futures:
                 f.result()
 

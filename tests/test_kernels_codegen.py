@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 from onnx import TensorProto, helper
 
@@ -182,3 +183,31 @@ def test_inputs_are_not_modified_and_outputs_are_fresh() -> None:
     assert y1 is not y2 and np.array_equal(y1, y2)
     for k in feeds:
         np.testing.assert_array_equal(feeds[k], before[k])
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (13, 7, 45), (6, 64, 32), (65, 33, 100), (128, 96, 64)])
+def test_packed_gemm_micro_kernel(shape: tuple[int, int, int]) -> None:
+    """Every row-tail height (M % 6) and column tail (N % 32), against float64 numpy."""
+    from onnxsat.kernels.gemm import pack_b, sgemm_function
+
+    m, k, n = shape
+    rng = np.random.default_rng(m * 1000 + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n + 3), np.nan, np.float32)  # ldc > n: the columns past n must stay untouched
+    bp = pack_b(b)
+    sgemm_function()(a.ctypes.data, k, bp.ctypes.data, k, c.ctypes.data, n + 3, m, n, 0, bp.shape[0])
+    np.testing.assert_allclose(c[:, :n], a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4 * k)
+    assert np.all(np.isnan(c[:, n:]))
+
+
+def test_llvm_and_blas_gemm_paths_agree() -> None:
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    model = _model(nodes, {"x": [2, 9, 40]}, ["y"])
+    w = np.random.default_rng(1).standard_normal((40, 70)).astype(np.float32)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    feeds = {"x": np.random.default_rng(2).standard_normal((2, 9, 40)).astype(np.float32)}
+    llvm = CompiledModel(model, threads=2, cache_dir=None, gemm="llvm")(feeds)["y"]
+    blas = CompiledModel(model, threads=2, cache_dir=None, gemm="blas")(feeds)["y"]
+    np.testing.assert_allclose(llvm, blas, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(llvm, np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)

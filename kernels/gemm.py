@@ -1,0 +1,162 @@
+"""A register-blocked float32 GEMM micro-kernel written with ``llvmlite.ir.IRBuilder``.
+
+``C[M, N] = A[M, K] @ B[K, N]`` with B packed once (weights are packed at compile time) into
+panels of 32 columns: ``Bp[panel][k][0:32]``, zero-padded past N. The micro-kernel keeps a 6x32
+block of C in twelve 16-lane accumulators and, per k, broadcasts six A values against two B
+vectors (FMA); leftover rows use a 1x32 kernel, leftover columns masked stores. The function
+takes a ``[p_begin, p_end)`` range of panels so the runtime can split N over threads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import ir
+
+from .jit import CompiledModule
+
+NR = 32
+"""Columns per packed panel (two 16-lane vectors)."""
+MR = 6
+"""Rows per micro-kernel call."""
+LANES = 16
+
+F32 = ir.FloatType()
+I64 = ir.IntType(64)
+I1 = ir.IntType(1)
+VEC = ir.VectorType(F32, LANES)
+MASK = ir.VectorType(I1, LANES)
+PTR = F32.as_pointer()
+
+
+def pack_b(b: np.ndarray) -> np.ndarray:
+    """``b`` (K x N) as zero-padded 32-column panels, contiguous: shape (panels, K, 32)."""
+    k, n = b.shape
+    panels = -(-n // NR)
+    padded = np.zeros((k, panels * NR), np.float32)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, NR).transpose(1, 0, 2))
+
+
+class _Gen:
+    def __init__(self, module: ir.Module):
+        self.module = module
+        fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64])
+        self.fn = ir.Function(module, fnty, "onnxsat_sgemm_packed")
+        names = ["a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end"]
+        for arg, name in zip(self.fn.args, names, strict=True):
+            arg.name = name
+        self.entry = self.fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self.fma = ir.Function(module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
+        self.mstore = ir.Function(module, ir.FunctionType(ir.VoidType(), [VEC, VEC.as_pointer(), ir.IntType(32), MASK]), "llvm.masked.store.v16f32.p0")
+
+    def alloca(self, ty: ir.Type, name: str) -> ir.Value:
+        with self.b.goto_block(self.entry):
+            self.b.position_at_start(self.entry)
+            return self.b.alloca(ty, name=name)
+
+    def loop(self, name: str, start: ir.Value, stop: ir.Value, step: int, body) -> None:  # type: ignore[no-untyped-def]
+        b = self.b
+        var = self.alloca(I64, name)
+        b.store(start, var)
+        head = self.fn.append_basic_block(f"{name}.head")
+        loop_body = self.fn.append_basic_block(f"{name}.body")
+        done = self.fn.append_basic_block(f"{name}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.load(var)
+        b.cbranch(b.icmp_signed("<", i, stop), loop_body, done)
+        b.position_at_end(loop_body)
+        body(b.load(var))
+        b.store(b.add(b.load(var), ir.Constant(I64, step)), var)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def build(self) -> None:
+        a, lda, bp, k, c, ldc, m, n, p_begin, p_end = self.fn.args
+        b = self.b
+        lanes = ir.Constant(ir.VectorType(I64, LANES), [i for i in range(LANES)])
+        m_main = b.mul(b.sdiv(m, ir.Constant(I64, MR)), ir.Constant(I64, MR))
+
+        def panel(p: ir.Value) -> None:
+            col0 = b.mul(p, ir.Constant(I64, NR))
+            left = b.sub(n, col0)
+            masks = []
+            for half in range(2):
+                offs = lanes
+                limit = b.sub(left, ir.Constant(I64, half * LANES))
+                splat = b.shuffle_vector(
+                    b.insert_element(ir.Constant(ir.VectorType(I64, LANES), None), limit, ir.Constant(ir.IntType(32), 0)),
+                    ir.Constant(ir.VectorType(I64, LANES), None),
+                    ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
+                )
+                masks.append(b.icmp_signed("<", offs, splat))
+            b_panel = b.gep(bp, [b.mul(p, b.mul(k, ir.Constant(I64, NR)))])
+            self.loop("i", ir.Constant(I64, 0), m_main, MR, lambda i0: self.block(MR, i0, col0, b_panel, masks))
+            self.tail(b.sub(m, m_main), m_main, col0, b_panel, masks)
+
+        self.loop("p", p_begin, p_end, 1, panel)
+        b.ret_void()
+
+    def tail(self, rest: ir.Value, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value]) -> None:
+        """The last ``m % MR`` rows in one block of that height (a switch over 1..MR-1)."""
+        b = self.b
+        done = self.fn.append_basic_block("tail.done")
+        switch = b.switch(rest, done)
+        for rows in range(1, MR):
+            case = self.fn.append_basic_block(f"tail.{rows}")
+            switch.add_case(ir.Constant(I64, rows), case)
+            b.position_at_end(case)
+            self.block(rows, i0, col0, b_panel, masks)
+            b.branch(done)
+        b.position_at_end(done)
+
+    def block(self, rows: int, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value]) -> None:
+        a, lda, _, k, c, ldc = self.fn.args[:6]
+        b = self.b
+        accs = [[self.alloca(VEC, f"acc{r}_{h}") for h in range(2)] for r in range(rows)]
+        for row in accs:
+            for slot in row:
+                b.store(ir.Constant(VEC, [0.0] * LANES), slot)
+        a_rows = [b.gep(a, [b.mul(b.add(i0, ir.Constant(I64, r)), lda)]) for r in range(rows)]
+        undef = ir.Constant(VEC, None)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+
+        def step(kk: ir.Value) -> None:
+            brow = b.gep(b_panel, [b.mul(kk, ir.Constant(I64, NR))])
+            bv = [b.load(b.bitcast(b.gep(brow, [ir.Constant(I64, h * LANES)]), VEC.as_pointer()), align=4) for h in range(2)]
+            for r in range(rows):
+                av = b.load(b.gep(a_rows[r], [kk]))
+                splat = b.shuffle_vector(b.insert_element(undef, av, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+                for h in range(2):
+                    b.store(b.call(self.fma, [splat, bv[h], b.load(accs[r][h])]), accs[r][h])
+
+        self.loop(f"k{rows}", ir.Constant(I64, 0), k, 1, step)
+        for r in range(rows):
+            crow = b.gep(c, [b.add(b.mul(b.add(i0, ir.Constant(I64, r)), ldc), col0)])
+            for h in range(2):
+                ptr = b.bitcast(b.gep(crow, [ir.Constant(I64, h * LANES)]), VEC.as_pointer())
+                b.call(self.mstore, [b.load(accs[r][h]), ptr, ir.Constant(ir.IntType(32), 4), masks[h]])
+
+
+@functools.cache
+def sgemm_address() -> tuple[CompiledModule, int]:
+    """The compiled micro-kernel (built once per process; cached on disk like other kernels)."""
+    from .jit import default_cache_dir
+
+    module = ir.Module(name="onnxsat_gemm")
+    _Gen(module).build()
+    compiled = CompiledModule(module, default_cache_dir())
+    return compiled, compiled.address("onnxsat_sgemm_packed")
+
+
+def sgemm_function():  # type: ignore[no-untyped-def]
+    """ctypes callable: (a, lda, bp, k, c, ldc, m, n, p_begin, p_end)."""
+    import ctypes
+
+    _, address = sgemm_address()
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    proto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64)
+    return proto(address)

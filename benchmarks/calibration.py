@@ -152,18 +152,6 @@ class Pair:
         return (self.predicted_ratio > 1.0) == (self.measured_ratio > 1.0)
 
 
-def predict_us(model: onnx.ModelProto, cost: Any) -> float:
-    """The cost model's latency of ``model`` as written: its imported e-graph, extracted unsaturated."""
-    from onnxsat.egraph.importer import from_onnx
-    from onnxsat.extract.greedy import extract_greedy
-    from onnxsat.extract.serialized import serialize
-
-    program = from_onnx(model)
-    eg = serialize(program.egraph)
-    roots = [eg.roots[i] for i in range(len(program.outputs))]
-    return float(extract_greedy(eg, cost, roots).cost) + float(cost.run_overhead_us)
-
-
 def measure_pair(pair: Pair, threads: int, rounds: int) -> None:
     from onnxsat.latency import compare_models
     from onnxsat.verification import make_inputs
@@ -310,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="only models whose name contains this text")
     args = parser.parse_args(argv)
 
-    from onnxsat.extract.calibrate import calibrate
+    from onnxsat.extract.calibrate import calibrate, predict_model_us
     from onnxsat.extract.profile import save_profile
 
     start = time.perf_counter()
@@ -330,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         pairs += model_pairs(args.only)
     for pair in pairs:
         print(f"timing {pair.name} ...", file=sys.stderr, flush=True)
-        pair.predicted_a_us = predict_us(pair.a, cal.cost)
-        pair.predicted_b_us = predict_us(pair.b, cal.cost)
+        pair.predicted_a_us = predict_model_us(pair.a, cal.cost)
+        pair.predicted_b_us = predict_model_us(pair.b, cal.cost)
         measure_pair(pair, args.threads, args.rounds)
     text, ok = render(cal, pairs, args.threads, time.perf_counter() - start)
     print(text, end="")

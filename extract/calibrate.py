@@ -218,10 +218,10 @@ CALLS_PER_ROUND = 2
 def _runner(model: onnx.ModelProto, threads: int | None) -> Callable[[], object]:
     """A zero-argument call of ``model`` in onnxruntime on seeded random inputs."""
     from ..latency import ort_session
+    from ..verification import make_inputs
 
     sess = ort_session(model, threads=threads)
-    rng = np.random.default_rng(1)
-    feeds = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+    feeds = make_inputs(model, seed=1)
     return lambda: sess.run(None, feeds)
 
 
@@ -456,6 +456,42 @@ def calibrate(
     for m in measured:
         m.predicted_us = cost.constants(m.sample.cls).time_us(m.flops, m.bytes)
     return Calibration(cost, measured, baseline, time.perf_counter() - start)
+
+
+@dataclass
+class ModelCheck:
+    """A whole model: the cost model's latency (sum of its nodes' costs + the fixed cost of a call) vs measured."""
+
+    name: str
+    predicted_us: float
+    measured_us: float
+
+    @property
+    def rel_error(self) -> float:
+        return relative_error(self.predicted_us, self.measured_us)
+
+
+def predict_model_us(model: onnx.ModelProto, cost: RooflineCost) -> float:
+    """The cost model's latency of ``model`` as written: its imported e-graph, extracted unsaturated."""
+    from ..egraph.importer import from_onnx
+    from .greedy import extract_greedy
+    from .serialized import serialize
+
+    program = from_onnx(model)
+    eg = serialize(program.egraph)
+    roots = [eg.roots[i] for i in range(len(program.outputs))]
+    return float(extract_greedy(eg, cost, roots).cost) + cost.run_overhead_us
+
+
+def check_models(
+    models: dict[str, onnx.ModelProto], cost: RooflineCost, *, threads: int | None = None, seconds: float = 5.0
+) -> list[ModelCheck]:
+    """Whole-model error: every model timed (interleaved, low percentile as in calibration) and priced."""
+    measured = time_runs([_runner(m, threads) for m in models.values()], seconds=seconds)
+    return [
+        ModelCheck(name, predict_model_us(model, cost), us)
+        for (name, model), us in zip(models.items(), measured, strict=True)
+    ]
 
 
 def _ort_version() -> str:

@@ -363,24 +363,43 @@ def _add_calibrate_parser(sub: Any) -> None:
     cal.add_argument(
         "--threads", type=_int_arg(1), default=None, help="onnxruntime intra-op threads (default: its own)"
     )
+    cal.add_argument(
+        "--check-model",
+        metavar="MODEL.onnx",
+        action="append",
+        default=[],
+        help="also compare predicted and measured latency of this whole model (repeatable)",
+    )
     cal.add_argument("--json", action="store_true", help="print the fit report as JSON instead of the table")
 
 
 def _run_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.extract.calibrate import calibrate
+    from onnxsat.extract.calibrate import calibrate, check_models
     from onnxsat.extract.profile import save_profile
-    from onnxsat.modelio import check_output_path
+    from onnxsat.modelio import check_output_path, load_model
 
     out = check_output_path(args.output)
+    models = {path: load_model(path) for path in args.check_model}
     result = calibrate(args.target, quick=args.quick, threads=args.threads, seconds=args.seconds)
-    save_profile(result.cost, out, result.report())
+    checks = check_models(models, result.cost, threads=args.threads) if models else []
+    report = result.report()
+    report["models"] = [
+        {"model": c.name, "predicted_us": c.predicted_us, "measured_us": c.measured_us, "rel_error": c.rel_error}
+        for c in checks
+    ]
+    save_profile(result.cost, out, report)
     if args.json:
-        print(json.dumps(result.report(), indent=2))
-    else:
-        print(result.render())
-        print(f"\nwrote {out}")
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print(result.render())
+    for c in checks:
+        print(
+            f"whole model {c.name}: measured {c.measured_us:,.1f} us, predicted {c.predicted_us:,.1f} us"
+            f" ({c.rel_error:.1%} error)"
+        )
+    print(f"\nwrote {out}")
     return EXIT_OK
 
 

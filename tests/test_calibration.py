@@ -252,11 +252,18 @@ def test_cli_calibrate_then_optimize_with_the_profile(
 ) -> None:
     profile = tmp_path / "p.json"
     assert (
-        cli.main(["calibrate", "--quick", "--threads", "1", "--seconds", "1", "-o", str(profile), "--json"])
+        cli.main(
+            ["calibrate", "--quick", "--threads", "1", "--seconds", "1", "-o", str(profile), "--json"]
+            + ["--check-model", str(EXAMPLES / "small_cnn.onnx")]
+        )
         == 0
     )
     report = json.loads(capsys.readouterr().out)
     assert math.isfinite(report["median_rel_error_held_out"])
+    (whole,) = report["models"]  # the whole-model check: predicted vs measured latency
+    assert (
+        whole["model"].endswith("small_cnn.onnx") and whole["measured_us"] > 0 and whole["predicted_us"] > 0
+    )
     assert load_profile(profile).calibrated
     out = tmp_path / "o.onnx"
     args = [

@@ -70,8 +70,6 @@ class _FunctionBuilder:
         fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64])
         self.fn = ir.Function(module, fnty, name=kernel.name)
         self.fn.args[0].name, self.fn.args[1].name, self.fn.args[2].name = "args", "begin", "end"
-        for a in self.fn.args[:1]:
-            a.add_attribute("noalias")
         self.entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
         self.slots: dict[str, ir.Value] = {}
@@ -215,7 +213,7 @@ class _FunctionBuilder:
             if op == "div":
                 return b.fdiv(a, c)
             if op == "max":
-                return b.select(b.fcmp_unordered(">", a, c), a, c) if False else b.select(b.fcmp_ordered(">", a, c), a, c)
+                return b.select(b.fcmp_ordered(">", a, c), a, c)
             if op == "min":
                 return b.select(b.fcmp_ordered("<", a, c), a, c)
             if op == "pow":

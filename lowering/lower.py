@@ -20,9 +20,9 @@ from onnx import helper, numpy_helper
 from onnxsat.errors import OnnxsatError
 
 from .kernel_ir import Buffer, dtype_of_numpy
-from .loops import buffers_of, materialize_kernel
+from .loops import materialize_kernel
 from .partition import PNode, partition
-from .program import FallbackStep, KernelProgram, KernelStep, MatMulStep, Step
+from .program import FallbackStep, KernelProgram, KernelStep, Step
 from .table import LOWERINGS, NotLowered, kind_of, load_rules
 from .values import Lazy, of_buffer, scalar
 
@@ -369,4 +369,4 @@ def lower(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], k
     return Lowerer(model, input_shapes, known or {}).lower()
 
 
-__all__ = ["lower", "value_inputs", "Lowerer", "NodeView", "LoweringError", "MatMulStep", "buffers_of"]
+__all__ = ["lower", "value_inputs", "Lowerer", "NodeView", "LoweringError"]

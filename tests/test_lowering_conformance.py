@@ -122,3 +122,12 @@ def test_node_case(case: Any, outcomes: dict[str, tuple[bool, str]]) -> None:
         pytest.skip(KNOWN_FAILURES[case.name])
     ok, detail = outcomes[case.name]
     assert ok, detail
+
+
+def test_lowering_table_covers_every_modelled_op() -> None:
+    """One op, one row: every op of the tensor language has a lowering rule."""
+    from onnxsat.egraph.ops import OPS
+    from onnxsat.lowering.table import LOWERINGS, load_rules
+
+    load_rules()
+    assert sorted(set(OPS) - set(LOWERINGS)) == []

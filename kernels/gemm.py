@@ -20,6 +20,8 @@ NR = 32
 """Columns per packed panel (two 16-lane vectors)."""
 MR = 6
 """Rows per micro-kernel call."""
+KC = 256
+"""Depth of one K block (a 32 KiB slice of a packed panel)."""
 LANES = 16
 
 F32 = ir.FloatType()
@@ -50,6 +52,7 @@ class _Gen:
         self.entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
         self.fma = ir.Function(module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
+        self.mload = ir.Function(module, ir.FunctionType(VEC, [VEC.as_pointer(), ir.IntType(32), MASK, VEC]), "llvm.masked.load.v16f32.p0")
         self.mstore = ir.Function(module, ir.FunctionType(ir.VoidType(), [VEC, VEC.as_pointer(), ir.IntType(32), MASK]), "llvm.masked.store.v16f32.p0")
 
     def alloca(self, ty: ir.Type, name: str) -> ir.Value:
@@ -94,13 +97,21 @@ class _Gen:
                 )
                 masks.append(b.icmp_signed("<", offs, splat))
             b_panel = b.gep(bp, [b.mul(p, b.mul(k, ir.Constant(I64, NR)))])
-            self.loop("i", ir.Constant(I64, 0), m_main, MR, lambda i0: self.block(MR, i0, col0, b_panel, masks))
-            self.tail(b.sub(m, m_main), m_main, col0, b_panel, masks)
+
+            def k_block(k0: ir.Value) -> None:
+                # KC rows of the panel (32 KiB) stay in L1 while every row block of A passes by
+                end = b.add(k0, ir.Constant(I64, KC))
+                k1 = b.select(b.icmp_signed("<", end, k), end, k)
+                span = (k0, k1, b.icmp_signed("==", k0, ir.Constant(I64, 0)))
+                self.loop("i", ir.Constant(I64, 0), m_main, MR, lambda i0: self.block(MR, i0, col0, b_panel, masks, span))
+                self.tail(b.sub(m, m_main), m_main, col0, b_panel, masks, span)
+
+            self.loop("kc", ir.Constant(I64, 0), k, KC, k_block)
 
         self.loop("p", p_begin, p_end, 1, panel)
         b.ret_void()
 
-    def tail(self, rest: ir.Value, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value]) -> None:
+    def tail(self, rest: ir.Value, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value]) -> None:
         """The last ``m % MR`` rows in one block of that height (a switch over 1..MR-1)."""
         b = self.b
         done = self.fn.append_basic_block("tail.done")
@@ -109,17 +120,26 @@ class _Gen:
             case = self.fn.append_basic_block(f"tail.{rows}")
             switch.add_case(ir.Constant(I64, rows), case)
             b.position_at_end(case)
-            self.block(rows, i0, col0, b_panel, masks)
+            self.block(rows, i0, col0, b_panel, masks, span)
             b.branch(done)
         b.position_at_end(done)
 
-    def block(self, rows: int, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value]) -> None:
+    def block(
+        self, rows: int, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value]
+    ) -> None:
+        """C[i0:i0+rows, panel] (+)= A[i0:i0+rows, k0:k1] @ Bp[panel, k0:k1]; the first K block
+        starts from zero, later ones from what C holds."""
         a, lda, _, k, c, ldc = self.fn.args[:6]
+        k0, k1, first = span
         b = self.b
         accs = [[self.alloca(VEC, f"acc{r}_{h}") for h in range(2)] for r in range(rows)]
-        for row in accs:
-            for slot in row:
-                b.store(ir.Constant(VEC, [0.0] * LANES), slot)
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        for r, row in enumerate(accs):
+            crow = b.gep(c, [b.add(b.mul(b.add(i0, ir.Constant(I64, r)), ldc), col0)])
+            for h, slot in enumerate(row):
+                ptr = b.bitcast(b.gep(crow, [ir.Constant(I64, h * LANES)]), VEC.as_pointer())
+                old = b.call(self.mload, [ptr, ir.Constant(ir.IntType(32), 4), masks[h], zero])
+                b.store(b.select(first, zero, old), slot)
         a_rows = [b.gep(a, [b.mul(b.add(i0, ir.Constant(I64, r)), lda)]) for r in range(rows)]
         undef = ir.Constant(VEC, None)
         zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
@@ -133,7 +153,7 @@ class _Gen:
                 for h in range(2):
                     b.store(b.call(self.fma, [splat, bv[h], b.load(accs[r][h])]), accs[r][h])
 
-        self.loop(f"k{rows}", ir.Constant(I64, 0), k, 1, step)
+        self.loop(f"k{rows}", k0, k1, 1, step)
         for r in range(rows):
             crow = b.gep(c, [b.add(b.mul(b.add(i0, ir.Constant(I64, r)), ldc), col0)])
             for h in range(2):

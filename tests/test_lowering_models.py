@@ -70,3 +70,23 @@ def test_unknown_target_is_a_clear_error() -> None:
 
     with pytest.raises(OnnxsatError, match="target 'tpu'"):
         onnxsat.compile(onnx.load(str(EXAMPLES / "small_cnn.onnx")), target="tpu")
+
+
+def test_cli_compile_checks_against_onnxruntime(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from onnxsat.cli import main
+
+    assert main(["compile", str(EXAMPLES / "transformer_block.onnx"), "--no-optimize", "--input-shape", "input_ids:2,7",
+                 "--input-shape", "attention_mask:2,7", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["kernels"] > 0 and result["fallbacks"] == {}
+    assert all(err < 1e-3 for err in result["max_abs_error"].values())
+
+
+def test_cli_compile_bad_input_is_one_line_exit_2(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    from onnxsat.cli import main
+
+    assert main(["compile", "does-not-exist.onnx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnxsat: error:") and "\n" not in err

@@ -82,7 +82,7 @@ def keep_if_faster(
         return optimized
     from onnxsat.pipeline import optimize
 
-    exact = dataclasses.replace(options, rules_only=(EXACT_FAMILY,), disable_rules=(), measure=False)
+    exact = dataclasses.replace(options, rules_only=(EXACT_FAMILY,), measure=False)
     cleaned, _ = optimize(original, exact)
     second = _compare(original, cleaned, options)
     shipped = "original" if second.verdict == "loss" else "cleaned-original"

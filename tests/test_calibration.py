@@ -235,6 +235,20 @@ def test_targets_price_the_same_node_differently() -> None:
     assert op_class("matmul") == op_class("gemm") == "matmul" and op_class("reshape") == "view"
 
 
+def test_every_modelled_op_has_a_cost_class() -> None:
+    from onnxsat.egraph.ops import BY_CTOR
+    from onnxsat.extract.cost import OP_CLASSES
+
+    assert {name: op_class(name) for name in BY_CTOR if op_class(name) not in OP_CLASSES} == {}
+
+
+def test_cost_flags_map_to_options() -> None:
+    argv = ["optimize", "a.onnx", "b.onnx", "--target", "h200", "--cost-profile", "p.json", "--measure"]
+    options = cli.options_from_args(cli.build_parser().parse_args(argv))
+    assert (options.target, options.cost_profile, options.measure) == ("h200", "p.json", True)
+    assert not cli.options_from_args(cli.build_parser().parse_args(argv[:3])).measure
+
+
 def test_weight_only_nodes_cost_nothing() -> None:
     ctx = _ctx(
         "mul", (Ref("w"), Ref("s")), [(512, 512), (1,)], (512, 512), [{"Tensor.weight"}] * 2, [True, True]

@@ -203,3 +203,39 @@ def verify_partial_rule(name: str) -> Any:
             f"PET-verified at {len(sites)} sample shapes: {differing} of {boxes} boxes differ, all corrected"
         )
     return result
+
+
+def composite_model(site: Any, original: Any, leaf_names: dict[str, str]) -> Any:
+    """The site's composites as an ONNX model over ``original``'s inputs and weights (its dtype),
+    written by onnxsat's exporter: what extraction would emit had it chosen them.
+
+    ``leaf_names``: site leaf -> the original model's tensor name."""
+    from onnx import ModelProto
+
+    from ..egraph.exporter import to_onnx
+    from ..extract.serialized import ENode
+
+    model = cast(ModelProto, original)
+    weights = {t.name: t for t in model.graph.initializer}
+    graph = term_graph(*site.composites)
+    nodes = []
+    for eclass, node in graph.nodes:
+        if node.op == "Tensor.input":
+            name = leaf_names[node.args[0]]
+            node = ENode("Tensor.weight" if name in weights else "Tensor.input", (name,))
+        nodes.append((eclass, node))
+    graph.nodes = nodes
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    program = Program(
+        egraph=cast(EGraph, None),
+        model=model,
+        opset=opset,
+        outputs=[(o.name, L.Tensor.none()) for o in model.graph.output],
+        names=[],
+        weights=weights,
+        opaque={},
+        symbols={},
+        true_inputs=[i.name for i in model.graph.input],
+        overridable=set(),
+    )
+    return to_onnx(program, graph)

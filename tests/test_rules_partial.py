@@ -20,7 +20,7 @@ from onnxsat.rules import RULES
 from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules
 from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
 from onnxsat.rules.schedule import select_rules
-from onnxsat.rules.verify_partial import verify_partial_rule, verify_site
+from onnxsat.rules.verify_partial import composite_model, verify_partial_rule, verify_site
 
 from .prove import _egraph
 
@@ -186,54 +186,17 @@ MODELS = {
 }
 
 
-def _site_model(site, original: onnx.ModelProto) -> onnx.ModelProto:  # type: ignore[no-untyped-def]
-    """The site's composites as an ONNX model over the original's tensors (float32), via onnxsat's exporter."""
-    from onnxsat.egraph.exporter import to_onnx
-    from onnxsat.egraph.program import Program
-    from onnxsat.rules.rule_instances import term_graph
-
-    weights = {t.name: t for t in original.graph.initializer}
-    rename = {name: leaf for name, (leaf, _, _) in site.leaves.items()}
-    graph = term_graph(*site.composites)
-    nodes = []
-    for eclass, node in graph.nodes:
-        if node.op == "Tensor.input" and rename[node.args[0]] in weights:
-            node = type(node)("Tensor.weight", (rename[node.args[0]],))
-        elif node.op == "Tensor.input":
-            node = type(node)("Tensor.input", (rename[node.args[0]],))
-        nodes.append((eclass, node))
-    graph.nodes = nodes
-    program = Program(
-        egraph=None,  # type: ignore[arg-type]
-        model=original,
-        opset=17,
-        outputs=[(o.name, L.Tensor.none()) for o in original.graph.output],
-        names=[],
-        weights=weights,
-        opaque={},
-        symbols={},
-        true_inputs=[i.name for i in original.graph.input],
-        overridable=set(),
-    )
-    return to_onnx(program, graph)
-
-
 @pytest.mark.parametrize("name", RULE_NAMES)
 def test_numeric_partial_rule_on_a_model(name: str) -> None:
-    """The optimizer verifies and adds the site; its composite, exported as ONNX, matches the model on onnxruntime."""
+    """The site's composite, exported as ONNX the way extraction would write it, matches the model on onnxruntime."""
     model = MODELS[name]()
-    out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=(name,)))
-    assert report.verification.status == "passed"
-    assert [p["status"] for p in report.partial] == ["emitted"], report.partial
     from onnxsat.egraph.importer import from_onnx
     from onnxsat.rules.partial import find_sites
 
     program = from_onnx(model)
     eg = serialize(program.egraph)
     (site,) = find_sites([name], eg)
-    # Leaves named by e-class: map them back to the model's tensor names.
-    site.leaves = {n: (program.names[eg.origins[c]], s, d) for n, (c, s, d) in site.leaves.items()}
-    composite = _site_model(site, model)
+    composite = composite_model(site, model, {n: program.names[eg.origins[c]] for n, (c, _, _) in site.leaves.items()})
     onnx.checker.check_model(composite, full_check=True)
     rng = np.random.default_rng(1)
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in model.graph.input}
@@ -243,3 +206,26 @@ def test_numeric_partial_rule_on_a_model(name: str) -> None:
     assert ops - {"Conv", "MaxPool", "MatMul"}, ops  # really the mutant form, not the original op alone
     for a, b in zip(want, got, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+
+
+def test_optimize_runs_the_partial_pass_and_reports_it() -> None:
+    """With ``enable_rules=("partial",)`` every site is PET-verified and added, the result verifies, and
+    the report says whether extraction used each (the built-in cost model prices the composites higher)."""
+    model = _model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Conv", ["c", "wd"], ["y"], pads=[2, 2, 2, 2], dilations=[2, 2]),
+            helper.make_node("MatMul", ["a", "m"], ["z"]),
+        ],
+        {"x": [1, 3, 8, 8], "a": [2, 3, 4]},
+        {"y": [1, 4, 8, 8], "z": [2, 3, 5]},
+        {"w": (4, 3, 3, 3), "b": (4,), "wd": (4, 4, 3, 3), "m": (4, 5)},
+    )
+    out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=("partial",)))
+    assert report.verification.status == "passed"
+    emitted = {p["rule"] for p in report.partial if p["status"] == "emitted"}
+    assert {"conv-spatial-to-batch", "dilated-conv-to-batch", "matmul-batch-to-gemm"} <= emitted, report.partial
+    assert all(isinstance(p["used"], bool) for p in report.partial)
+    assert "partial rules" in report.render()
+    _, plain = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), verify=False))
+    assert plain.partial == []  # off by default

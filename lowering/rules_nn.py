@@ -114,23 +114,19 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if pointwise:
         col = reshape(x, (batch, group, ck, ohw))
     else:
-        # Windows laid out as [N, G, Cg, *kernel, *out]: every index is affine in the loop
-        # variables (no div/mod per element), and the innermost loop walks the output width.
+        # Zero-pad once (input-sized), then gather windows laid out as [N, G, Cg, *kernel, *out]:
+        # every index is affine in the loop variables with no bounds checks, so the innermost
+        # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
+        need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
+        src = _zero_padded(cx, x, begin, need) if any(begin) or any(need) else x
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
             ks, os_ = idx[3 : 3 + n_sp], idx[3 + n_sp :]
-            ok: Expr | None = None
-            src: list[Expr] = [n, add(mul(g, i64(cg)), c_in)]
-            for o, k, s, dil, b, d in zip(os_, ks, strides, dilations, begin, in_sp, strict=True):
-                q = add(add(mul(o, i64(s)), i64(-b)), mul(k, i64(dil)))
-                valid = Binary("and", Compare("ge", q, i64(0)), Compare("lt", q, i64(d)))
-                ok = valid if ok is None else Binary("and", ok, valid)
-                src.append(Binary("min", Binary("max", q, i64(0)), i64(d - 1)))
-            v = x.gen(src)
-            return v if ok is None else Select(ok, v, Const(0.0, dt))
+            pos = [add(mul(o, i64(s)), mul(k, i64(dil))) for o, k, s, dil in zip(os_, ks, strides, dilations, strict=True)]
+            return src.gen([n, add(mul(g, i64(cg)), c_in), *pos])
 
-        windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, x.size + 20)
+        windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, src.size + 8)
         col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
     y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
@@ -139,6 +135,25 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
+
+
+def _zero_padded(cx: Any, x: Lazy, begin: list[int], end: list[int]) -> Lazy:
+    """``x`` stored with ``begin``/``end`` zeros around its spatial dims."""
+    spatial = x.shape[2:]
+    shape = x.shape[:2] + tuple(d + b + e for d, b, e in zip(spatial, begin, end, strict=True))
+
+    def fn(idx: Index) -> Expr:
+        src: list[Expr] = list(idx[:2])
+        ok: Expr | None = None
+        for i, b, d in zip(idx[2:], begin, spatial, strict=True):
+            j = add(i, i64(-b))
+            valid = Binary("and", Compare("ge", j, i64(0)), Compare("lt", j, i64(d)))
+            ok = valid if ok is None else Binary("and", ok, valid)
+            src.append(Binary("min", Binary("max", j, i64(0)), i64(d - 1)))
+        v = x.gen(src)
+        return v if ok is None else Select(ok, v, Const(0.0, x.dtype))
+
+    return cx.materialize(general(shape, x.dtype, fn, x.size + 4 * len(spatial)), "padded")
 
 
 class _NoCeil:

@@ -95,9 +95,14 @@ class RulePlugin:
         family: str | None = None,
         description: str = "",
         variant: str = "",
+        rtol: float | None = None,
     ) -> None:
-        """Add ``lhs => rhs`` under ``guards`` (egglog facts; ``onnxsat.rules.registry.ROOT`` is the match)."""
-        rewrite_rule(self.table, family or self.family, name, lhs, rhs, *guards, variant=variant)
+        """Add ``lhs => rhs`` under ``guards`` (egglog facts; ``onnxsat.rules.registry.ROOT`` is the match).
+
+        ``rtol``: the relative error verification allows, for results that differ from the matched
+        term by float32 rounding of a constant (e.g. a fused op's float attribute); default exact.
+        """
+        rewrite_rule(self.table, family or self.family, name, lhs, rhs, *guards, variant=variant, rtol=rtol)
         self._describe(name, description)
 
     def rule(
@@ -350,9 +355,8 @@ def _admit(load: PluginLoad, plugin: RulePlugin, *, verify: bool, cache_dir: str
         family = plugin.table.family_of(name) or plugin.family
         for egg_name, built in plugin.table.egg_rules[name]:
             RULES.add(family, name, built, egg_name)
-        tolerances = getattr(plugin.table, "tolerances", {})
-        if name in tolerances:
-            RULES.tolerances[name] = tolerances[name]
+        if name in plugin.table.tolerances:
+            RULES.tolerances[name] = plugin.table.tolerances[name]
         _SOURCES[name] = f"plugin {plugin.name} ({load.source})"
         load.accepted.append(name)
 
@@ -372,7 +376,7 @@ def _reason(verdict: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- verification with a cache
 def _rule_key(table: RuleTable, name: str) -> str:
-    """Hash of what decides a verdict: the rule's text, the ops it may use, the verifier and versions."""
+    """Hash of what decides a verdict: the rule's text and tolerance, the op table, the verifier, versions."""
     from .verify import describe_rule
 
     text = describe_rule(table, name)
@@ -380,7 +384,8 @@ def _rule_key(table: RuleTable, name: str) -> str:
         (s.op_type, s.name, s.inputs, tuple(a.name for a in s.attrs), s.min_opset) for s in OPS.values()
     )
     versions = [metadata.version(d) for d in ("onnxsat", "egglog", "onnx")] if _installed() else []
-    payload = json.dumps([text, ops, VERIFY_SETTINGS, versions], sort_keys=True, default=str)
+    rtol = table.tolerances.get(name)
+    payload = json.dumps([text, rtol, ops, VERIFY_SETTINGS, versions], sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -478,6 +483,7 @@ def unload_plugin(load: PluginLoad) -> None:
     """Take a plugin's rules and op rows out again (tests; a later load of the source reloads it)."""
     for name in load.accepted:
         RULES.remove(name)
+        RULES.tolerances.pop(name, None)
         _SOURCES.pop(name, None)
     for family in [f for f, names in RULES.families.items() if not names]:
         del RULES.families[family]

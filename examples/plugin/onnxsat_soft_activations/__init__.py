@@ -6,7 +6,10 @@ modelled in onnxsat's tensor language, so this plugin adds both op rows and one 
 
 Both rules need guards: the constant 1 must not broadcast ``x`` to a larger tensor (else the
 fused op would have a smaller shape than the chain it replaces), and ``x`` must be float32 or
-float64 (onnxruntime has no integer or float16 kernels for these ops).
+float64 (ONNX defines the ops for floats only). Known limit: onnxruntime has no float64 kernels
+for Softplus/Softsign, so on a float64 model onnxsat's final check fails and names the rule
+(``--disable-rules soft-activations``); the guard cannot say float32 only, because onnxsat's rule
+verifier builds float64 instances only, and a rule it cannot instantiate is rejected.
 
 onnxsat finds this plugin through the entry point in pyproject.toml::
 
@@ -64,7 +67,7 @@ _guards = (
     L.shape(x) == x_dims,
     L.shape(ROOT) == x_dims,  # the constant 1 does not broadcast x to a larger shape
     L.dtype(x) == dt,
-    (dt - i64(1)) * (dt - i64(11)) == i64(0),  # float32 (1) or float64 (11)
+    (dt - i64(1)) * (dt - i64(11)) == i64(0),  # float32 (1) or float64 (11): see the module docstring
 )
 
 # Log(Exp(x) + 1) => Softplus(x): three kernels become one.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +31,35 @@ PARALLEL_MIN_COST = 1_000_000.0
 """Kernels estimated below this many scalar operations run on one thread."""
 GEMM_SPLIT_FLOPS = 2_000_000.0
 """GEMM steps below this many FLOPs run on one thread."""
+CHUNKS_PER_THREAD = 4
+"""Parallel work is cut into this many chunks per thread, taken from a shared queue."""
+
+
+def _chunks(extent: int, parts: int) -> list[tuple[int, int]]:
+    size = max(1, math.ceil(extent / max(parts, 1)))
+    return [(b, min(extent, b + size)) for b in range(0, extent, size)]
+
+
+def share_work(pool: ThreadPoolExecutor, threads: int, tasks: list[Callable[[], None]]) -> None:
+    """Run ``tasks`` on this thread and up to ``threads - 1`` pool threads, taking them from a
+    shared queue. The caller never waits for a pool thread that has not started: once the queue
+    is empty, helpers still pending are cancelled, so a descheduled helper costs nothing."""
+    lock = threading.Lock()
+    queue = iter(tasks)
+
+    def drain() -> None:
+        while True:
+            with lock:
+                task = next(queue, None)
+            if task is None:
+                return
+            task()
+
+    helpers = [pool.submit(drain) for _ in range(min(threads - 1, len(tasks) - 1))]
+    drain()
+    for helper in helpers:
+        if not helper.cancel():
+            helper.result()
 
 
 @dataclass
@@ -119,23 +149,16 @@ class Executable:
         n = len(names)
         extent = kernel.parallel_extent
         parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= PARALLEL_MIN_COST
-        chunks = []
-        if parallel:
-            parts = min(self.threads, extent)
-            size = math.ceil(extent / parts)
-            chunks = [(k * size, min(extent, (k + 1) * size)) for k in range(parts) if k * size < extent]
+        chunks = _chunks(extent, CHUNKS_PER_THREAD * self.threads) if parallel else [(0, extent)]
         pool = self.pool
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             args = (ctypes.c_void_p * n)(*[arrays[name].ctypes.data for name in names])
-            if not chunks:
+            if len(chunks) == 1:
                 fn(args, 0, extent)
                 return
             assert pool is not None
-            futures = [pool.submit(fn, args, b, e) for b, e in chunks[1:]]
-            fn(args, chunks[0][0], chunks[0][1])
-            for f in futures:
-                f.result()
+            share_work(pool, self.threads, [lambda b=b, e=e: fn(args, b, e) for b, e in chunks])
 
         return run
 
@@ -191,7 +214,8 @@ class Executable:
                     split.append((ao + r0 * a_row, bo, co + r0 * n, min(rows, m - r0)))
             units = split
         parallel = self.pool is not None and self.threads > 1 and len(units) > 1 and 2.0 * m * n * k * len(a_offs) >= GEMM_SPLIT_FLOPS
-        parts = [units[i :: self.threads] for i in range(self.threads)] if parallel else [units]
+        parts = [units[i :: CHUNKS_PER_THREAD * self.threads] for i in range(CHUNKS_PER_THREAD * self.threads)] if parallel else [units]
+        parts = [p for p in parts if p]
         pool = self.pool
 
         def work(arrays: dict[str, np.ndarray], part: list[tuple[int, int, int, int]]) -> None:
@@ -205,10 +229,7 @@ class Executable:
                 work(arrays, parts[0])
                 return
             assert pool is not None
-            futures = [pool.submit(work, arrays, part) for part in parts[1:]]
-            work(arrays, parts[0])
-            for f in futures:
-                f.result()
+            share_work(pool, self.threads, [lambda part=part: work(arrays, part) for part in parts])
 
         return run
 
@@ -238,9 +259,7 @@ class Executable:
         a_name, out_name = a.buffer.name, step.out.name
         a_offset = a.offset
         parallel = self.pool is not None and self.threads > 1 and panels > 1 and 2.0 * rows * n * k >= GEMM_SPLIT_FLOPS
-        parts = self.threads if parallel else 1
-        per = -(-panels // parts)
-        ranges = [(i * per, min(panels, (i + 1) * per)) for i in range(parts) if i * per < panels]
+        ranges = _chunks(panels, CHUNKS_PER_THREAD * self.threads) if parallel else [(0, panels)]
         pool = self.pool
         self._keep.append(bp)
         bp_ptr = bp.ctypes.data
@@ -252,10 +271,7 @@ class Executable:
                 fn(pa, lda, bp_ptr, k, pc, n, rows, n, 0, panels)
                 return
             assert pool is not None
-            futures = [pool.submit(fn, pa, lda, bp_ptr, k, pc, n, rows, n, r0, r1) for r0, r1 in ranges[1:]]
-            fn(pa, lda, bp_ptr, k, pc, n, rows, n, ranges[0][0], ranges[0][1])
-            for f in futures:
-                f.result()
+            share_work(pool, self.threads, [lambda r0=r0, r1=r1: fn(pa, lda, bp_ptr, k, pc, n, rows, n, r0, r1) for r0, r1 in ranges])
 
         return run
 

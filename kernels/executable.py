@@ -8,6 +8,7 @@ enough to pay for the hand-off.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 import time
@@ -158,7 +159,7 @@ class Executable:
                 fn(args, 0, extent)
                 return
             assert pool is not None
-            share_work(pool, self.threads, [lambda b=b, e=e: fn(args, b, e) for b, e in chunks])
+            share_work(pool, self.threads, [functools.partial(fn, args, b, e) for b, e in chunks])
 
         return run
 
@@ -229,7 +230,7 @@ class Executable:
                 work(arrays, parts[0])
                 return
             assert pool is not None
-            share_work(pool, self.threads, [lambda part=part: work(arrays, part) for part in parts])
+            share_work(pool, self.threads, [functools.partial(work, arrays, part) for part in parts])
 
         return run
 
@@ -271,7 +272,7 @@ class Executable:
                 fn(pa, lda, bp_ptr, k, pc, n, rows, n, 0, panels)
                 return
             assert pool is not None
-            share_work(pool, self.threads, [lambda r0=r0, r1=r1: fn(pa, lda, bp_ptr, k, pc, n, rows, n, r0, r1) for r0, r1 in ranges])
+            share_work(pool, self.threads, [functools.partial(fn, pa, lda, bp_ptr, k, pc, n, rows, n, r0, r1) for r0, r1 in ranges])
 
         return run
 

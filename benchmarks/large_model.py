@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             report = json.loads(report_path.read_text())
             summary["verification"] = report["verification"]["status"]
             summary["nodes"] = f"{report['total_nodes_before']} -> {report['total_nodes_after']}"
+            summary["stage_seconds"] = report["stage_seconds"]
             summary["output_sidecar_gib"] = round(dst.with_name(dst.name + ".data").stat().st_size / 2**30, 3)
             err = compare_files(src, dst)
             summary["independent_max_abs_err"] = err

@@ -87,6 +87,12 @@ is_const = relation("is_const", Tensor)
 
 list_const = relation("list_const", TList)
 
+varies = relation("varies", Tensor)
+"""Holds when a tensor depends on a graph input (so constant-canonicalizing rules skip weight-only
+arithmetic, which folds at export anyway)."""
+
+list_varies = relation("list_varies", TList)
+
 
 @function
 def graph_output(index: i64Like) -> Tensor:

@@ -643,3 +643,21 @@ for _spec in OPS.values():
     shape_rules.append(rule(eq(t).to(_spec.ctor(*_args)), *_facts).then(L.is_const(t)))
 shape_rules.append(rule(eq(xs).to(L.TList.nil())).then(L.list_const(xs)))
 shape_rules.append(rule(eq(xs).to(L.TList.cons(a, ys)), L.is_const(a), L.list_const(ys)).then(L.list_const(xs)))
+
+# ---------------------------------------------------------------- dependence on graph inputs
+shape_rules.append(rule(eq(t).to(L.Tensor.input(str_a))).then(L.varies(t)))
+shape_rules.append(rule(eq(t).to(L.opaque(ia, xs, ib))).then(L.varies(t)))
+for _spec in OPS.values():
+    # An op with an input that depends on a graph input depends on it.
+    _args = [var(f"items_{_spec.name}", L.TList)] if _spec.variadic else [
+        var(f"in{k}_{_spec.name}", L.Tensor) for k in range(len(_spec.inputs))
+    ]
+    _args += [var(f"{_attr.name}_{_spec.name}", _ATTR_SORTS[_attr.kind]) for _attr in _spec.attrs]
+    if _spec.indexed_outputs:
+        _args.append(var(f"index_{_spec.name}", i64))
+    _n_in = 1 if _spec.variadic else len(_spec.inputs)
+    for _k in range(_n_in):
+        _fact = L.list_varies(_args[_k]) if _spec.variadic else L.varies(_args[_k])
+        shape_rules.append(rule(eq(t).to(_spec.ctor(*_args)), _fact).then(L.varies(t)))
+shape_rules.append(rule(eq(xs).to(L.TList.cons(a, ys)), L.varies(a)).then(L.list_varies(xs)))
+shape_rules.append(rule(eq(xs).to(L.TList.cons(a, ys)), L.list_varies(ys)).then(L.list_varies(xs)))

@@ -28,55 +28,71 @@ def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: st
 
 # ---------------------------------------------------------------- constant folding (x op a) op b
 # (x+a)+b => x+(a+b) when a, b depend on weights only: the constant part folds at export. Reassociates.
-_add("add-const-assoc", L.add(L.add(x, a), b), L.add(x, L.add(a, b)), L.is_const(a), L.is_const(b))
+_add("add-const-assoc", L.add(L.add(x, a), b), L.add(x, L.add(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
 # (x*a)*b => x*(a*b), as above. Reassociates.
-_add("mul-const-assoc", L.mul(L.mul(x, a), b), L.mul(x, L.mul(a, b)), L.is_const(a), L.is_const(b))
+_add("mul-const-assoc", L.mul(L.mul(x, a), b), L.mul(x, L.mul(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
 # (x-a)+b => x+(b-a): one op on the activation instead of two. Reassociates.
-_add("sub-add-const", L.add(L.sub(x, a), b), L.add(x, L.sub(b, a)), L.is_const(a), L.is_const(b))
+_add("sub-add-const", L.add(L.sub(x, a), b), L.add(x, L.sub(b, a)), L.is_const(a), L.is_const(b), L.varies(x))
 # (x/a)*b => x*(b/a). Reassociates; floats only (integer Div truncates: (3/2)*2 is not 3*(2/2)).
 _add(
     "div-mul-const",
     L.mul(L.div(x, a), b),
     L.mul(x, L.div(b, a)),
+    L.varies(x),
     L.is_const(a),
     L.is_const(b),
     L.dtype(x) == dt,
     Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
 )
 # (x+a)-b => x+(a-b); (x-a)-b => x-(a+b); (x*a)/b => x*(a/b); (x/a)/b => x/(a*b). Reassociate.
-_add("add-sub-const", L.sub(L.add(x, a), b), L.add(x, L.sub(a, b)), L.is_const(a), L.is_const(b))
-_add("sub-sub-const", L.sub(L.sub(x, a), b), L.sub(x, L.add(a, b)), L.is_const(a), L.is_const(b))
+_add("add-sub-const", L.sub(L.add(x, a), b), L.add(x, L.sub(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
+_add("sub-sub-const", L.sub(L.sub(x, a), b), L.sub(x, L.add(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
 # (x*a)/b => x*(a/b): floats only, as div-mul-const (integer Div truncates: (x*3)/2 is not x*(3/2)).
 _add(
     "mul-div-const",
     L.div(L.mul(x, a), b),
     L.mul(x, L.div(a, b)),
+    L.varies(x),
     L.is_const(a),
     L.is_const(b),
     L.dtype(x) == dt,
     Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
 )
-_add("div-div-const", L.div(L.div(x, a), b), L.div(x, L.mul(a, b)), L.is_const(a), L.is_const(b))
+# (x/a)/b => x/(a*b): floats only (for integers a*b may overflow where the two divisions do not).
+_add(
+    "div-div-const",
+    L.div(L.div(x, a), b),
+    L.div(x, L.mul(a, b)),
+    L.varies(x),
+    L.is_const(a),
+    L.is_const(b),
+    L.dtype(x) == dt,
+    Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
+)
 # (x+a)*b => x*b + a*b (TASO's distributivity, towards the affine form x*s + t every chain of
 # constant scales and shifts folds into). Reassociates.
-_add("mul-add-const-distribute", L.mul(L.add(x, a), b), L.add(L.mul(x, b), L.mul(a, b)), L.is_const(a), L.is_const(b))
+_add("mul-add-const-distribute", L.mul(L.add(x, a), b), L.add(L.mul(x, b), L.mul(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
 # x - c => x + (-c) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above apply
 # (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
-_add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a))
-for _dt in (1, 11):
-    _add(
-        "div-const-to-mul",
-        L.div(x, a),
-        L.mul(x, L.reciprocal(a)),
-        L.is_const(a),
-        L.dtype(x) == i64(_dt),
-        variant=f"dtype{_dt}",
-    )
+_add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a), L.varies(x))
+_add(
+    "div-const-to-mul",
+    L.div(x, a),
+    L.mul(x, L.reciprocal(a)),
+    L.varies(x),
+    L.is_const(a),
+    L.dtype(x) == dt,
+    Vec(i64(1), i64(11)).contains(dt),
+)
 # c*x => x*c and c+x => x+c for a constant c: one canonical side for every fold (exact).
-_add("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a))
-_add("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a))
+# (Constant folds ask ``varies(x)``: weight-only arithmetic folds at export, and rewriting it only
+# grows the e-graph.)
+_add("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a), L.varies(x))
+_add("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a), L.varies(x))
 # x + x => x * 2 (exact): joins the Mul folds.
-_add("add-self", L.add(x, x), L.mul(x, L.Tensor.splat(f64(2.0), Vec[i64].empty(), dt)), L.dtype(x) == dt)
+_add(
+    "add-self", L.add(x, x), L.mul(x, L.Tensor.splat(f64(2.0), Vec[i64].empty(), dt)), L.dtype(x) == dt, L.varies(x)
+)
 # ---------------------------------------------------------------- factoring and negation
 # x*a + x*b => x*(a+b): one multiply instead of two.
 _add("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)))

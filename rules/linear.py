@@ -291,14 +291,16 @@ _add(
     L.is_const(w),
     variant="conv",
 )
-_add("neg-into-weights", L.mul(L.neg(x), c), L.mul(x, L.neg(c)), L.is_const(c), variant="mul")
+_add("neg-into-weights", L.mul(L.neg(x), c), L.mul(x, L.neg(c)), L.is_const(c), L.varies(x), variant="mul")
 
 # ---------------------------------------------------------------- BatchNormalization as an affine map
-for _r in (2, 3, 4):
+for _r in (2,):
     _factor = L.div(scale, L.sqrt(L.add(var, L.Tensor.splat(eps, Vec[i64].empty(), dt))))
     _per_channel = _ints(sx[1], *[1] * (_r - 2))
-    # BN(x) => x * f + (b - mean * f), f = scale / sqrt(var + eps), for constant statistics: the
-    # Mul and Add then fold into a neighbouring MatMul/Gemm/Conv (BN not after a Conv). Reassociates.
+    # BN(x) => x * f + (b - mean * f), f = scale / sqrt(var + eps), for constant statistics on a
+    # [N, C] input (BatchNorm1d next to a Linear): the Mul and Add then fold into the MatMul/Gemm.
+    # Not for conv feature maps: after a Conv, conv-batchnorm-fold does it in one step, and before
+    # one (BN-ReLU-Conv) nothing folds, so the extra terms would only grow the e-graph. Reassociates.
     _add(
         "batchnorm-to-affine",
         L.batch_norm(x, scale, bias, mean, var, eps),

@@ -106,11 +106,8 @@ PROOFS = {
     "neg-into-weights": (L.matmul(L.neg(X), W), L.matmul(X, L.neg(W)), {"x": (2, 3), "w": (3, 4)}),
     "batchnorm-to-affine": (
         L.batch_norm(X, A, B, M, V, 1e-5),
-        L.add(
-            L.mul(X, L.reshape(_factor, ints(3, 1, 1), 0)),
-            L.reshape(L.sub(B, L.mul(M, _factor)), ints(3, 1, 1), 0),
-        ),
-        {"x": (1, 3, 4, 4), "a": (3,), "b": (3,), "m": (3,), "v": (3,)},
+        L.add(L.mul(X, L.reshape(_factor, ints(3), 0)), L.reshape(L.sub(B, L.mul(M, _factor)), ints(3), 0)),
+        {"x": (4, 3), "a": (3,), "b": (3,), "m": (3,), "v": (3,)},
     ),
 }
 

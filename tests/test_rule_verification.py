@@ -150,7 +150,7 @@ def test_cli_rules_list_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_rules_list_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["rules", "list"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["NAME", "FAMILY", "RULES", "STATUS", "GUARDS"]
+    assert out.splitlines()[0].split() == ["NAME", "FAMILY", "SOURCE", "RULES", "STATUS", "GUARDS"]
     assert "matmul-add-to-gemm" in out and "not run" in out
 
 

@@ -1,0 +1,7 @@
+"""Compile and run kernel programs on the CPU.
+
+``codegen`` (kernel IR -> LLVM IR with IRBuilder) and ``mathlib`` (vectorizable exp/erf/tanh);
+``gemm`` (packed GEMM micro-kernel); ``jit`` (MCJIT + on-disk cache); ``blas`` (OpenBLAS via
+ctypes); ``arena`` (liveness memory plan); ``executable`` (one compiled program and its step
+runners); ``compiled`` (``CompiledModel``, ``compile_model``); ``command`` (``onnxsat compile``).
+"""

@@ -50,6 +50,10 @@ def host_target() -> HostTarget:
     return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
 
 
+PIPELINE = "new-pm/o{level}+loop-vectorize+slp+unroll/v1"
+"""Part of the cache key: change it when the optimization pipeline changes for the same IR."""
+
+
 def default_cache_dir() -> Path:
     return Path(os.path.expanduser("~")) / ".cache" / "onnxsat" / "kernels"
 
@@ -63,7 +67,8 @@ class CompiledModule:
         target = llvm.Target.from_triple(host.triple)
         self.tm = target.create_target_machine(cpu=host.cpu, features=host.features, opt=opt_level, codemodel="jitdefault")
         text = str(module)
-        self.key = hashlib.sha256(f"{host.fingerprint}\n{opt_level}\n{text}".encode()).hexdigest()
+        pipeline = PIPELINE.format(level=opt_level)
+        self.key = hashlib.sha256(f"{host.fingerprint}\n{pipeline}\n{text}".encode()).hexdigest()
         self.cache_hit = False
         cache_file = cache_dir / f"{self.key}.o" if cache_dir is not None else None
         cached = cache_file.read_bytes() if cache_file is not None and cache_file.exists() else None

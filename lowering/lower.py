@@ -47,6 +47,10 @@ VALUE_SLOTS: dict[str, tuple[int, ...]] = {
 """Inputs whose *values* decide shapes: a compiled model is specialized on them."""
 
 
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"})
+"""Ops never evaluated at compile time even when their inputs are constants."""
+
+
 class LoweringError(OnnxsatError):
     """The model cannot be compiled as given (unknown shapes, data-dependent shapes, odd dtypes)."""
 
@@ -242,7 +246,7 @@ class Lowerer:
         if node.domain not in ("", "ai.onnx"):
             self._fallback(view, f"custom domain {node.domain}")
             return
-        if node.op_type == "Constant" or (present and all(t in self.consts for t in present) and node.op_type in LOWERINGS):
+        if node.op_type == "Constant" or (present and all(t in self.consts for t in present) and node.op_type not in RANDOM_OPS):
             self._fold(view)
             return
         rule = LOWERINGS.get(node.op_type)

@@ -1,0 +1,209 @@
+"""Kernel IR -> NVVM-flavoured LLVM IR (triple nvptx64-nvidia-cuda), built with IRBuilder.
+
+Expressions and statements are built by the CPU code generator (``kernels.codegen``), so both
+backends share one meaning of the IR; this module changes what differs on a GPU:
+
+* the signature: ``void k(T* noalias align 16 buf0, ...)``, one global pointer per buffer
+  (each buffer is its own device allocation, so pointers never alias and are 256-byte aligned);
+* the parallel loop: a grid-stride loop over ``parallel_var`` from the global thread id;
+* math: exp/log/erf/tanh/pow call libdevice's ``__nv_*`` functions (linked in by ``ptx``);
+* reductions (``transform.reduction_parts``): one warp per output, lanes stride over the reduced
+  elements, then a butterfly of ``llvm.nvvm.shfl.sync.bfly.i32`` and lane 0 stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llvmlite import ir
+
+from onnxsat.kernels.codegen import LL_TYPES, _FunctionBuilder, storage_type
+from onnxsat.lowering.kernel_ir import Binary, Kernel, Local, Var, is_float, unflatten
+
+from .transform import reduced_size, reduction_parts, substitute
+
+TRIPLE = "nvptx64-nvidia-cuda"
+WARP = 32
+I32, I64 = ir.IntType(32), ir.IntType(64)
+FULL_MASK = 0xFFFFFFFF
+
+_LIBDEVICE_UNARY = {"exp": "exp", "log": "log", "erf": "erf", "tanh": "tanh"}
+"""Kernel IR unary ops that call libdevice (``__nv_expf`` for f32, ``__nv_exp`` for f64)."""
+
+
+def libdevice_name(op: str, dtype: str) -> str:
+    return f"__nv_{op}{'f' if dtype == 'f32' else ''}"
+
+
+def declare(module: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """The function ``name`` in ``module``, declared on first use."""
+    existing = module.globals.get(name)
+    if existing is not None:
+        return existing
+    return ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+
+def sreg(b: ir.IRBuilder, name: str) -> ir.Value:
+    """A PTX special register (``tid.x``, ``ntid.x``, ``ctaid.x``, ``nctaid.x``...) as i64."""
+    fn = declare(b.module, f"llvm.nvvm.read.ptx.sreg.{name}", I32, [])
+    return b.zext(b.call(fn, [], name=name.replace(".", "_")), I64)
+
+
+def mark_kernel(module: ir.Module, fn: ir.Function) -> None:
+    """Tag ``fn`` as a kernel entry point in ``nvvm.annotations``."""
+    md = module.add_named_metadata("nvvm.annotations")  # the existing node when there is one
+    md.add(module.add_metadata([fn, "kernel", ir.Constant(I32, 1)]))
+
+
+class NvvmBuilder(_FunctionBuilder):
+    """Builds one kernel as a CUDA entry point (see the module docstring for the differences)."""
+
+    def __init__(self, module: ir.Module, kernel: Kernel):  # noqa: D107 - same state as the CPU builder
+        self.module = module
+        self.kernel = kernel
+        arg_types = [storage_type(b.dtype).as_pointer() for b in kernel.params]
+        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), arg_types), name=kernel.name)
+        for arg, buf in zip(self.fn.args, kernel.params, strict=True):
+            arg.name = f"p.{buf.name}"
+            arg.attributes.add("noalias")
+            arg.attributes.align = 16
+        self.entry = self.fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self.slots: dict[str, ir.Value] = {}
+        self.ptrs = {buf.name: arg for buf, arg in zip(kernel.params, self.fn.args, strict=True)}
+        self.scopes: list[dict] = [{}]
+        self.written = set(kernel.outputs)
+        mark_kernel(module, self.fn)
+
+    # ------------------------------------------------------------ math through libdevice
+    def _unary(self, op: str, a: ir.Value, dt: str) -> ir.Value:
+        b = self.b
+        if dt == "f16" and op in (*_LIBDEVICE_UNARY, "sigmoid"):
+            wide = self._unary(op, b.fpext(a, LL_TYPES["f32"]), "f32")
+            return b.fptrunc(wide, LL_TYPES["f16"])
+        if dt in ("f32", "f64") and op in _LIBDEVICE_UNARY:
+            ty = LL_TYPES[dt]
+            return b.call(declare(self.module, libdevice_name(_LIBDEVICE_UNARY[op], dt), ty, [ty]), [a])
+        return super()._unary(op, a, dt)
+
+    def _binary(self, op: str, a: ir.Value, c: ir.Value, dt: str) -> ir.Value:
+        b = self.b
+        if op == "pow" and dt == "f16":
+            f32 = LL_TYPES["f32"]
+            return b.fptrunc(self._binary(op, b.fpext(a, f32), b.fpext(c, f32), "f32"), LL_TYPES["f16"])
+        if op == "pow" and dt in ("f32", "f64"):
+            ty = LL_TYPES[dt]
+            return b.call(declare(self.module, libdevice_name("pow", dt), ty, [ty, ty]), [a, c])
+        return super()._binary(op, a, c, dt)
+
+    # ------------------------------------------------------------ control flow
+    def stride_loop(self, var: str, start: ir.Value, stop: ir.Value, step: ir.Value, body: Callable[[], None]) -> None:
+        """``for var = start; var < stop; var += step: body()`` (var is an i64 slot)."""
+        b = self.b
+        slot = self.slot(var, I64)
+        b.store(start, slot)
+        header = self.fn.append_basic_block(f"{var}.header")
+        block = self.fn.append_basic_block(f"{var}.body")
+        exit_ = self.fn.append_basic_block(f"{var}.exit")
+        b.branch(header)
+        b.position_at_end(header)
+        b.cbranch(b.icmp_signed("<", b.load(slot, typ=I64), stop), block, exit_)
+        b.position_at_end(block)
+        self.scopes.append({})
+        body()
+        self.scopes.pop()
+        b.store(b.add(b.load(slot, typ=I64), step, flags=["nsw"]), slot)
+        b.branch(header)
+        b.position_at_end(exit_)
+
+    def when(self, cond: ir.Value, body: Callable[[], None], name: str) -> None:
+        b = self.b
+        then = self.fn.append_basic_block(f"{name}.then")
+        done = self.fn.append_basic_block(f"{name}.done")
+        b.cbranch(cond, then, done)
+        b.position_at_end(then)
+        self.scopes.append({})
+        body()
+        self.scopes.pop()
+        b.branch(done)
+        b.position_at_end(done)
+
+    # ------------------------------------------------------------ kernels
+    def build(self) -> None:
+        """Grid-stride loop: every thread runs the body for its parallel values."""
+        b = self.b
+        ntid = sreg(b, "ntid.x")
+        tid = b.add(b.mul(sreg(b, "ctaid.x"), ntid), sreg(b, "tid.x"))
+        stride = b.mul(sreg(b, "nctaid.x"), ntid)
+        extent = ir.Constant(I64, self.kernel.parallel_extent)
+        self.stride_loop(self.kernel.parallel_var, tid, extent, stride, lambda: self.stmts(self.kernel.body))
+        b.ret_void()
+
+    def build_warp_reduction(self) -> None:
+        """One warp per output value: lane partial results, then a shuffle butterfly."""
+        parts = reduction_parts(self.kernel)
+        assert parts is not None, "not a reduction kernel"
+        decl, loops, assign, store = parts
+        b = self.b
+        ntid = sreg(b, "ntid.x")
+        thread = b.add(b.mul(sreg(b, "ctaid.x"), ntid), sreg(b, "tid.x"))
+        warp = b.udiv(thread, ir.Constant(I64, WARP))
+        lane = b.urem(thread, ir.Constant(I64, WARP))
+        warps = b.udiv(b.mul(sreg(b, "nctaid.x"), ntid), ir.Constant(I64, WARP))
+        shape = tuple(int(lp.stop.value) for lp in loops)  # type: ignore[union-attr]
+        red_index = unflatten(Var("__r"), shape)
+        step = substitute(assign, {lp.var: ix for lp, ix in zip(loops, red_index, strict=True)})
+        assert isinstance(assign.value, Binary)
+        op = assign.value.op
+
+        def one_output() -> None:
+            self.stmts((decl,))
+            total = ir.Constant(I64, reduced_size(loops))
+            self.stride_loop("__r", lane, total, ir.Constant(I64, WARP), lambda: self.stmts((step,)))  # type: ignore[arg-type]
+            acc_slot = self.slots[decl.name]
+            for offset in (16, 8, 4, 2, 1):
+                acc = b.load(acc_slot, typ=LL_TYPES[decl.dtype])
+                other = self.shuffle_xor(acc, decl.dtype, offset)
+                b.store(self._binary(op, acc, other, decl.dtype), acc_slot)
+            self.when(b.icmp_unsigned("==", lane, ir.Constant(I64, 0)), lambda: self.stmts((store,)), "lane0")
+
+        self.stride_loop(self.kernel.parallel_var, warp, ir.Constant(I64, self.kernel.parallel_extent), warps, one_output)
+        b.ret_void()
+
+    def shuffle_xor(self, value: ir.Value, dtype: str, offset: int) -> ir.Value:
+        """The ``value`` of lane ``lane ^ offset`` (any scalar type, moved as 32-bit words)."""
+        b = self.b
+        shfl = declare(self.module, "llvm.nvvm.shfl.sync.bfly.i32", I32, [I32, I32, I32, I32])
+        ty = LL_TYPES[dtype]
+        bits = {"f16": 16, "f32": 32, "f64": 64}.get(dtype) or ty.width
+        as_int = b.bitcast(value, ir.IntType(bits)) if is_float(dtype) else value
+        wide = b.zext(as_int, I64) if bits < 64 else as_int
+        mask, clamp = ir.Constant(I32, FULL_MASK), ir.Constant(I32, 0x1F)
+        lo = b.call(shfl, [mask, b.trunc(wide, I32), ir.Constant(I32, offset), clamp])
+        result = b.zext(lo, I64)
+        if bits > 32:
+            hi = b.call(shfl, [mask, b.trunc(b.lshr(wide, ir.Constant(I64, 32)), I32), ir.Constant(I32, offset), clamp])
+            result = b.or_(result, b.shl(b.zext(hi, I64), ir.Constant(I64, 32)))
+        narrow = b.trunc(result, ir.IntType(bits)) if bits < 64 else result
+        return b.bitcast(narrow, ty) if is_float(dtype) else narrow
+
+
+def uses_warp_reduction(kernel: Kernel, min_reduced: int = 64) -> bool:
+    """Reductions over at least ``min_reduced`` elements per output get a warp each."""
+    parts = reduction_parts(kernel)
+    if parts is None:
+        return False
+    decl, loops, assign, _ = parts
+    value = assign.value
+    if not (isinstance(value, Binary) and value.a == Local(decl.name, decl.dtype)):
+        return False
+    return reduced_size(loops) >= min_reduced
+
+
+def add_kernel(module: ir.Module, kernel: Kernel, warp_reduction: bool) -> None:
+    """Build ``kernel`` into ``module`` as an entry point of the given form."""
+    builder = NvvmBuilder(module, kernel)
+    if warp_reduction:
+        builder.build_warp_reduction()
+    else:
+        builder.build()

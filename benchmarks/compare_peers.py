@@ -23,6 +23,7 @@ import json
 import math
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -68,6 +69,12 @@ def _optimize_with(tool: str, model: onnx.ModelProto) -> onnx.ModelProto:
     raise ValueError(f"unknown tool {tool}")
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process, all threads: less sensitive to other load than wall time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_main(tool: str, src: str, dst: str, result: str) -> int:
     """Load, optimize (timed), save; the parent reads ``result`` (JSON) and ``dst``."""
     from onnxsat.errors import one_line
@@ -75,9 +82,10 @@ def child_main(tool: str, src: str, dst: str, result: str) -> int:
     model = onnx.load(src)
     out: dict[str, object] = {}
     try:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), _cpu_seconds()
         optimized = _optimize_with(tool, model)
         out["seconds"] = time.perf_counter() - start
+        out["cpu_seconds"] = _cpu_seconds() - cpu_start
         onnx.save(optimized, dst)
         out["status"] = "ok"
     except Exception as e:  # a peer failing on a model is a result, not a crash of the benchmark
@@ -96,6 +104,7 @@ class ToolResult:
 
     status: str
     seconds: float | None = None
+    cpu_seconds: float | None = None
     nodes: int | None = None
     max_abs_err: float | None = None
     latency: dict[str, dict] = field(default_factory=dict)
@@ -168,7 +177,7 @@ def run_tool(tool: str, src: Path, workdir: Path, timeout: float) -> tuple[ToolR
     data = json.loads(result.read_text())
     if data["status"] != "ok":
         return ToolResult(data["status"]), None
-    return ToolResult("ok", seconds=data["seconds"]), dst
+    return ToolResult("ok", seconds=data["seconds"], cpu_seconds=data.get("cpu_seconds")), dst
 
 
 def max_abs_error(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: dict) -> float:
@@ -349,23 +358,28 @@ def render_markdown(results: list[ModelResult], tools: list[str], header: dict[s
         "Error: max abs difference to the original over all outputs, relative to max(1, |output|).",
         "",
     ]
-    cols = ["model", "tool", "time (s)", "nodes", "max err"] + [LEVELS[lv] for lv in LEVELS] + ["status"]
+    cols = (
+        ["model", "tool", "time (s)", "cpu (s)", "nodes", "max err"]
+        + [LEVELS[lv] for lv in LEVELS]
+        + ["status"]
+    )
     lines.append("| " + " | ".join(cols) + " |")
     lines.append("|" + "---|" * len(cols))
     for r in results:
         lines.append(
-            f"| **{r.name}** | original | | {r.nodes} | | "
+            f"| **{r.name}** | original | | | {r.nodes} | | "
             + " | ".join(f"{r.original_ms[lv]:.2f} ms" if lv in r.original_ms else "-" for lv in LEVELS)
             + f" | {r.note or 'baseline'} |"
         )
         for tool in tools:
             tr = r.tools[tool]
             secs = f"{tr.seconds:.2f}" if tr.seconds is not None else "-"
+            cpu = f"{tr.cpu_seconds:.2f}" if tr.cpu_seconds is not None else "-"
             nodes = str(tr.nodes) if tr.nodes is not None else "-"
             err = f"{tr.max_abs_err:.1e}" if tr.max_abs_err is not None else "-"
             cells = [_cell_latency(tr, lv) for lv in LEVELS]
             lines.append(
-                f"| | {tool} | {secs} | {nodes} | {err} | " + " | ".join(cells) + f" | {tr.status} |"
+                f"| | {tool} | {secs} | {cpu} | {nodes} | {err} | " + " | ".join(cells) + f" | {tr.status} |"
             )
     lines += ["", "## Geometric means over the models each tool optimized correctly", ""]
     cols = ["tool", "models", "optimize time (s)", "nodes after/before"] + [

@@ -55,6 +55,7 @@ class CompiledModel:
         self.optimize_report: Any = None
         """The ``onnxsat.optimize`` report when the model was optimized before compiling."""
         self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
         static = self._static_shapes()
         if static is not None and not self.value_inputs:
             self._executable(static, {})
@@ -90,7 +91,9 @@ class CompiledModel:
 
     def __call__(self, feeds: dict[str, np.ndarray] | None = None, **kwargs: np.ndarray) -> dict[str, np.ndarray]:
         inputs = dict(feeds or {}, **kwargs)
-        return self.executable_for(inputs).run(inputs)
+        exe = self.executable_for(inputs)
+        with self._run_lock:  # one arena per executable: calls from several threads take turns
+            return exe.run(inputs)
 
     def stats(self, inputs: dict[str, np.ndarray] | None = None) -> ExecutableStats:
         """What the compiler did (kernels, BLAS calls, fallbacks by op, arena size) for one signature."""

@@ -305,7 +305,12 @@ class Executable:
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = dict(self.fixed)
         for name, buf in self.program.inputs:
-            arrays[buf.name] = np.ascontiguousarray(inputs[name], dtype=NUMPY_DTYPES[buf.dtype])
+            value = np.asarray(inputs[name])
+            if value.dtype != NUMPY_DTYPES[buf.dtype]:
+                from onnxsat.errors import BadInputError
+
+                raise BadInputError(f"input {name!r} has dtype {value.dtype}, the model wants {NUMPY_DTYPES[buf.dtype]}")
+            arrays[buf.name] = np.ascontiguousarray(value)
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
             arr = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])

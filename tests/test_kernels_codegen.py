@@ -211,3 +211,12 @@ def test_llvm_and_blas_gemm_paths_agree() -> None:
     blas = CompiledModel(model, threads=2, cache_dir=None, gemm="blas")(feeds)["y"]
     np.testing.assert_allclose(llvm, blas, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(llvm, np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_wrong_input_dtype_is_a_clear_error() -> None:
+    from onnxsat.errors import BadInputError
+
+    nodes, inputs = FUSION_CASES["tanh-sigmoid-exp"]
+    compiled = CompiledModel(_model(nodes, inputs, ["y"]), threads=1, cache_dir=None)
+    with pytest.raises(BadInputError, match="dtype float64"):
+        compiled(x=np.zeros((7, 9)))

@@ -29,7 +29,10 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("input", metavar="INPUT", help="the ONNX model to compile (read only)")
-    p.add_argument("--target", default="cpu", choices=["cpu"], help="code generation target (default: cpu)")
+    p.add_argument("--target", default="cpu", choices=["cpu", "cuda"], help="code generation target (default: cpu)")
+    p.add_argument("--emit-ptx", metavar="DIR", default=None, help="cuda: write one .ptx per kernel and manifest.json to DIR (no GPU needed)")
+    p.add_argument("--emit-check", action="store_true", help="cuda, with --emit-ptx: also write inputs and expected CPU values for benchmarks/gpu_check.py")
+    p.add_argument("--arch", default="sm_90", help="cuda: PTX target architecture (default: sm_90; also sm_80, sm_86, sm_89)")
     p.add_argument("--bench", action="store_true", help="time the compiled model against onnxruntime")
     p.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds for --bench (default: 30)")
     p.add_argument("--threads", type=int, default=None, help="threads for both sides (default: all cores)")
@@ -82,6 +85,12 @@ def run(args: argparse.Namespace) -> int:
 
     from .compiled import compile_model
 
+    if args.target == "cuda":
+        from .cuda.command import run_cuda
+
+        return run_cuda(args)
+    if args.emit_ptx or args.emit_check:
+        raise BadInputError("--emit-ptx/--emit-check need --target cuda")
     model = _pin(load_model(args.input), _shapes(args.input_shape))
     threads = args.threads or os.cpu_count() or 1
     compiled = compile_model(model, args.target, Options(), optimize=not args.no_optimize, threads=threads)

@@ -24,7 +24,12 @@ def compile(model, target="cpu", options=None, *, optimize=True, threads=None): 
     """Optimize and compile an ONNX ModelProto to native kernels; see ``onnxsat.kernels.compiled``.
 
     Returns a ``CompiledModel``: ``cm(input_name=array, ...)`` gives a dict of output arrays.
+    ``target="cuda"`` returns a ``CudaModel`` (needs cuda-python and a GPU: ``onnxsat[cuda]``).
     """
+    if target == "cuda":
+        from .kernels.cuda.runtime import compile_cuda
+
+        return compile_cuda(model, options, optimize=optimize)
     from .kernels.compiled import compile_model
 
     return compile_model(model, target, options, optimize=optimize, threads=threads)

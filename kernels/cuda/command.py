@@ -1,0 +1,124 @@
+"""``onnxsat compile MODEL --target cuda``: PTX bundles without a GPU, or a checked GPU run.
+
+``--emit-ptx DIR`` writes the bundle (``bundle``) and checks every PTX file with ``ptxas -v``
+when ptxas is on PATH (registers and spills go in the report); ``--emit-check`` adds inputs and
+the CPU backend's expected values for ``benchmarks/gpu_check.py``. Without ``--emit-ptx`` the
+model runs on the GPU and is checked against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxsat.errors import BadInputError, VerificationError
+
+
+def run_cuda(args: argparse.Namespace) -> int:
+    from onnxsat.kernels.command import _pin, _shapes
+    from onnxsat.lowering.lower import lower, value_inputs
+    from onnxsat.modelio import load_model
+    from onnxsat.options import Options
+    from onnxsat.verification import make_inputs
+
+    from .plan import Launch, plan
+    from .ptx import find_ptxas, target_machine
+
+    if args.emit_check and args.emit_ptx is None:
+        raise BadInputError("--emit-check needs --emit-ptx DIR")
+    target_machine(args.arch)  # a bad --arch fails before any work
+    original = _pin(load_model(args.input), _shapes(args.input_shape))
+    feeds = make_inputs(original, seed=0)
+    if args.emit_ptx is None:
+        return _run_on_gpu(args, original, feeds)
+    model = original
+    if not args.no_optimize:
+        from onnxsat.pipeline import optimize
+
+        model, _ = optimize(original, Options())
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {i.name: tuple(np.shape(feeds[i.name])) for i in model.graph.input if i.name not in inits}
+    program = lower(model, shapes, {n: feeds[n] for n in value_inputs(model)})
+    cp = plan(program)
+    ptx, stats = compile_and_check(cp, args.arch, find_ptxas() is not None)
+    from .bundle import write_bundle
+
+    manifest = write_bundle(args.emit_ptx, cp, ptx, stats, args.input, feeds if args.emit_check else None)
+    launches = [s for s in cp.steps if isinstance(s, Launch)]
+    result: dict[str, Any] = {
+        "model": args.input,
+        "target": "cuda",
+        "arch": args.arch,
+        "bundle": str(args.emit_ptx),
+        "entry_points": len(cp.functions),
+        "launches": len(launches),
+        "host_steps": len(cp.steps) - len(launches),
+        "forms": dict(Counter(s.form for s in launches)),
+        "ptxas": None if stats is None else {
+            "checked": len(stats),
+            "max_registers": max((s.registers for s in stats.values()), default=0),
+            "spill_bytes": sum(s.spill_stores + s.spill_loads for s in stats.values()),
+            "kernels": {k: vars(v) for k, v in sorted(stats.items())},
+        },
+    }
+    if "check" in manifest:
+        result["check"] = manifest["check"]
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"wrote {result['entry_points']} PTX entry points for {args.arch} to {args.emit_ptx}: {result['launches']} launches {result['forms']}, {result['host_steps']} host steps")
+        if stats is None:
+            print("ptxas not found on PATH: PTX not assembled")
+        else:
+            spills = result["ptxas"]["spill_bytes"]
+            print(f"ptxas -arch={args.arch}: {len(stats)} entry points assembled, max {result['ptxas']['max_registers']} registers, {spills} spill bytes")
+        if "check" in manifest:
+            print(f"check data: {manifest['check']['launch_files']} launch files (run benchmarks/gpu_check.py {args.emit_ptx} on a GPU)")
+    sys.stdout.flush()
+    return 0
+
+
+def compile_and_check(cp: Any, arch: str, assemble: bool) -> tuple[Any, Any]:
+    """PTX for every entry point and, when ``assemble``, ptxas statistics (rejection raises)."""
+    from .ptx import compile_ptx, ptxas_check_all
+
+    ptx = compile_ptx(cp, arch)
+    if not assemble:
+        return ptx, None
+    with tempfile.TemporaryDirectory(prefix="onnxsat-ptx-") as tmp:
+        paths = []
+        for name, text in ptx.ptx.items():
+            path = Path(tmp) / f"{name}.ptx"
+            path.write_text(text)
+            paths.append(str(path))
+        return ptx, ptxas_check_all(paths, arch)
+
+
+def _run_on_gpu(args: argparse.Namespace, model: Any, feeds: dict[str, np.ndarray]) -> int:
+    from onnxsat.kernels.command import ATOL, RTOL
+    from onnxsat.latency import ort_session
+    from onnxsat.options import Options
+
+    from .runtime import compile_cuda
+
+    compiled = compile_cuda(model, Options(), optimize=not args.no_optimize)
+    session = ort_session(model, level="all", threads=args.threads or 1)
+    expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    got = compiled(feeds)
+    errors = {}
+    for name, want in expected.items():
+        have = got[name]
+        err = float(np.max(np.abs(have.astype(np.float64) - np.asarray(want, np.float64)))) if have.size else 0.0
+        errors[name] = err
+        if have.shape != np.shape(want) or not np.allclose(have, want, rtol=RTOL, atol=ATOL, equal_nan=True):
+            raise VerificationError(name, err, "GPU result differs from onnxruntime")
+    out = {"model": args.input, "target": "cuda", "device": compiled.device.name, "max_abs_error": errors}
+    print(json.dumps(out, indent=2) if args.json else f"ran {args.input} on {compiled.device.name}: matches onnxruntime {errors}")
+    return 0

@@ -10,6 +10,7 @@ frontier, so the two never both claim one tensor unless they agree.
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -116,6 +117,7 @@ class _Importer:
         self.terms: dict[str, Any] = {}
         self.names: list[str] = []
         self.weights: dict[str, onnx.TensorProto] = {}
+        self.weight_digests: dict[tuple[int, tuple[int, ...], str], str] = {}
         self.int_values: dict[str, tuple[int, ...]] = {}
         self.opaque: dict[int, OpaqueNode] = {}
         self.program_unknown: list[str] = []
@@ -178,8 +180,22 @@ class _Importer:
             if np.all(flat == flat[0]) and float(flat[0]) == flat[0]:
                 self._bind(name, L.Tensor.splat(float(flat[0]), _dims_vec(tuple(tensor.dims)), tensor.data_type), leaf=True)
                 return
+        twin = self._tied_weight(name, tensor)
+        if twin is not None:  # weight tying: an equal tensor is the same leaf, so CSE merges its users
+            self._bind(name, L.Tensor.weight(twin), leaf=True)
+            return
         self.weights[name] = tensor
         self._bind(name, L.Tensor.weight(name), leaf=True)
+
+    def _tied_weight(self, name: str, tensor: onnx.TensorProto) -> str | None:
+        """An earlier weight with the same type, dims and values, else None (this one is remembered)."""
+        try:
+            data = numpy_helper.to_array(tensor).tobytes()
+        except Exception:  # external data not loaded, or a type numpy cannot hold: no tying
+            return None
+        key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(data).hexdigest())
+        first = self.weight_digests.setdefault(key, name)
+        return None if first == name else first
 
     # ------------------------------------------------------------ nodes
     def _import_node(self, index: int, node: onnx.NodeProto) -> None:

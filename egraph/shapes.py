@@ -479,11 +479,13 @@ for _n in (1, 2, 3):
     squeezed = sa
     for k in range(_n):
         squeezed = squeezed.remove(axes[k] - k)
+    in_range = [f for k in range(_n) for f in (axes[k] >= i64(0), axes[k] < rank)]  # else egglog panics
     shape_rules.append(
         rule(
             eq(t).to(L.squeeze(a, L.Tensor.ints(va, i64(1)))),
             L.shape(a) == sa,
             va.length() == i64(_n),
+            *in_range,
             *[axes[k] < axes[k + 1] for k in range(_n - 1)],
         ).then(set_(L.shape(t)).to(squeezed))
     )
@@ -493,15 +495,19 @@ for _n in (1, 2, 3):
         for k in range(_n):
             kept = kept.set(axes[k], i64(1))
         shape_rules.append(
-            rule(eq(t).to(_reduce(a, L.Tensor.ints(va, i64(1)), i64(1), ib)), L.shape(a) == sa, va.length() == i64(_n)).then(
-                set_(L.shape(t)).to(kept)
-            )
+            rule(
+                eq(t).to(_reduce(a, L.Tensor.ints(va, i64(1)), i64(1), ib)),
+                L.shape(a) == sa,
+                va.length() == i64(_n),
+                *in_range,
+            ).then(set_(L.shape(t)).to(kept))
         )
         shape_rules.append(
             rule(
                 eq(t).to(_reduce(a, L.Tensor.ints(va, i64(1)), i64(0), ib)),
                 L.shape(a) == sa,
                 va.length() == i64(_n),
+                *in_range,
                 *[axes[k] < axes[k + 1] for k in range(_n - 1)],
             ).then(set_(L.shape(t)).to(squeezed))
         )

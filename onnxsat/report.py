@@ -23,13 +23,38 @@ class IterationRecord:
 
 
 @dataclass
+class PhaseRecord:
+    """One phase of the schedule: how many iterations it ran and which budget stopped it."""
+
+    name: str
+    iterations: int
+    stop_reason: str
+    """saturated, iterations, enodes, seconds, replayed (or no iterations)."""
+    enodes: int
+    """E-graph size when the phase ended."""
+    seconds: float
+    first_iteration: int = 0
+    """Global index of its first iteration in ``SaturationReport.iterations``."""
+    rules: int = 0
+    """Enabled rules the phase ran."""
+
+
+@dataclass
 class SaturationReport:
     iterations: list[IterationRecord] = field(default_factory=list)
     stop_reason: str = ""
-    """Which budget stopped saturation: saturated, iterations, enodes, seconds."""
+    """Which budget stopped saturation: saturated (every phase), iterations (a phase's cap),
+    enodes, seconds (the global budgets), no rules enabled."""
     enodes_before: int = 0
     enodes_after: int = 0
     seconds: float = 0.0
+    phases: list[PhaseRecord] = field(default_factory=list)
+
+    def phase_summary(self) -> str:
+        """``analysis saturated, algebra saturated after 3, layout iterations after 12, ...``."""
+        return ", ".join(
+            f"{p.name} {p.stop_reason}" + (f" after {p.iterations}" if p.iterations else "") for p in self.phases
+        )
 
     def rule_matches(self) -> dict[str, int]:
         total: dict[str, int] = {}
@@ -119,6 +144,8 @@ class Report:
             f"  e-graph          {sat.enodes_before} -> {sat.enodes_after} e-nodes, {len(sat.iterations)} iterations,"
             f" stopped by: {sat.stop_reason}"
         )
+        if sat.phases:
+            lines.append(f"  phases           {sat.phase_summary()}")
         fired = sat.rule_matches()
         if fired:
             lines.append("  rules fired      " + ", ".join(f"{k} x{v}" for k, v in fired.items() if v))

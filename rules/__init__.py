@@ -3,8 +3,20 @@
 Importing this package registers every in-tree family in ``registry.RULES``, in this order.
 """
 
-from . import algebraic, core, fusion, interchange, layout, linear, multi  # noqa: F401  (each module registers its family)
-from . import partial_families  # noqa: F401,I001  (PET partial rules: a verified pass, off by default)
+from . import (  # noqa: F401  (each module registers its family)
+    algebraic,
+    core,
+    fusion,
+    interchange,
+    layout,
+    linear,
+    multi,
+    partial_families,  # PET partial rules: a verified pass, off by default
+    reduce,
+    shape_fold,
+    transpose,
+    views,
+)
 from .registry import RULES
 
 __all__ = ["RULES"]

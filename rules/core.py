@@ -92,6 +92,17 @@ for _r in range(MAX_RANK + 1):
         variant=str(_r),
     )
 
+# where(c, x, x) is x when the condition does not broadcast x to a larger shape.
+_add("where-same", L.where(c, x, x), x, L.shape(t) == sa, L.shape(x) == sa)
+# Clip(x, 0) without an upper bound is Relu (Conv+Relu fusion, relu rules apply).
+_add("clip-zero-to-relu", L.clip(x, L.Tensor.splat(0.0, Vec[i64].empty(), dt), L.Tensor.none()), L.relu(x))
+# x ** 1 is x and x ** 2 is x * x (exact in IEEE arithmetic; a Mul is far cheaper than a Pow).
+# (x ** 0.5 is not sqrt(x): they differ at -0 and -inf.)
+_add("pow-one-elim", L.pow_(x, _splat(1.0)), x, L.shape(t) == sa, L.shape(x) == sa)
+_add("pow-two-to-mul", L.pow_(x, _splat(2.0)), L.mul(x, x), L.shape(t) == sa, L.shape(x) == sa)
+# GlobalAveragePool over 1x1 spatial dims is a copy.
+_add("global-pool-noop", L.global_average_pool(x), x, L.shape(t) == sa, L.shape(x) == sa)
+
 # A reshape to the shape its input already has is a no-op.
 _add("reshape-noop", L.reshape(x, y, ia), x, L.shape(t) == sa, L.shape(x) == sa)
 

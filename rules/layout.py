@@ -43,6 +43,7 @@ UNARY: dict[str, Callable[[L.Tensor], L.Tensor]] = {
     "leaky_relu": lambda v: L.leaky_relu(v, fa),
     "gelu": lambda v: L.gelu(v, mode),
     "cast": lambda v: L.cast(v, to),
+    "clip": lambda v: L.clip(v, lo, hi),
 }
 """Elementwise unary ops (with their attributes as pattern variables)."""
 
@@ -179,6 +180,28 @@ for _n in (1, 2, 3):
             *[_spatial_pads[i] < kernel[i % _n] for i in range(2 * _n)],
             variant=f"{_variant}-{_n}",
         )
+
+# ---------------------------------------------------------------- Pad chains
+for _r in range(1, MAX_RANK + 1):
+    # A Pad by zeros everywhere is a copy.
+    _add(
+        "pad-noop",
+        L.pad(x, L.Tensor.ints(va, i64(1)), z, c, mode),
+        x,
+        va == Vec(*[i64(0)] * (2 * _r)),
+        variant=str(_r),
+    )
+    # Two constant Pads with one value (or both the default 0) are one Pad by the summed pads.
+    _add(
+        "pad-pad",
+        L.pad(L.pad(x, L.Tensor.ints(va, i64(1)), z, L.Tensor.none(), String("constant")), L.Tensor.ints(vb, i64(1)), z, L.Tensor.none(), String("constant")),
+        L.pad(x, L.Tensor.ints(Vec(*[va[i] + vb[i] for i in range(2 * _r)]), i64(1)), z, L.Tensor.none(), String("constant")),
+        va.length() == i64(2 * _r),
+        vb.length() == i64(2 * _r),
+        *[va[i] >= i64(0) for i in range(2 * _r)],
+        *[vb[i] >= i64(0) for i in range(2 * _r)],
+        variant=str(_r),
+    )
 
 # ---------------------------------------------------------------- shape arithmetic on constants
 _SCALAR = i64(0)

@@ -1,23 +1,70 @@
-"""Bounded saturation: one rewrite iteration at a time, analyses to fixpoint between them.
+"""Bounded saturation as an explicit schedule of named phases.
 
-Budgets (iterations, e-nodes, seconds) are checked between iterations; every iteration runs
-under egglog's back-off scheduler so a single runaway iteration is bounded too.
+The default schedule (``default_schedule``) is: the shape/dtype/constness analysis to saturation,
+then the algebra and layout phases (twice, so a layout rewrite can enable an algebraic one and
+back), the PET partial-equivalence phase, one phase per plugin family, the multi-pattern phase (TENSAT's k_multi iterations) and the
+fusion phase. Each phase runs only its families' enabled rules, one iteration at a time with the
+analysis to fixpoint in between, under its own iteration, e-node and wall-time budgets inside the
+global ones (``Budgets``; a phase without its own time budget gets an equal share of the time
+left); every iteration uses egglog's back-off scheduler with a match limit, so
+a single runaway iteration is bounded too. The report says which budget stopped each phase.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from egglog import EggSmolError, Schedule, back_off, run
 
 from onnxsat.options import Budgets
-from onnxsat.report import IterationRecord, SaturationReport
+from onnxsat.report import IterationRecord, PhaseRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
-from .multi import FAMILY as MULTI_FAMILY
 from .registry import RULES
+
+ALGEBRA_FAMILIES = ("core", "algebraic", "linear", "interchange", "reduce")
+LAYOUT_FAMILIES = ("layout", "shape-arith", "dtype")
+PARTIAL_FAMILIES = ("partial",)
+MULTI_FAMILIES = ("multi",)
+FUSION_FAMILIES = ("fusion",)
+_IN_TREE = ALGEBRA_FAMILIES + LAYOUT_FAMILIES + PARTIAL_FAMILIES + MULTI_FAMILIES + FUSION_FAMILIES
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One named step of a schedule: the rule families it runs and its own budgets.
+
+    ``None`` budgets take the global ones (``Budgets.iterations``, ``Budgets.enodes``) and, for time,
+    an equal share of what is left of ``Budgets.seconds`` among this and the remaining phases.
+    """
+
+    name: str
+    families: tuple[str, ...]
+    iterations: int | None = None
+    enodes: int | None = None
+    seconds: float | None = None
+
+
+def default_schedule(budgets: Budgets, families: Iterable[str] | None = None) -> list[Phase]:
+    """analysis -> (algebra, layout) x 2 -> partial (PET) -> one phase per plugin family -> multi -> fusion."""
+    known = list(RULES.families) if families is None else list(families)
+    plugins = [Phase(f"plugin:{f}", (f,)) for f in known if f not in _IN_TREE]
+    rounds = [Phase("algebra", ALGEBRA_FAMILIES), Phase("layout", LAYOUT_FAMILIES)] * 2
+    return [
+        *rounds,
+        Phase("partial", PARTIAL_FAMILIES),
+        *plugins,
+        Phase("multi", MULTI_FAMILIES, iterations=budgets.k_multi),
+        Phase("fusion", FUSION_FAMILIES),
+    ]
+
+
+def phase_rules(phase: Phase, enabled: list[str]) -> list[str]:
+    """The enabled rules a phase runs (``--rules-only``/``--disable-rules`` already applied)."""
+    return [n for n in enabled if RULES.family_of(n) in phase.families]
 
 
 class UnsoundRuleError(RuntimeError):
@@ -76,48 +123,119 @@ def saturate(
     on_iteration: Callable[[IterationRecord], None] | None = None,
     *,
     stop_before: int | None = None,
+    schedule: list[Phase] | None = None,
 ) -> SaturationReport:
-    """Run the enabled rules within budgets; returns per-iteration records and the stop reason.
+    """Run the schedule's phases within budgets; returns per-iteration and per-phase records.
 
-    Multi-pattern rules run first, for ``budgets.k_multi`` iterations; then the others for up to
-    ``budgets.iterations``. ``stop_before`` stops before that (global) iteration index, which is
-    how a failing iteration is replayed.
+    A phase stops at its first budget reached or when an iteration changes nothing (saturated);
+    the global e-node and time budgets stop the whole schedule. ``stop_before`` stops before that
+    (global) iteration index, which is how a failing iteration is replayed.
     """
     report = SaturationReport(enodes_before=program.node_count())
-    multi = [n for n in enabled if RULES.family_of(n) == MULTI_FAMILY]
-    single = [n for n in enabled if n not in set(multi)]
-    phases = [("multi", multi, budgets.k_multi), ("rewrite", single, budgets.iterations)]
     start = time.perf_counter()
-    report.stop_reason = "no rules enabled"
-    for phase, names, limit in phases:
-        if not names or not limit:
-            continue
-        step = rewrite_step(names, budgets)
-        for _ in range(limit):
-            index = len(report.iterations)
-            if stop_before is not None and index >= stop_before:
-                report.stop_reason = "replayed"
-                break
-            record, updated = _iterate(program, step, phase, index, enabled)
-            report.iterations.append(record)
-            if on_iteration is not None:
-                on_iteration(record)
-            if not updated:
-                report.stop_reason = "saturated"
-                break
-            if record.enodes >= budgets.enodes:
-                report.stop_reason = "enodes"
-                break
-            if time.perf_counter() - start >= budgets.seconds:
-                report.stop_reason = "seconds"
-                break
-        else:
-            report.stop_reason = "iterations"
-        if report.stop_reason in ("enodes", "seconds", "replayed"):
+    report.phases.append(_analysis(program, len(report.iterations)))
+    phases = [(p, phase_rules(p, enabled)) for p in (schedule if schedule is not None else default_schedule(budgets))]
+    phases = [(p, names) for p, names in phases if names]
+    global_stop = ""
+    for position, (phase, names) in enumerate(phases):
+        share = (start + budgets.seconds - time.perf_counter()) / (len(phases) - position)
+        record = _run_phase(program, phase, names, budgets, report, start, share, enabled, on_iteration, stop_before)
+        report.phases.append(record)
+        if _global_budget_hit(record, program, budgets, start):
+            global_stop = record.stop_reason
             break
+    report.stop_reason = global_stop or _overall(report.phases[1:])
     report.enodes_after = program.node_count()
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _analysis(program: Program, index: int) -> PhaseRecord:
+    """The analyses to saturation (import ran them; rerun so the record says it)."""
+    t0 = time.perf_counter()
+    program.egraph.run(shape_rules.saturate())
+    return PhaseRecord("analysis", 0, "saturated", program.node_count(), time.perf_counter() - t0, first_iteration=index)
+
+
+def _run_phase(
+    program: Program,
+    phase: Phase,
+    names: list[str],
+    budgets: Budgets,
+    report: SaturationReport,
+    start: float,
+    share: float,
+    enabled: list[str],
+    on_iteration: Callable[[IterationRecord], None] | None,
+    stop_before: int | None,
+) -> PhaseRecord:
+    """One phase; without its own time budget it gets ``share`` (an equal part of what is left of
+    the global one, so a slow early phase cannot starve the later ones)."""
+    limit = budgets.iterations if phase.iterations is None else phase.iterations
+    enodes = min(budgets.enodes, phase.enodes if phase.enodes is not None else budgets.enodes)
+    t0 = time.perf_counter()
+    deadline = min(start + budgets.seconds, t0 + (share if phase.seconds is None else phase.seconds))
+    step = rewrite_step(names, budgets)
+    first = len(report.iterations)
+    stop = "iterations"
+    for _ in range(limit):
+        index = len(report.iterations)
+        if stop_before is not None and index >= stop_before:
+            stop = "replayed"
+            break
+        record, updated = _iterate(program, step, phase.name, index, enabled)
+        report.iterations.append(record)
+        if on_iteration is not None:
+            on_iteration(record)
+        if not updated:
+            stop = "saturated"
+            break
+        if record.enodes >= enodes:
+            stop = "enodes"
+            break
+        if time.perf_counter() >= deadline:
+            stop = "seconds"
+            break
+    if limit <= 0:
+        stop = "no iterations"
+    return PhaseRecord(
+        phase.name,
+        len(report.iterations) - first,
+        stop,
+        program.node_count(),
+        time.perf_counter() - t0,
+        first_iteration=first,
+        rules=len(names),
+    )
+
+
+def _global_budget_hit(record: PhaseRecord, program: Program, budgets: Budgets, start: float) -> bool:
+    """Whether a phase was stopped by a global budget (which ends the schedule) or by its own."""
+    if record.stop_reason == "replayed":
+        return True
+    if record.stop_reason == "enodes":
+        return program.node_count() >= budgets.enodes
+    if record.stop_reason == "seconds":
+        return time.perf_counter() - start >= budgets.seconds
+    return False
+
+
+def _overall(phases: list[PhaseRecord]) -> str:
+    """One word for the whole run: saturated when every phase was, else the first phase budget hit."""
+    if not phases:
+        return "no rules enabled"
+    reasons = [p.stop_reason for p in phases]
+    return next((r for r in reasons if r != "saturated"), "saturated")
+
+
+def schedule_rulesets(enabled: list[str], budgets: Budgets) -> list[list[str]]:
+    """The rule sets the default schedule runs, one per distinct phase (to pre-register them)."""
+    seen: list[list[str]] = []
+    for phase in default_schedule(budgets):
+        names = phase_rules(phase, enabled)
+        if names and names not in seen:
+            seen.append(names)
+    return seen
 
 
 def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: list[str]) -> tuple[IterationRecord, bool]:

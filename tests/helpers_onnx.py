@@ -119,15 +119,10 @@ def _warm_egraph(rules: bool = False) -> Any:
     egraph.run(shape_rules.saturate())
     if rules:
         from onnxsat.options import Budgets
-        from onnxsat.rules.multi import FAMILY as MULTI
-        from onnxsat.rules.registry import RULES
-        from onnxsat.rules.schedule import rewrite_step, select_rules
+        from onnxsat.rules.schedule import rewrite_step, schedule_rulesets, select_rules
 
-        enabled = select_rules()
-        multi = [n for n in enabled if RULES.family_of(n) == MULTI]
-        for names in (multi, [n for n in enabled if n not in multi]):  # the rulesets saturate() runs
-            if names:
-                egraph.run(rewrite_step(names, Budgets()))
+        for names in schedule_rulesets(select_rules(), Budgets()):  # the rulesets saturate() runs
+            egraph.run(rewrite_step(names, Budgets()))
     return egraph
 
 

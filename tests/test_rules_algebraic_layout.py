@@ -159,6 +159,12 @@ PROOFS = {
         L.average_pool(X, L.ivec([3, 3]), L.ivec([1, 1]), L.ivec([1, 1, 1, 1]), 0, 1),
         {"x": (1, 3, 5, 5)},
     ),
+    "pad-noop": (L.pad(X, L.Tensor.ints(L.ivec([0, 0, 0, 0]), 1), NONE, NONE, "constant"), X, {"x": (2, 3)}),
+    "pad-pad": (
+        L.pad(L.pad(X, L.Tensor.ints(L.ivec([1, 0, 0, 0]), 1), NONE, NONE, "constant"), L.Tensor.ints(L.ivec([0, 0, 0, 2]), 1), NONE, NONE, "constant"),
+        L.pad(X, L.Tensor.ints(L.ivec([1, 0, 0, 2]), 1), NONE, NONE, "constant"),
+        {"x": (2, 3)},
+    ),
     "gather-const-ints": (
         L.gather(L.shape_of(X, 0, 2**63 - 1), L.Tensor.ints(L.ivec([-1]), 0), 0),
         L.Tensor.ints(L.ivec([4]), 0),

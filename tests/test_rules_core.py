@@ -143,6 +143,21 @@ def test_numeric_matmul_add_to_gemm_and_layout() -> None:
     assert _optimized_ops(model) == Counter({"Gemm": 1})
 
 
+def test_prove_elementwise_identities() -> None:
+    zero, one, two = (L.Tensor.splat(v, L.ivec([]), F) for v in (0.0, 1.0, 2.0))
+    cond = L.Tensor.input("c")
+    shapes = {"x": (2, 3), "c": (2, 3)}
+    prove(L.where(cond, X, X), X, shapes, dtypes={"c": TensorProto.BOOL})
+    prove(L.clip(X, zero, L.Tensor.none()), L.relu(X), shapes)
+    prove(L.pow_(X, one), X, shapes)
+    prove(L.pow_(X, two), L.mul(X, X), shapes)
+    prove(L.global_average_pool(L.Tensor.input("p")), L.Tensor.input("p"), {"p": (1, 3, 1, 1)})
+    # where(c, x, x) keeps the Where when the condition broadcasts x to a larger shape.
+    refute(L.where(cond, X, X), X, {"x": (1, 3), "c": (2, 3)}, dtypes={"c": TensorProto.BOOL})
+    # Clip with a non-zero lower bound is not Relu.
+    refute(L.clip(X, one, L.Tensor.none()), L.relu(X), shapes)
+
+
 @pytest.mark.parametrize("rule", RULE_NAMES)
 def test_every_rule_is_tested_here(rule: str) -> None:
     """Each rule of the first ruleset appears in a prove test above (keeps this file complete)."""
@@ -150,5 +165,35 @@ def test_every_rule_is_tested_here(rule: str) -> None:
         "identity-elim", "neg-neg", "relu-relu", "mul-one", "div-one", "add-zero", "sub-zero",
         "transpose-compose", "transpose-identity-elim", "reshape-reshape", "reshape-noop",
         "conv-batchnorm-fold", "matmul-add-to-gemm", "shape-of-known",
+        "where-same", "clip-zero-to-relu", "pow-one-elim", "pow-two-to-mul", "global-pool-noop",
     }  # fmt: skip
     assert rule in covered
+
+
+def test_equal_weights_are_one_leaf() -> None:
+    """Weight tying: two initializers with equal values are one e-class, so their users merge
+    (two branches x@W1 and x@W2 with W1 == W2 become one MatMul); a different one stays apart."""
+    from egglog import eq
+
+    from onnxsat.egraph.importer import from_onnx
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((4, 5)).astype(np.float32)
+    inits = [
+        numpy_helper.from_array(w, "w1"),
+        numpy_helper.from_array(w.copy(), "w2"),
+        numpy_helper.from_array(w + 1, "w3"),
+    ]
+    nodes = [helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"]) for i in (1, 2, 3)]
+    nodes += [helper.make_node("Relu", [f"m{i}"], [f"y{i}"]) for i in (1, 2, 3)]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", F, [3, 4])],
+        [helper.make_tensor_value_info(f"y{i}", F, [3, 5]) for i in (1, 2, 3)],
+        inits,
+    )
+    program = from_onnx(model)
+    program.egraph.check(eq(program.terms["w1"]).to(program.terms["w2"]))
+    program.egraph.check_fail(eq(program.terms["w1"]).to(program.terms["w3"]))
+    ops = _optimized_ops(model)  # y1 and y2 are one tensor now (the second output is an Identity of it)
+    assert (ops["MatMul"], ops["Relu"]) == (2, 2)

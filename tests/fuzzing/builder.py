@@ -23,7 +23,7 @@ BATCH = "batch"
 """The one symbolic dim; the fuzz property runs it at several sizes."""
 Dim = int | str
 Dims = tuple[Dim, ...]
-OPSETS = (13, 17)
+OPSETS = (13, 17, 20)
 MAX_DIM = 5
 FLOATS = (TP.FLOAT, TP.DOUBLE, TP.FLOAT16)
 INTS = (TP.INT64, TP.INT32)

@@ -268,6 +268,30 @@ def gen_layer_norm(b: GraphBuilder) -> None:
         b.node1("LayerNormalization", [x.name, scale.name, bias.name], x.dims, TP.FLOAT, axis=-1)
 
 
+def gen_conv_transpose(b: GraphBuilder) -> None:
+    x = b.pick_or_input(is_image, image_dims)
+    if x is None:
+        return
+    n, m, k, s = x.rank - 2, b.integer(1, 3), b.integer(1, 3), b.integer(1, 2)
+    pad = b.integer(0, k - 1)
+    spatial = [(int(d) - 1) * s - 2 * pad + k for d in x.dims[2:]]
+    inputs = [x.name, b.weight((int(x.dims[1]), m, *[k] * n)).name] + ([b.weight((m,)).name] if b.flag() else [])
+    attrs = {"pads": [pad] * 2 * n, "strides": [s] * n}
+    b.node1("ConvTranspose", inputs, (x.dims[0], m, *spatial), TP.FLOAT, **attrs)
+
+
+def gen_lrn(b: GraphBuilder) -> None:
+    x = b.pick_or_input(lambda t: is_image(t) and t.rank == 4, image_dims)
+    if x is not None:
+        b.node1("LRN", [x.name], x.dims, TP.FLOAT, size=b.choice([1, 3]), alpha=1e-3, beta=0.75, bias=1.0)
+
+
+def gen_gelu(b: GraphBuilder) -> None:
+    x = b.pick(lambda t: t.dtype == TP.FLOAT)
+    if x is not None and b.opset >= 20:
+        b.node1("Gelu", [x.name], x.dims, TP.FLOAT, approximate=b.choice(["none", "tanh"]))
+
+
 # ------------------------------------------------------------------------------ layout ops
 def gen_transpose(b: GraphBuilder) -> None:
     x = b.pick(lambda t: runs("Transpose", t.dtype) and t.rank >= 1)
@@ -371,7 +395,8 @@ def gen_split(b: GraphBuilder) -> None:
     sizes = [q - p for p, q in zip([0, *cut], [*cut, d], strict=True)]
     inputs = [x.name] + ([b.ints(sizes)] if len(set(sizes)) > 1 or b.flag() else [])
     outs = [(tuple(s if i == axis else e for i, e in enumerate(x.dims)), x.dtype) for s in sizes]
-    b.node("Split", inputs, outs, sign=x.sign, axis=axis)
+    attrs = {"num_outputs": len(sizes)} if b.opset >= 18 and len(inputs) == 1 else {}
+    b.node("Split", inputs, outs, sign=x.sign, axis=axis, **attrs)
 
 
 def gen_slice(b: GraphBuilder) -> None:

@@ -32,6 +32,9 @@ PARALLEL_MIN_COST = 1_000_000.0
 """Kernels estimated below this many scalar operations run on one thread."""
 GEMM_SPLIT_FLOPS = 2_000_000.0
 """GEMM steps below this many FLOPs run on one thread."""
+PACKED_GEMM_MAX_ROWS = 512
+"""Above this many rows of A, OpenBLAS (which also blocks and packs A) beat the micro-kernel here
+(1024^3: 17.4 vs 14.0 GFLOP/s single-threaded); below, the micro-kernel won on the BERT/MLP shapes."""
 CHUNKS_PER_THREAD = 4
 """Parallel work is cut into this many chunks per thread, taken from a shared queue."""
 
@@ -250,6 +253,8 @@ class Executable:
         # every leading (batch) index of A must continue its rows contiguously, so A is one M x K matrix
         rows = m * max(len(a_offs), 1)
         if any(off != a.offset + i * m * a.strides[-2] for i, off in enumerate(a_offs)):
+            return None
+        if rows > PACKED_GEMM_MAX_ROWS:
             return None
         b_matrix = _strided(np.asarray(b_value).reshape(-1), step.b.buffer, step.b).astype(np.float32)
         bp = pack_b(b_matrix)

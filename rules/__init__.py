@@ -6,6 +6,7 @@ Importing this package registers every in-tree family in ``registry.RULES``, in 
 from . import (  # noqa: F401  (each module registers its family)
     algebraic,
     core,
+    dtype,
     fusion,
     interchange,
     layout,

@@ -173,7 +173,7 @@ class Instance:
                 else tuple(hint[i] for i in range(rank))
             )
         name = f"{var}__{self.tag}"
-        dtype = {"bool": BOOL, "index": INT64}.get(want.kind, DOUBLE)
+        dtype = self.pattern.dtype_hints.get(var) or {"bool": BOOL, "index": INT64}.get(want.kind, DOUBLE)
         weight = var in self.pattern.const_vars if weight is None else weight
         self.leaves[name] = _Leaf(name, var, shape, dtype, want.kind, weight, want.high)
         if weight:
@@ -317,6 +317,14 @@ def _walk(root: _Node) -> list[_Node]:
 
 
 def _random(leaf: _Leaf, rng: np.random.Generator) -> np.ndarray:
+    if leaf.dtype != {"bool": BOOL, "index": INT64}.get(leaf.kind, DOUBLE):  # pinned by a dtype guard
+        if leaf.dtype == BOOL:
+            return rng.random(leaf.shape) < 0.5
+        np_type = helper.tensor_dtype_to_np_dtype(leaf.dtype)
+        if np.issubdtype(np_type, np.integer):
+            low = 0 if np.issubdtype(np_type, np.unsignedinteger) else -100
+            return rng.integers(low, 100, size=leaf.shape).astype(np_type)
+        return (rng.standard_normal(leaf.shape) * 4).astype(np_type)
     if leaf.kind == "bool":
         return rng.random(leaf.shape) < 0.5
     if leaf.kind == "index":

@@ -63,6 +63,8 @@ class RulePattern:
     """Model opsets the guards allow (``model_opset() >= n`` / ``< n``), inclusive."""
     float_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     """f64 variable -> [low, high] from guards like ``c >= 1.41`` (constants matched up to rounding)."""
+    dtype_hints: dict[str, int] = field(default_factory=dict)
+    """Tensor variable -> ONNX element type from guards like ``dtype(x) == 10`` (dtype-guarded rules)."""
 
 
 def _text(decls: Any, decl: Any) -> str:
@@ -109,6 +111,10 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
                 shape_vars[fact.right.name] = target.name
             elif isinstance(target, UnboundVarDecl) and isinstance(fact.right, CallDecl):
                 _literal_dims(pattern, target.name, fact.right)
+        if isinstance(fact, EqDecl) and isinstance(fact.left, CallDecl) and op_name(fact.left) == "dtype":
+            target = fact.left.args[0].expr
+            if isinstance(target, UnboundVarDecl) and isinstance(fact.right, LitDecl):
+                pattern.dtype_hints[target.name] = int(fact.right.value)  # type: ignore[arg-type]
     const_vars, hints = set(), set()
     for fact in decl.body:
         if (

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat.egraph import lang as L
-from onnxsat.rules import reduce, shape_fold, transpose, views
+from onnxsat.rules import dtype, reduce, shape_fold, transpose, views
 
 from .prove import prove, refute
 
@@ -160,6 +160,8 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
         {"x": (2, 3)},
     ),
     "reduce-mean-to-global-pool": (L.reduce_mean(X, ints(2, 3), 1, 0), L.global_average_pool(X), {"x": (1, 2, 3, 4)}),
+    # ---------------------------------------------------------------- dtype.py
+    "cast-cast-lossless": (L.cast(L.cast(X, D), F), X, {"x": (2, 3)}),
 }
 
 
@@ -170,7 +172,7 @@ def test_prove(rule: str) -> None:
 
 
 def test_every_rule_has_a_prove_test() -> None:
-    mine = transpose.RULE_NAMES + views.RULE_NAMES + shape_fold.RULE_NAMES + reduce.RULE_NAMES
+    mine = transpose.RULE_NAMES + views.RULE_NAMES + shape_fold.RULE_NAMES + reduce.RULE_NAMES + dtype.RULE_NAMES
     assert set(mine) <= set(PROOFS)
 
 

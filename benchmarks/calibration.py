@@ -178,7 +178,7 @@ def model_pairs(only: str | None) -> list[Pair]:
     pairs = []
     for path in light_models() + sorted(EXAMPLES.glob("*.onnx")):
         name = path.stem
-        if only and only not in name:
+        if only and not any(part in name for part in only.split(",")):
             continue
         print(f"optimizing {name} ...", file=sys.stderr, flush=True)
         model = onnx.load(str(path))
@@ -203,7 +203,8 @@ def render(cal: Any, pairs: list[Pair], threads: int, seconds: float) -> tuple[s
         "",
         f"{datetime.datetime.now().isoformat(timespec='seconds')}; onnxruntime {ort.__version__},"
         f" Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs (shared with other"
-        f" jobs); intra-op threads {threads}; `python benchmarks/calibration.py`; {seconds:.0f} s in total.",
+        f" jobs; load average {os.getloadavg()[1]:.1f} over the last 5 minutes); intra-op threads {threads};"
+        f" `python benchmarks/calibration.py`; {seconds:.0f} s in total.",
         "",
         f"Calibration: {len(cal.measured)} single-node models timed in {cal.seconds:.1f} s; fixed cost per call"
         f" {cal.baseline_us:.1f} us. Per-node error = |predicted - measured| / measured of the node's own time"
@@ -295,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds per pair (default 30)")
     parser.add_argument("--seconds", type=float, default=20.0, help="calibration timing budget (default 20)")
     parser.add_argument("--no-models", action="store_true", help="skip light models and examples")
-    parser.add_argument("--only", default=None, help="only models whose name contains this text")
+    parser.add_argument(
+        "--only", default=None, help="only models whose name contains one of these comma-separated texts"
+    )
     args = parser.parse_args(argv)
 
     from onnxsat.extract.calibrate import calibrate, predict_model_us
@@ -316,12 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if not args.no_models:
         pairs += model_pairs(args.only)
+    timed = []
     for pair in pairs:
         print(f"timing {pair.name} ...", file=sys.stderr, flush=True)
-        pair.predicted_a_us = predict_model_us(pair.a, cal.cost)
-        pair.predicted_b_us = predict_model_us(pair.b, cal.cost)
-        measure_pair(pair, args.threads, args.rounds)
-    text, ok = render(cal, pairs, args.threads, time.perf_counter() - start)
+        try:
+            pair.predicted_a_us = predict_model_us(pair.a, cal.cost)
+            pair.predicted_b_us = predict_model_us(pair.b, cal.cost)
+            measure_pair(pair, args.threads, args.rounds)
+        except Exception as exc:  # e.g. a custom-domain op onnxruntime cannot run: reported, not fatal
+            print(f"  skipped: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
+            continue
+        timed.append(pair)
+    text, ok = render(cal, timed, args.threads, time.perf_counter() - start)
     print(text, end="")
     if args.out is not None:
         args.out.write_text(text)

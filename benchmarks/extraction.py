@@ -252,7 +252,8 @@ def render(
         "# onnxsat extraction: tree, greedy-DAG and ILP after saturation",
         "",
         f"{datetime.datetime.now().isoformat(timespec='seconds')}; onnx {onnx.__version__},"
-        f" Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs;"
+        f" Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs"
+        f" (load average {os.getloadavg()[1]:.1f} over the last 5 minutes);"
         f" default Budgets, all rules, RooflineCost(), ILP time limit {ilp_seconds:g} s (HiGHS, 1 thread)",
         "",
         "Costs are estimated microseconds (DAG cost: each chosen e-node paid once).",

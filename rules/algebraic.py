@@ -7,7 +7,7 @@ are marked ``reassociates`` in their comment (results differ in the last bits, a
 
 from __future__ import annotations
 
-from egglog import Vec, f64, i64, vars_
+from egglog import Vec, f64, i64, ne, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
@@ -28,31 +28,73 @@ def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: st
 
 # ---------------------------------------------------------------- constant folding (x op a) op b
 # (x+a)+b => x+(a+b) when a, b depend on weights only: the constant part folds at export. Reassociates.
-_add("add-const-assoc", L.add(L.add(x, a), b), L.add(x, L.add(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
+_add(
+    "add-const-assoc",
+    L.add(L.add(x, a), b),
+    L.add(x, L.add(a, b)),
+    L.is_const(a),
+    L.is_const(b),
+    L.varies(x),
+    ne(L.add(x, a)).to(x),
+)
 # (x*a)*b => x*(a*b), as above. Reassociates.
-_add("mul-const-assoc", L.mul(L.mul(x, a), b), L.mul(x, L.mul(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
+_add(
+    "mul-const-assoc",
+    L.mul(L.mul(x, a), b),
+    L.mul(x, L.mul(a, b)),
+    L.is_const(a),
+    L.is_const(b),
+    L.varies(x),
+    ne(L.mul(x, a)).to(x),
+)
 # (x-a)+b => x+(b-a): one op on the activation instead of two. Reassociates.
-_add("sub-add-const", L.add(L.sub(x, a), b), L.add(x, L.sub(b, a)), L.is_const(a), L.is_const(b), L.varies(x))
+_add(
+    "sub-add-const",
+    L.add(L.sub(x, a), b),
+    L.add(x, L.sub(b, a)),
+    L.is_const(a),
+    L.is_const(b),
+    L.varies(x),
+    ne(L.sub(x, a)).to(x),
+)
 # (x/a)*b => x*(b/a). Reassociates; floats only (integer Div truncates: (3/2)*2 is not 3*(2/2)).
 _add(
     "div-mul-const",
     L.mul(L.div(x, a), b),
     L.mul(x, L.div(b, a)),
     L.varies(x),
+    ne(L.div(x, a)).to(x),
     L.is_const(a),
     L.is_const(b),
     L.dtype(x) == dt,
     Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
 )
 # (x+a)-b => x+(a-b); (x-a)-b => x-(a+b); (x*a)/b => x*(a/b); (x/a)/b => x/(a*b). Reassociate.
-_add("add-sub-const", L.sub(L.add(x, a), b), L.add(x, L.sub(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
-_add("sub-sub-const", L.sub(L.sub(x, a), b), L.sub(x, L.add(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
+_add(
+    "add-sub-const",
+    L.sub(L.add(x, a), b),
+    L.add(x, L.sub(a, b)),
+    L.is_const(a),
+    L.is_const(b),
+    L.varies(x),
+    ne(L.add(x, a)).to(x),
+)
+_add(
+    "sub-sub-const",
+    L.sub(L.sub(x, a), b),
+    L.sub(x, L.add(a, b)),
+    L.is_const(a),
+    L.is_const(b),
+    L.varies(x),
+    ne(L.sub(x, a)).to(x),
+)
 # (x*a)/b => x*(a/b): floats only, as div-mul-const (integer Div truncates: (x*3)/2 is not x*(3/2)).
 _add(
     "mul-div-const",
     L.div(L.mul(x, a), b),
     L.mul(x, L.div(a, b)),
     L.varies(x),
+    ne(L.mul(x, a)).to(x),
     L.is_const(a),
     L.is_const(b),
     L.dtype(x) == dt,
@@ -64,6 +106,7 @@ _add(
     L.div(L.div(x, a), b),
     L.div(x, L.mul(a, b)),
     L.varies(x),
+    ne(L.div(x, a)).to(x),
     L.is_const(a),
     L.is_const(b),
     L.dtype(x) == dt,
@@ -71,7 +114,15 @@ _add(
 )
 # (x+a)*b => x*b + a*b (TASO's distributivity, towards the affine form x*s + t every chain of
 # constant scales and shifts folds into). Reassociates.
-_add("mul-add-const-distribute", L.mul(L.add(x, a), b), L.add(L.mul(x, b), L.mul(a, b)), L.is_const(a), L.is_const(b), L.varies(x))
+_add(
+    "mul-add-const-distribute",
+    L.mul(L.add(x, a), b),
+    L.add(L.mul(x, b), L.mul(a, b)),
+    L.is_const(a),
+    L.is_const(b),
+    L.varies(x),
+    ne(L.add(x, a)).to(x),
+)
 # x - c => x + (-c) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above apply
 # (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
 _add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a), L.varies(x))
@@ -86,12 +137,17 @@ _add(
 )
 # c*x => x*c and c+x => x+c for a constant c: one canonical side for every fold (exact).
 # (Constant folds ask ``varies(x)``: weight-only arithmetic folds at export, and rewriting it only
-# grows the e-graph.)
+# grows the e-graph. ``ne(inner).to(x)`` skips an inner op that an identity already merged with x,
+# as in x == x + 0: folding it again would add a new constant term every iteration.)
 _add("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a), L.varies(x))
 _add("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a), L.varies(x))
 # x + x => x * 2 (exact): joins the Mul folds.
 _add(
-    "add-self", L.add(x, x), L.mul(x, L.Tensor.splat(f64(2.0), Vec[i64].empty(), dt)), L.dtype(x) == dt, L.varies(x)
+    "add-self",
+    L.add(x, x),
+    L.mul(x, L.Tensor.splat(f64(2.0), Vec[i64].empty(), dt)),
+    L.dtype(x) == dt,
+    L.varies(x),
 )
 # ---------------------------------------------------------------- factoring and negation
 # x*a + x*b => x*(a+b): one multiply instead of two.
@@ -212,13 +268,17 @@ for _n in (1, 2, 3):
     _one = [i64(1)] * (_n + 1)
     _conv_consts = (L.shape(w) == ws, ws.length() == i64(_n + 2), L.is_const(w))
     # Conv followed by a per-channel constant scale [C,1,...] or [1,C,1,...] folds into W and b.
-    for _variant, _scale_shape in (("c11", Vec(ws[0], *[i64(1)] * _n)), ("1c11", Vec(i64(1), ws[0], *[i64(1)] * _n))):
+    for _variant, _scale_shape in (
+        ("c11", Vec(ws[0], *[i64(1)] * _n)),
+        ("1c11", Vec(i64(1), ws[0], *[i64(1)] * _n)),
+    ):
         per_out = L.reshape(a, L.Tensor.ints(Vec(ws[0], *_one), i64(1)), i64(0))
         per_bias = L.reshape(a, L.Tensor.ints(Vec(ws[0]), i64(1)), i64(0))
         _add(
             "conv-mul-fold",
             L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
             L.conv(x, L.mul(w, per_out), L.mul(b, per_bias), strides, pads, dil, group),
+            ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
             *_conv_consts,
             L.is_const(a),
             L.shape(a) == _scale_shape,
@@ -230,6 +290,7 @@ for _n in (1, 2, 3):
             "conv-mul-fold",
             L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
             L.conv(x, L.mul(w, per_out), L.Tensor.none(), strides, pads, dil, group),
+            ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
             *_conv_consts,
             L.is_const(a),
             L.shape(a) == _scale_shape,
@@ -240,6 +301,7 @@ for _n in (1, 2, 3):
             "conv-add-fold",
             L.add(L.conv(x, w, b, strides, pads, dil, group), a),
             L.conv(x, w, L.add(b, per_bias), strides, pads, dil, group),
+            ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
             *_conv_consts,
             L.is_const(a),
             L.shape(a) == _scale_shape,
@@ -251,6 +313,7 @@ for _n in (1, 2, 3):
             "conv-add-fold",
             L.add(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
             L.conv(x, w, per_bias, strides, pads, dil, group),
+            ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
             *_conv_consts,
             L.is_const(a),
             L.shape(a) == _scale_shape,
@@ -262,6 +325,7 @@ _add(
     "conv-mul-fold",
     L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
     L.conv(x, L.mul(w, a), L.mul(b, a), strides, pads, dil, group),
+    ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
     L.is_const(w),
     L.is_const(a),
     L.shape(a) == Vec[i64].empty(),
@@ -273,6 +337,7 @@ _add(
     "conv-mul-fold",
     L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
     L.conv(x, L.mul(w, a), L.Tensor.none(), strides, pads, dil, group),
+    ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
     L.is_const(w),
     L.is_const(a),
     L.shape(a) == Vec[i64].empty(),

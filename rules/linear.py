@@ -10,7 +10,7 @@ guarded by dtype because each is exact up to that rounding in every float type.
 
 from __future__ import annotations
 
-from egglog import Vec, f64, i64, vars_
+from egglog import String, Vec, f64, i64, ne, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
@@ -107,6 +107,7 @@ for _variant, _v_shape, _w_scaled in (
         L.shape(v) == _v_shape,
         L.shape(x) == sx,
         L.shape(L.mul(x, v)) == sx,
+        ne(L.mul(x, v)).to(x),
         variant=_variant,
     )
 for _variant, _v_shape, _w_scaled in (
@@ -124,6 +125,7 @@ for _variant, _v_shape, _w_scaled in (
         L.shape(v) == _v_shape,
         L.shape(t) == so,
         L.shape(L.matmul(x, w)) == so,
+        ne(t).to(L.matmul(x, w)),
         variant=_variant,
     )
 for _variant, _v_shape in (("vector", Vec(sw[0])), ("row", Vec(i64(1), sw[0]))):
@@ -138,6 +140,7 @@ for _variant, _v_shape in (("vector", Vec(sw[0])), ("row", Vec(i64(1), sw[0]))):
         L.shape(v) == _v_shape,
         L.shape(x) == sx,
         L.shape(L.add(x, v)) == sx,
+        ne(L.add(x, v)).to(x),
         variant=_variant,
     )
 
@@ -166,6 +169,7 @@ for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
             i64(_tb),
         ),
         *_gemm_scale,
+        ne(t).to(L.gemm(x, w, c, alpha, beta, ta, i64(_tb))),
         L.is_const(c),
         L.shape(c) == sz,
         variant=f"transb{_tb}",
@@ -175,6 +179,7 @@ for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
         L.mul(L.gemm(x, w, L.Tensor.none(), alpha, beta, ta, i64(_tb)), v),
         L.gemm(x, L.mul(w, L.reshape(v, _col, i64(0))), L.Tensor.none(), alpha, beta, ta, i64(_tb)),
         *_gemm_scale,
+        ne(t).to(L.gemm(x, w, L.Tensor.none(), alpha, beta, ta, i64(_tb))),
         variant=f"transb{_tb}-noc",
     )
 
@@ -192,6 +197,7 @@ for _tb, _k, _col in ((0, sw[0], _ints(sw[0], 1)), (1, sw[1], _ints(sw[1]))):
             L.shape(v) == _v_shape,
             L.shape(x) == sx,
             L.shape(L.mul(x, v)) == sx,
+            ne(L.mul(x, v)).to(x),
             variant=f"transb{_tb}-{_variant}",
         )
 # Gemm(x + v, W, c) => Gemm(x, W, c + v @ W) for a constant shift v (W^T under transB): LayerNorm's
@@ -212,6 +218,7 @@ for _tb, _k, _w_kn in ((0, sw[0], w), (1, sw[1], L.transpose(w, Vec(i64(1), i64(
             L.shape(v) == Vec(_k),
             L.shape(x) == sx,
             L.shape(L.add(x, v)) == sx,
+            ne(L.add(x, v)).to(x),
             variant=f"transb{_tb}-{_variant}",
         )
 
@@ -235,6 +242,7 @@ for _n in (1, 2):
             L.shape(v) == _v_shape,
             L.shape(x) == sx,
             L.shape(L.mul(x, v)) == sx,
+            ne(L.mul(x, v)).to(x),
             variant=f"{_variant}-{_n}",
         )
 _add(
@@ -262,6 +270,7 @@ _conv_shift = (
     L.shape(v) == Vec(i64(1), sw[1], i64(1), i64(1)),
     L.shape(x) == sx,
     L.shape(L.add(x, v)) == sx,
+    ne(L.add(x, v)).to(x),
 )
 _add(
     "conv-input-shift-fold",
@@ -281,17 +290,22 @@ _add(
 )
 
 # ---------------------------------------------------------------- negation into weights
-# -x @ W => x @ (-W), conv(-x, W) => conv(x, -W), (-x) * c => x * (-c) for constant W, c: the
-# negation folds (exact).
-_add("neg-into-weights", L.matmul(L.neg(x), w), L.matmul(x, L.neg(w)), L.is_const(w), variant="matmul")
+# -x @ W => x @ (-W), conv(-x, W) => conv(x, -W), (-x) * c => x * (-c) for an initializer W or a
+# uniform constant c: the negation folds (exact). Only leaf constants: with x == -(-x) in the
+# e-graph, a negated weight would otherwise be negated again on every iteration.
+(wname,) = vars_("wname", String)
+(cval,) = vars_("cval", f64)
+_leaf = L.Tensor.weight(wname)
+_add("neg-into-weights", L.matmul(L.neg(x), _leaf), L.matmul(x, L.neg(_leaf)), variant="matmul")
 _add(
     "neg-into-weights",
-    L.conv(L.neg(x), w, b, strides, pads, dil, group),
-    L.conv(x, L.neg(w), b, strides, pads, dil, group),
-    L.is_const(w),
+    L.conv(L.neg(x), _leaf, b, strides, pads, dil, group),
+    L.conv(x, L.neg(_leaf), b, strides, pads, dil, group),
     variant="conv",
 )
-_add("neg-into-weights", L.mul(L.neg(x), c), L.mul(x, L.neg(c)), L.is_const(c), L.varies(x), variant="mul")
+_add("neg-into-weights", L.mul(L.neg(x), _leaf), L.mul(x, L.neg(_leaf)), L.varies(x), variant="mul")
+_splat = L.Tensor.splat(cval, sv, dt)
+_add("neg-into-weights", L.mul(L.neg(x), _splat), L.mul(x, L.neg(_splat)), L.varies(x), variant="mul-splat")
 
 # ---------------------------------------------------------------- BatchNormalization as an affine map
 for _r in (2,):

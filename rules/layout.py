@@ -123,7 +123,10 @@ def _views(tag: str) -> dict[str, Callable[[L.Tensor], L.Tensor]]:
 
 VIEWS = _views("")
 _INNER = _views("_inner")
-for _r in range(MAX_RANK + 1):
+VIEW_CHAIN_RANKS = range(5)
+"""Output ranks of view-view-to-reshape (15 egglog rules per rank; views.py covers any rank whose
+Reshape target is literal)."""
+for _r in VIEW_CHAIN_RANKS:
     _known = (L.shape(t) == sa, sa.length() == i64(_r), *[sa[i] >= i64(0) for i in range(_r)])
     for _outer, _v2 in VIEWS.items():
         for _inner, _v1 in _INNER.items():

@@ -27,6 +27,8 @@ ia, ib, ic, keep, noop = vars_("ia ib ic keep noop", i64)
 
 INVERSE_RANKS = (2, 3, 4, 5)
 """Ranks for which rules that need the inverse permutation are generated (egglog has no loops)."""
+CONST_OPERAND_RANKS = (3, 4)
+"""Ranks of transpose-sink-binary-const ([B,S,D] and NCHW/NHWC; each rank costs 8 egglog rules)."""
 
 
 def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
@@ -114,6 +116,8 @@ for _r in INVERSE_RANKS:
     # g(T(x), c) for a constant c of x's rank => T(g(x, T(c, p^-1))): T(c, p^-1) folds at export,
     # and the transpose keeps sinking towards its inverse (bias adds in NHWC round trips).
     for _gname, _g in BINARY.items():
+        if _r not in CONST_OPERAND_RANKS or _gname == "pow":
+            continue
         _const = (L.is_const(c), L.shape(c) == sa, sa.length() == i64(_r), *_rank)
         _add(
             "transpose-sink-binary-const",

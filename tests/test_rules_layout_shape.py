@@ -118,7 +118,11 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
         L.expand(X, ints(2, 3, 4)),
         {"x": (1, 1)},
     ),
-    "expand-elim-broadcast": (L.add(L.expand(X, ints(-1, 3)), Y), L.add(X, Y), {"x": (1, 3), "y": (-1, 3)}),
+    "expand-elim-broadcast": (
+        L.add(L.expand(X, ints(2, 4, 3)), Y),
+        L.add(X, Y),
+        {"x": (1, 4, 3), "y": (2, 4, 3)},
+    ),
     "view-of-splat": (L.reshape(splat(1.0, (6,)), ints(2, 3), 0), splat(1.0, (2, 3)), {}),
     "concat-single-elim": (L.concat(L.tlist([X]), 0), X, {"x": (-1, 3)}),
     "split-single-elim": (L.split(X, ints(3), 1, 0, 0), X, {"x": (-1, 3)}),
@@ -190,7 +194,7 @@ def test_guards_hold() -> None:
         dtypes={"x": F16},
     )
     # An Expand that adds a dim the other operand lacks is needed.
-    refute(L.add(L.expand(X, ints(2, 3)), Y), L.add(X, Y), {"x": (1, 3), "y": (1, 3)})
+    refute(L.add(L.expand(X, ints(2, 1, 3)), Y), L.add(X, Y), {"x": (1, 1, 3), "y": (1, 1, 3)})
     # A Reshape whose literal target copies a dim (0) of the view under it keeps the view.
     refute(L.reshape(L.unsqueeze(X, ints(0)), ints(0, -1), 0), L.reshape(X, ints(0, -1), 0), {"x": (2, 3)})
     # The copied dim must be the same dim: x's dim 1 is not its dim 0.

@@ -114,7 +114,7 @@ def write_bundle(
         index = {b["name"]: i for i, b in enumerate(data["buffers"])}
         # GEMM offset tables are always needed to launch; weights only for checking (they can be large)
         values = {**cp.tables, **(cp.program.constants if check is not None else {})}
-        np.savez(tmp / "constants.npz", **{f"b{index[n]}": np.asarray(v) for n, v in values.items()})  # type: ignore[arg-type]
+        np.savez(tmp / "constants.npz", **{f"b{index[n]}": np.asarray(v) for n, v in values.items() if n in index})  # type: ignore[arg-type]
         if check is not None:
             data["check"] = write_check(tmp, cp, data["buffers"], check)
         (tmp / "manifest.json").write_text(json.dumps(data, indent=1))
@@ -164,6 +164,8 @@ def cpu_arrays(cp: CudaProgram, feeds: Mapping[str, np.ndarray]) -> dict[str, np
     for name, buf in cp.buffers().items():
         arrays[name] = np.zeros(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])
     for name, value in {**cp.program.constants, **cp.tables}.items():
+        if name not in arrays:
+            continue  # folded away: no step reads it
         np.copyto(arrays[name], np.asarray(value).reshape(arrays[name].shape), casting="unsafe")
     for graph_name, buf in cp.program.inputs:
         np.copyto(arrays[buf.name], np.asarray(feeds[graph_name]).reshape(buf.shape), casting="unsafe")

@@ -1,11 +1,11 @@
 """NVVM IR -> PTX with llvmlite's NVPTX target; libdevice linked; ``ptxas`` checks and statistics.
 
-One LLVM module per model: every entry point of a ``CudaProgram`` is built into it, libdevice
-(``libdevice.10.bc`` from the CUDA toolkit) is linked in when a kernel calls an ``__nv_*``
-function, and every symbol that is not an entry point is made internal *before* optimizing, so
-the optimizer inlines what is used and drops the ~350 unused libdevice functions. Each kernel's
-PTX is then emitted from a copy of the optimized module in which the other kernels are internal
-and removed (so every ``.ptx`` file is self-contained and loads on its own).
+Each entry point is compiled in a module of its own, so every ``.ptx`` file is self-contained and
+loads on its own, and compile time grows linearly with the number of kernels. A module that
+calls ``__nv_*`` math gets libdevice (``libdevice.10.bc`` from the CUDA toolkit, parsed once per
+process) linked in; every symbol but the entry point is then made internal and dead globals are
+dropped *before* optimizing, so the optimizer only sees (and inlines) the libdevice functions
+used instead of all ~350 of them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from llvmlite import ir
 
 from onnxsat.errors import OnnxsatError
 
-from .gemm import add_gemm_kernel
+from .gemm import add_gemm_kernel, gemm_kernel_name
 from .nvvm import TRIPLE, add_kernel
 from .plan import CudaProgram
 
@@ -81,49 +81,62 @@ def target_machine(arch: str) -> llvm.TargetMachine:
     return llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, features=PTX_ISA, opt=3)
 
 
-def build_module(cp: CudaProgram) -> ir.Module:
-    """The NVVM IR module holding every entry point of ``cp``."""
-    module = ir.Module(name="onnxsat_cuda")
+def build_module(cp: CudaProgram, only: str | None = None) -> ir.Module:
+    """The NVVM IR module holding every entry point of ``cp`` (or just the one named ``only``)."""
+    module = ir.Module(name=only or "onnxsat_cuda")
     module.triple = TRIPLE
     for name, kernel in cp.kernels.items():
-        add_kernel(module, kernel, cp.forms[name] == "warp-reduction")
+        if only in (None, name):
+            add_kernel(module, kernel, cp.forms[name] == "warp-reduction")
     for dtype in sorted(cp.gemm_dtypes):
-        add_gemm_kernel(module, dtype)
+        if only in (None, gemm_kernel_name(dtype)):
+            add_gemm_kernel(module, dtype)
     return module
 
 
 @dataclass
 class PtxModule:
-    """The optimized module of one model and each entry point's PTX text."""
+    """Each entry point's PTX text for one target architecture."""
 
     arch: str
     ptx: dict[str, str]
-    optimized_ir: str
+
+
+_LIBDEVICE_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=1)
+def _parsed_libdevice() -> llvm.ModuleRef:
+    return llvm.parse_bitcode(_libdevice_bitcode())
+
+
+def _libdevice_copy() -> llvm.ModuleRef:
+    with _LIBDEVICE_LOCK:
+        return _parsed_libdevice().clone()
 
 
 def compile_ptx(cp: CudaProgram, arch: str = DEFAULT_ARCH) -> PtxModule:
     """Compile every entry point of ``cp`` to PTX for ``arch`` (no GPU needed)."""
     tm = target_machine(arch)
-    module = build_module(cp)
+    return PtxModule(arch, {name: compile_entry(build_module(cp, only=name), name, tm) for name in cp.functions})
+
+
+def compile_entry(module: ir.Module, name: str, tm: llvm.TargetMachine) -> str:
+    """PTX for the entry point ``name`` of ``module``: link libdevice if needed, internalize,
+    drop dead globals, optimize at O3, emit."""
     llmod = llvm.parse_assembly(str(module))
     if any(f.is_declaration and f.name.startswith("__nv_") for f in llmod.functions):
-        llmod.link_in(llvm.parse_bitcode(_libdevice_bitcode()))
+        llmod.link_in(_libdevice_copy())
     llmod.triple = TRIPLE
     llmod.data_layout = str(tm.target_data)
-    kernels = set(cp.functions)
-    _internalize(llmod, keep=kernels)
-    llmod.verify()
+    _internalize(llmod, keep={name})
     pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    dce = llvm.create_new_module_pass_manager()
+    dce.add_global_dead_code_eliminate_pass()
+    dce.run(llmod, pb)
+    llmod.verify()
     pb.getModulePassManager().run(llmod, pb)
-    ptx: dict[str, str] = {}
-    for name in cp.functions:
-        one = llmod.clone()
-        _internalize(one, keep={name})
-        pm = llvm.create_new_module_pass_manager()
-        pm.add_global_dead_code_eliminate_pass()
-        pm.run(one, pb)
-        ptx[name] = tm.emit_assembly(one)
-    return PtxModule(arch, ptx, str(llmod))
+    return str(tm.emit_assembly(llmod))
 
 
 def _internalize(mod: llvm.ModuleRef, keep: set[str]) -> None:

@@ -46,7 +46,9 @@ class _Loaded:
         self.buffers = cp.buffers()
         self.pointers = {name: device.alloc(buf.nbytes) for name, buf in self.buffers.items()}
         for name, value in {**cp.program.constants, **cp.tables}.items():
-            buf = self.buffers[name]
+            buf = self.buffers.get(name)
+            if buf is None:
+                continue  # folded away: no step reads it
             device.upload(self.pointers[name], np.ascontiguousarray(np.asarray(value).reshape(buf.shape), dtype=NUMPY_DTYPES[buf.dtype]))
         host = [s.step for s in cp.steps if isinstance(s, HostStep)]
         self.host_runners = dict(zip(map(id, host), _host_runners(cp.program, host), strict=True))

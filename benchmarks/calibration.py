@@ -262,10 +262,12 @@ def render(cal: Any, pairs: list[Pair], threads: int, seconds: float) -> tuple[s
             abs(p.predicted_b_us / 1e3 - p.measured["candidate_ms"]) / p.measured["candidate_ms"]
         )
     model_err = statistics.median(model_errs) if model_errs else float("nan")
+    settled = [p for p in counted if p.measured is not None and p.measured["verdict"] != "tie"]
     lines += [
         "",
         f"Sign correct in {sum(p.sign_ok for p in counted)} of {len(counted)} pairs that differ by more than 5%"
-        f" ({sign_rate:.0%}).",
+        f" ({sign_rate:.0%}). Of those, the {len(settled)} whose 95% CI also excludes a tie (whole interval"
+        f" above 1.02 or below 0.98, `onnxsat.latency`'s verdict): {sum(p.sign_ok for p in settled)} correct.",
         "",
         f"Whole-model error: median |predicted - measured| / measured over the {len(model_errs)} models timed above:"
         f" {model_err:.1%}.",

@@ -184,7 +184,7 @@ def test_help_does_not_import_the_heavy_stack(tmp_path: Path) -> None:
 
 def test_defaults_map_to_default_options(fake: FakePipeline, tmp_path: Path) -> None:
     assert cli.main(["optimize", str(SMALL_CNN), "-o", str(tmp_path / "out.onnx")]) == 0
-    assert fake.calls == [Options(progress=True)]
+    assert fake.calls == [Options(progress=True, plugin_cache_dir=cli._plugin_cache_dir())]
 
 
 def test_every_flag_maps_to_options(fake: FakePipeline, tmp_path: Path) -> None:

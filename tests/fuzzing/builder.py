@@ -224,6 +224,10 @@ class GraphBuilder:
         const = all(
             any(t.name == i and t.const for t in self.pool) or i in self.init_names() for i in inputs if i
         )
+        assert all(not isinstance(d, int) or d >= 1 for dims, _ in outs for d in dims), (
+            op,
+            outs,
+        )  # no empty tensors
         made = [Tensor(self.name("t"), tuple(dims), dtype, const=const, sign=sign) for dims, dtype in outs]
         self.nodes.append(helper.make_node(op, list(inputs), [t.name for t in made], **attrs))
         if pool:

@@ -269,3 +269,49 @@ def motif_shape_arith(b: GraphBuilder) -> None:
     b.node1(
         "Reshape", [x.name, target.name], (first, int(np.prod(concrete(x.dims[2:])))), x.dtype, sign=x.sign
     )
+
+
+def motif_fusion(b: GraphBuilder) -> None:
+    """The decomposed activations and normalizations exporters write (SiLU, GELU erf/tanh,
+    HardSigmoid/HardSwish, Softmax, LayerNorm with scale and bias), which the fusion rules fuse."""
+    x = b.pick(lambda t: t.dtype == F and t.rank >= 1 and isinstance(t.dims[-1], int))
+    if x is None:
+        return
+    kind = b.choice(["silu", "gelu-erf", "gelu-tanh", "hard-sigmoid", "hard-swish", "softmax", "layer-norm"])
+    d = x.dims
+
+    def op(name: str, *args: Tensor | float, **attrs: Any) -> Tensor:
+        ins = [a if isinstance(a, Tensor) else b.splat(a, (), F) for a in args]
+        dims = (
+            broadcast(*[t.dims for t in ins])
+            if name not in ("ReduceMax", "ReduceSum", "ReduceMean")
+            else None
+        )
+        if dims is None:  # a reduction over the last axis, kept
+            dims = (*d[:-1], 1)
+            if name == "ReduceSum" or b.opset >= 18:
+                return b.node1(name, [ins[0].name, b.ints([-1])], dims, F, keepdims=1)
+            return b.node1(name, [ins[0].name], dims, F, keepdims=1, axes=[-1])
+        return b.node1(name, [t.name for t in ins], dims, F, **attrs)
+
+    if kind == "silu":
+        s = op("Sigmoid", x)
+        op("Mul", *((x, s) if b.flag() else (s, x)))
+    elif kind == "gelu-erf":
+        arg = op("Div", x, float(np.sqrt(2.0))) if b.flag() else op("Mul", x, float(1 / np.sqrt(2.0)))
+        op("Mul", op("Mul", x, op("Add", op("Erf", arg), 1.0)), 0.5)
+    elif kind == "gelu-tanh":
+        inner = op("Add", x, op("Mul", op("Pow", x, 3.0), 0.044715))
+        op("Mul", op("Mul", x, 0.5), op("Add", op("Tanh", op("Mul", inner, float(np.sqrt(2 / np.pi)))), 1.0))
+    elif kind in ("hard-sigmoid", "hard-swish"):
+        relu6 = op("Clip", op("Add", x, 3.0), 0.0, 6.0)
+        op("Div", op("Mul", x, relu6) if kind == "hard-swish" else relu6, 6.0)
+    elif kind == "softmax":
+        shifted = op("Exp", op("Sub", x, op("ReduceMax", x)))
+        op("Div", shifted, op("ReduceSum", shifted))
+    else:
+        centered = op("Sub", x, op("ReduceMean", x))
+        squares = op("Pow", centered, 2.0) if b.flag() else op("Mul", centered, centered)
+        normed = op("Div", centered, op("Sqrt", op("Add", op("ReduceMean", squares), 1e-5)))
+        if b.flag():
+            op("Add", op("Mul", normed, b.weight(concrete(d[-1:]))), b.weight(concrete(d[-1:])))

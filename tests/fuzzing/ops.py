@@ -275,7 +275,11 @@ def gen_conv_transpose(b: GraphBuilder) -> None:
     n, m, k, s = x.rank - 2, b.integer(1, 3), b.integer(1, 3), b.integer(1, 2)
     pad = b.integer(0, k - 1)
     spatial = [(int(d) - 1) * s - 2 * pad + k for d in x.dims[2:]]
-    inputs = [x.name, b.weight((int(x.dims[1]), m, *[k] * n)).name] + ([b.weight((m,)).name] if b.flag() else [])
+    if min(spatial) < 1:
+        return
+    inputs = [x.name, b.weight((int(x.dims[1]), m, *[k] * n)).name] + (
+        [b.weight((m,)).name] if b.flag() else []
+    )
     attrs = {"pads": [pad] * 2 * n, "strides": [s] * n}
     b.node1("ConvTranspose", inputs, (x.dims[0], m, *spatial), TP.FLOAT, **attrs)
 

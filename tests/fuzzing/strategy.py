@@ -46,6 +46,7 @@ GENERATORS: dict[str, Callable[[GraphBuilder], None]] = {
     "MotifConv": motifs.motif_conv,
     "MotifLayout": motifs.motif_layout,
     "MotifShapeArith": motifs.motif_shape_arith,
+    "MotifFusion": motifs.motif_fusion,
 }
 """Generator name -> generator; Relu first, so an op choice shrinks towards it."""
 

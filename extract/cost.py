@@ -159,7 +159,7 @@ class RooflineCost:
         if cls == "view":
             return self.classes["view"].overhead_us if "view" in self.classes else self.view_overhead_us
         if self.fusion == "ort" and ort_fuses_into_producer(ctx):
-            return self.view_overhead_us
+            return self.view_overhead_us + self._folded_operand_us(ctx, cls)
         attrs = _named_attrs(ctx.node) if op in BY_CTOR else {}
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
         consts = self.constants(cls)
@@ -171,6 +171,23 @@ class RooflineCost:
             bytes_moved -= in_bytes * (1 - 1 / parts)
             return consts.time_us(flops / parts, bytes_moved) - consts.overhead_us * (1 - 1 / parts)
         return consts.time_us(flops, bytes_moved)
+
+
+    def _folded_operand_us(self, ctx: NodeCtx, cls: str) -> float:
+        """Reading the constant operands ORT folds into the producer's weights/bias at run time.
+
+        Without it a fused BatchNorm would look cheaper than the bias its fold adds to the conv,
+        and extraction would keep the BatchNorm (it prices within a rounding error either way).
+        """
+        if len(ctx.in_const) != len(ctx.in_shapes):
+            return 0.0
+        folded = sum(
+            numel(shape) * _ITEMSIZE.get(dtype or 1, 4)
+            for shape, dtype, const in zip(ctx.in_shapes, ctx.in_dtypes, ctx.in_const, strict=False)
+            if const and shape is not None
+        )
+        consts = self.constants(cls)
+        return consts.time_us(0.0, folded) - consts.overhead_us
 
 
 def ort_fuses_into_producer(ctx: NodeCtx) -> bool:

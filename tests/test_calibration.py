@@ -222,9 +222,11 @@ def test_ort_cpu_prices_what_onnxruntime_fuses(ctx: NodeCtx, fused: bool) -> Non
     ort_cpu, plain = TARGETS["ort-cpu"], TARGETS["onnxsat-cpu"]
     full = plain.node_cost(ctx)
     assert full > ort_cpu.view_overhead_us  # a real kernel
-    assert (ort_cpu.node_cost(ctx) == ort_cpu.view_overhead_us) is fused
-    if not fused:
-        assert ort_cpu.node_cost(ctx) == pytest.approx(full)
+    cost = ort_cpu.node_cost(ctx)
+    if fused:  # one dispatch, plus reading the constant operands ORT folds into the producer
+        assert ort_cpu.view_overhead_us <= cost < full / 2
+    else:
+        assert cost == pytest.approx(full)
 
 
 def test_targets_price_the_same_node_differently() -> None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import onnx
 from egglog import EggSmolError
 
 from onnxsat.options import Options
 from onnxsat.report import Report
+
+if TYPE_CHECKING:
+    from onnxsat.egraph.program import Program
 
 
 def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
@@ -50,24 +54,42 @@ def minimal_failing_rules(original: onnx.ModelProto, options: Options, enabled: 
 
 
 def find_unsound_rules(original: onnx.ModelProto, options: Options, enabled: list[str], iteration: int) -> list[str]:
-    """Replay saturation up to the iteration that produced conflicting shapes, then try each
-    enabled rule alone on that state (egglog push/pop) and return those that reproduce it."""
+    """Replay saturation up to the iteration that produced conflicting shapes, then try the
+    enabled rules on that state (egglog push/pop) and return those that reproduce it alone.
+
+    Group testing: each family is tried as a whole first and only the rules of families that
+    conflict are tried one by one, so naming the culprit costs a run per family plus a run per
+    suspect rule instead of a run per rule.
+    """
     from onnxsat.egraph.importer import from_onnx
-    from onnxsat.egraph.shapes import shape_rules
-    from onnxsat.rules.schedule import rewrite_step, saturate
+    from onnxsat.rules.registry import RULES
+    from onnxsat.rules.schedule import saturate
 
     program = from_onnx(original, {k: list(v) for k, v in options.input_shapes.items()})
     if iteration:
         budgets = replace(options.budgets, enodes=2**62, seconds=float("inf"))
         saturate(program, budgets, enabled, stop_before=iteration)
-    culprits = []
-    for name in enabled:
-        program.egraph.push()
-        try:
-            program.egraph.run(rewrite_step([name], options.budgets))
-            program.egraph.run(shape_rules.saturate())
-        except EggSmolError:
-            culprits.append(name)
-        finally:
-            program.egraph.pop()
-    return culprits or enabled
+    wanted = set(enabled)
+    grouped = [[r for r in family if r in wanted] for family in RULES.families.values()]
+    suspects = []
+    for group in grouped:
+        if len(group) == 1 or (group and _conflicts(program, group, options)):
+            suspects.extend(group)
+    culprits = [name for name in suspects if _conflicts(program, [name], options)]
+    return culprits or suspects or enabled
+
+
+def _conflicts(program: Program, rules: list[str], options: Options) -> bool:
+    """Whether one iteration of ``rules`` on the current state makes the shape analysis conflict."""
+    from onnxsat.egraph.shapes import shape_rules
+    from onnxsat.rules.schedule import rewrite_step
+
+    program.egraph.push()
+    try:
+        program.egraph.run(rewrite_step(rules, options.budgets))
+        program.egraph.run(shape_rules.saturate())
+    except EggSmolError:
+        return True
+    finally:
+        program.egraph.pop()
+    return False

@@ -212,10 +212,10 @@ class _FunctionBuilder:
                 return b.fmul(a, c, flags=FAST)
             if op == "div":
                 return b.fdiv(a, c)
-            if op == "max":
-                return b.select(b.fcmp_ordered(">", a, c), a, c)
-            if op == "min":
-                return b.select(b.fcmp_ordered("<", a, c), a, c)
+            if op in ("max", "min"):
+                # NaN-propagating (numpy's maximum/minimum), and a form the loop vectorizer
+                # turns into vector reductions (a select on fcmp stays scalar without nnan)
+                return b.call(self.intrinsic("maximum" if op == "max" else "minimum", LL_TYPES[dt], 2), [a, c])
             if op == "pow":
                 return b.call(self.intrinsic("pow", LL_TYPES[dt], 2), [a, c])
             if op == "mod":

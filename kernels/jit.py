@@ -47,7 +47,12 @@ class HostTarget:
 
 def host_target() -> HostTarget:
     _init()
-    return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    features = llvm.get_host_cpu_features().flatten()
+    if "+avx512f" in features.split(","):
+        # LLVM tunes AVX-512 CPUs to prefer 256-bit vectors (clock drops on old Xeons); the
+        # kernels here are loops over whole rows, where 512-bit vectors measured faster
+        features += ",-prefer-256-bit"
+    return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), features)
 
 
 PIPELINE = "new-pm/o{level}+loop-vectorize+slp+unroll/v1"

@@ -185,6 +185,26 @@ def test_inputs_are_not_modified_and_outputs_are_fresh() -> None:
         np.testing.assert_array_equal(feeds[k], before[k])
 
 
+def test_max_reductions_vectorize_and_propagate_nan() -> None:
+    """ReduceMax/Max follow numpy (a NaN anywhere gives NaN) and the row maximum of a softmax
+    becomes a vector reduction (a scalar select chain cost the BERT softmax 2x)."""
+    model = _model(
+        [helper.make_node("ReduceMax", ["x"], ["r"], keepdims=0), helper.make_node("Max", ["x", "z"], ["m"]),
+         helper.make_node("Softmax", ["x"], ["s"], axis=-1)],
+        {"x": [4, 1000], "z": [4, 1000]}, ["r", "m", "s"],
+    )
+    rng = np.random.default_rng(0)
+    x, z = rng.standard_normal((4, 1000)).astype(np.float32), rng.standard_normal((4, 1000)).astype(np.float32)
+    x[1, 5], z[2, 7] = np.nan, np.nan
+    compiled = CompiledModel(model, threads=1, cache_dir=None)
+    got = compiled(x=x, z=z)
+    np.testing.assert_array_equal(got["r"], np.max(x))  # no axes: over everything, so NaN
+    np.testing.assert_array_equal(got["m"], np.maximum(x, z))
+    module = compiled.executable_for({"x": x, "z": z}).module
+    assert module is not None and module.optimized_ir is not None
+    assert "llvm.vector.reduce.fmaximum" in module.optimized_ir
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 1), (13, 7, 45), (6, 64, 32), (65, 33, 100), (128, 96, 64)])
 def test_packed_gemm_micro_kernel(shape: tuple[int, int, int]) -> None:
     """Every row-tail height (M % 6) and column tail (N % 32), against float64 numpy."""

@@ -8,13 +8,17 @@ memory pass instead of one per op of the chain.
 
 Guards: constants must equal the exact values up to float32 rounding (``_near``), reductions must
 run over the last axis with kept dims, constants must not broadcast the input to a larger shape,
-and the input must be float32 or float64 (float16 decompositions carry float16-rounded constants
-and the fused ops compute in higher precision, so they are left alone).
+and the input must be of a float type onnxruntime's CPU provider runs the fused op on
+(``ORT_TYPES``, measured on onnxruntime 1.32: it has no float64 HardSigmoid, HardSwish or
+Gelu(approximate=none) kernel, so fusing a float64 chain into one would leave a model nothing can
+run). float16 decompositions are left alone everywhere: they carry float16-rounded constants and
+the fused ops compute in higher precision.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from egglog import String, Vec, f64, i64, vars_
 from egglog.egraph import FactLike
@@ -54,9 +58,41 @@ def _const(value: f64, dims: Vec[i64], cdt: i64) -> L.Tensor:
     return L.Tensor.splat(value, dims, cdt)
 
 
-def _float_input() -> tuple[FactLike, ...]:
-    """The root keeps x's shape (no constant broadcasts it), and x is float32 or float64."""
-    return (L.shape(x) == sx, L.shape(t) == sx, L.dtype(x) == dt, (dt - i64(1)) * (dt - i64(11)) == i64(0))
+FLOAT, DOUBLE = 1, 11
+F32_F64 = (FLOAT, DOUBLE)
+ORT_TYPES: dict[str, tuple[int, ...]] = {
+    "LayerNormalization": F32_F64,
+    "Gelu": (FLOAT,),  # approximate=none; onnxruntime 1.32 runs float64 only for approximate=tanh
+    "Gelu-tanh": F32_F64,
+    "Swish": F32_F64,
+    "HardSigmoid": (FLOAT,),
+    "HardSwish": (FLOAT,),
+    "Softmax": F32_F64,
+    "fused": F32_F64,  # onnxsat fused kinds: written as their chain, or as a contrib op that runs the type
+}
+"""Input types (ONNX codes) each fusion target runs on in onnxruntime's CPU provider (float16 is
+excluded on purpose, see the module docstring). tests/test_rules_fusion.py checks the table
+against onnxruntime."""
+
+
+def _float_input(target: str) -> tuple[FactLike, ...]:
+    """The root keeps x's shape (no constant broadcasts it), and x has a type ``target`` runs on."""
+    return (L.shape(x) == sx, L.shape(t) == sx, *_dtype_in(x, ORT_TYPES[target]))
+
+
+def _dtype_in(tensor: L.Tensor, codes: tuple[int, ...]) -> tuple[FactLike, ...]:
+    """``tensor``'s type is one of ``codes`` (a single type as a literal, which rule verification
+    reads to give the instance's leaves that type)."""
+    if len(codes) == 1:
+        return (L.dtype(tensor) == i64(codes[0]),)
+    return (L.dtype(tensor) == dt, Vec(*(i64(code) for code in codes)).contains(dt))
+
+
+def _const_types(target: str) -> tuple[i64, ...]:
+    """Types of a chain's constants: x's one type as a literal where ``target`` runs one type (ONNX
+    elementwise ops take operands of one type; rule verification then makes constants of it), else free."""
+    codes = ORT_TYPES[target]
+    return (i64(codes[0]),) * 5 if len(codes) == 1 else (cd1, cd2, cd3, cd4, cd5)
 
 
 def _opset(at_least: int) -> FactLike:
@@ -95,7 +131,7 @@ for _sq_name, _squared in _squares.items():
             _normed,
             L.layer_norm(x, _unit_scale, L.Tensor.none(), i64(-1), eps),
             _opset(17),
-            *_float_input(),
+            *_float_input("LayerNormalization"),
             *_last_axis(va),
             _dim >= i64(0),
             eps >= f64(0.0),
@@ -132,72 +168,88 @@ _add(
 
 
 # ---------------------------------------------------------------- GELU
-def _gelu_targets(
-    name: str, lhs: L.Tensor, approximate: str, guards: tuple[FactLike, ...], variant: str
-) -> None:
-    """Gelu at opset >= 20, the onnxsat fused kind below."""
-    _add(
-        name,
-        lhs,
-        L.gelu(x, approximate),
-        _opset(20),
-        *_float_input(),
-        *guards,
-        variant=f"{variant}-std",
-        rtol=FLOAT32_RTOL,
-    )
-    _add(
-        name,
-        lhs,
-        L.fused_gelu(x, approximate, dt),
-        _opset_below(20),
-        *_float_input(),
-        *guards,
-        variant=f"{variant}-fused",
-        rtol=FLOAT32_RTOL,
-    )
+_Forms = dict[str, tuple[L.Tensor, tuple[FactLike, ...]]]
+"""variant -> (left-hand side, its constant guards)."""
 
 
-# 0.5 * x * (1 + erf(x / sqrt 2)) => Gelu: five ops become one pass. PyTorch writes (x*A)*0.5,
-# Hugging Face (x*0.5)*A; x/sqrt2 may be constant-folded to x*(1/sqrt2).
-_erf_args = {
-    "div": (L.div(x, _const(c1, sd, cd1)), _near(c1, math.sqrt(2.0))),
-    "mul": (L.mul(x, _const(c1, sd, cd1)), _near(c1, 1.0 / math.sqrt(2.0))),
-}
-_half, _one = _const(c2, sg, cd2), _const(c3, sb, cd3)
+def _gelu_targets(name: str, forms: Callable[[tuple[i64, ...]], _Forms], approximate: str) -> None:
+    """Gelu at opset >= 20, the onnxsat fused kind below (``forms`` builds the chains with the
+    given constant types)."""
+    std = "Gelu-tanh" if approximate == "tanh" else "Gelu"
+    for target, rhs, opset, suffix in (
+        (std, L.gelu(x, approximate), _opset(20), "std"),
+        ("fused", L.fused_gelu(x, approximate, dt), _opset_below(20), "fused"),
+    ):
+        for variant, (lhs, guards) in forms(_const_types(target)).items():
+            _add(
+                name,
+                lhs,
+                rhs,
+                opset,
+                *_float_input(target),
+                *guards,
+                variant=f"{variant}-{suffix}",
+                rtol=FLOAT32_RTOL,
+            )
+
+
 _erf_consts = (*_near(c2, 0.5), *_near(c3, 1.0))
-for _arg_name, (_arg, _arg_guard) in _erf_args.items():
-    _a = L.add(L.erf(_arg), _one)
-    for _form, _lhs in (("torch", L.mul(L.mul(x, _a), _half)), ("hf", L.mul(L.mul(x, _half), _a))):
-        _gelu_targets("gelu-erf-fusion", _lhs, "none", (*_arg_guard, *_erf_consts), f"{_arg_name}-{_form}")
 
+
+def _gelu_erf_forms(cd: tuple[i64, ...]) -> _Forms:
+    """0.5 * x * (1 + erf(x / sqrt 2)): PyTorch writes (x*A)*0.5, Hugging Face (x*0.5)*A; x/sqrt2
+    may be constant-folded to x*(1/sqrt2)."""
+    half, one = _const(c2, sg, cd[1]), _const(c3, sb, cd[2])
+    args = {
+        "div": (L.div(x, _const(c1, sd, cd[0])), _near(c1, math.sqrt(2.0))),
+        "mul": (L.mul(x, _const(c1, sd, cd[0])), _near(c1, 1.0 / math.sqrt(2.0))),
+    }
+    forms: _Forms = {}
+    for arg_name, (arg, arg_guard) in args.items():
+        a = L.add(L.erf(arg), one)
+        for form, lhs in (("torch", L.mul(L.mul(x, a), half)), ("hf", L.mul(L.mul(x, half), a))):
+            forms[f"{arg_name}-{form}"] = (lhs, (*arg_guard, *_erf_consts))
+    return forms
+
+
+def _gelu_tanh_forms(cd: tuple[i64, ...]) -> _Forms:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), x^3 exactly (x^2.99 is NaN for x < 0)."""
+    cubic = L.add(x, L.mul(L.pow_(x, _const(f64(3.0), sd, cd[3])), _const(c5, va, cd[4])))
+    a = L.add(L.tanh(L.mul(cubic, _const(c1, sd, cd[0]))), _const(c3, sb, cd[2]))
+    guards = (*_near(c1, math.sqrt(2.0 / math.pi)), *_near(c5, 0.044715), *_erf_consts)
+    return {"hf": (L.mul(L.mul(x, _const(c2, sg, cd[1])), a), guards)}
+
+
+# 0.5 * x * (1 + erf(x / sqrt 2)) => Gelu: five ops become one pass.
+_gelu_targets("gelu-erf-fusion", _gelu_erf_forms, "none")
 # 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) => Gelu(approximate=tanh): nine ops, one pass.
-_cubic = L.add(x, L.mul(L.pow_(x, _const(f64(3.0), sd, cd4)), _const(c5, va, cd5)))
-_tanh_a = L.add(L.tanh(L.mul(_cubic, _const(c1, sd, cd1))), _one)
-_tanh_consts = (
-    *_near(c1, math.sqrt(2.0 / math.pi)),
-    *_near(c5, 0.044715),
-    *_erf_consts,
-)  # x^3 exactly: x^2.99 is NaN for x < 0
-_gelu_targets("gelu-tanh-fusion", L.mul(L.mul(x, _half), _tanh_a), "tanh", _tanh_consts, "hf")
+_gelu_targets("gelu-tanh-fusion", _gelu_tanh_forms, "tanh")
 
 # ---------------------------------------------------------------- SiLU / Swish
 # x * sigmoid(x) => Swish (opset >= 24) or the fused kind: two passes become one.
 for _order, _lhs in (("xs", L.mul(x, L.sigmoid(x))), ("sx", L.mul(L.sigmoid(x), x))):
-    _add("silu-fusion", _lhs, L.swish(x, 1.0), _opset(24), *_float_input(), variant=f"{_order}-std")
-    _add("silu-fusion", _lhs, L.fused_silu(x), _opset_below(24), *_float_input(), variant=f"{_order}-fused")
+    _add("silu-fusion", _lhs, L.swish(x, 1.0), _opset(24), *_float_input("Swish"), variant=f"{_order}-std")
+    _add(
+        "silu-fusion",
+        _lhs,
+        L.fused_silu(x),
+        _opset_below(24),
+        *_float_input("fused"),
+        variant=f"{_order}-fused",
+    )
 
 # ---------------------------------------------------------------- HardSigmoid / HardSwish
 # relu6(x + 3) / 6 (MobileNetV3 code) => HardSigmoid(1/6, 1/2): three ops become one. ONNX stores
 # alpha as float32, so the result differs from the chain by float32 rounding of 1/6.
-_relu6 = L.clip(L.add(x, _const(c1, sd, cd1)), _const(c2, sg, cd2), _const(c3, sb, cd3))
+_cd = _const_types("HardSigmoid")
+_relu6 = L.clip(L.add(x, _const(c1, sd, _cd[0])), _const(c2, sg, _cd[1]), _const(c3, sb, _cd[2]))
 _relu6_consts = (*_near(c1, 3.0), c2 == f64(0.0), *_near(c3, 6.0))
 _add(
     "hard-sigmoid-fusion",
-    L.div(_relu6, _const(c4, va, cd4)),
+    L.div(_relu6, _const(c4, va, _cd[3])),
     L.hard_sigmoid(x, 1.0 / 6.0, 0.5),
     _opset(6),
-    *_float_input(),
+    *_float_input("HardSigmoid"),
     *_relu6_consts,
     *_near(c4, 6.0),
     rtol=FLOAT32_RTOL,
@@ -205,10 +257,10 @@ _add(
 # x * relu6(x + 3) / 6 => HardSwish (opset >= 14): four ops become one.
 _add(
     "hard-swish-fusion",
-    L.div(L.mul(x, _relu6), _const(c4, va, cd4)),
+    L.div(L.mul(x, _relu6), _const(c4, va, _cd[3])),  # HardSwish runs the types HardSigmoid does
     L.hard_swish(x),
     _opset(14),
-    *_float_input(),
+    *_float_input("HardSwish"),
     *_relu6_consts,
     *_near(c4, 6.0),
     variant="relu6",
@@ -224,7 +276,7 @@ for _order, _lhs in (
         _lhs,
         L.hard_swish(x),
         _opset(14),
-        *_float_input(),
+        *_float_input("HardSwish"),
         *_near(c1, 1.0 / 6.0),
         *_near(c2, 0.5),
         variant=_order,
@@ -240,7 +292,7 @@ _add(
     L.div(_shifted, L.reduce_sum(_shifted, _axes, i64(1), nz2)),
     L.softmax(x, (va[0] + sx.length()) % sx.length()),
     _opset(13),
-    *_float_input(),
+    *_float_input("Softmax"),
     va.length() == i64(1),
     sx.length() >= i64(1),
 )
@@ -252,8 +304,7 @@ _bias_guards = (
     L.shape(x) == sx,
     L.shape(t) == sx,
     L.shape(bias) == Vec(_dim),
-    L.dtype(x) == dt,
-    (dt - i64(1)) * (dt - i64(11)) == i64(0),
+    *_dtype_in(x, ORT_TYPES["fused"]),
 )
 _add(
     "bias-gelu-fusion",

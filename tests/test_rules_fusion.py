@@ -8,6 +8,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -16,6 +17,7 @@ from egglog import EGraph, eq, i64, set_
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
+from onnxsat import cli
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.options import Options
@@ -24,7 +26,7 @@ from onnxsat.rules import RULES, fusion
 from .helpers_onnx import outputs_match, run_ort, warm_import
 from .prove import _load, _warm
 
-F, F16 = TensorProto.FLOAT, TensorProto.FLOAT16
+F, F16, D = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 X, G, B = L.Tensor.input("x"), L.Tensor.weight("g"), L.Tensor.weight("b")
 NONE = L.Tensor.none()
 SHAPES = {"x": (2, 3, 4), "g": (4,), "b": (4,)}
@@ -170,8 +172,8 @@ def test_refute(case: str) -> None:
 
 # ---------------------------------------------------------------- models, as exporters write them
 class _Builder:
-    def __init__(self, opset: int, rng: np.random.Generator):
-        self.opset, self.rng = opset, rng
+    def __init__(self, opset: int, rng: np.random.Generator, dtype: type = np.float32):
+        self.opset, self.rng, self.dtype = opset, rng, dtype
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.n = 0
@@ -182,12 +184,12 @@ class _Builder:
 
     def const(self, value: float) -> str:
         name = self.name("c")
-        self.inits.append(numpy_helper.from_array(np.array(value, np.float32), name))
+        self.inits.append(numpy_helper.from_array(np.array(value, self.dtype), name))
         return name
 
     def weight(self, shape: tuple[int, ...]) -> str:
         name = self.name("w")
-        self.inits.append(numpy_helper.from_array(self.rng.standard_normal(shape).astype(np.float32), name))
+        self.inits.append(numpy_helper.from_array(self.rng.standard_normal(shape).astype(self.dtype), name))
         return name
 
     def op(self, op_type: str, *inputs: str, **attrs: object) -> str:
@@ -208,10 +210,11 @@ class _Builder:
         return self.op("Mul", self.op("Mul", x, self.op("Add", erf, self.const(1.0))), self.const(0.5))
 
 
-def fusion_model(opset: int) -> onnx.ModelProto:
+def fusion_model(opset: int, elem_type: int = F, erf: bool = True) -> onnx.ModelProto:
     """One output per decomposition: LayerNorm (Pow/Div and Mul/rsqrt forms), GELU (erf and tanh),
-    SiLU, HardSwish and HardSigmoid as relu6 arithmetic, Softmax over axis 1, MatMul + bias + GELU."""
-    b = _Builder(opset, np.random.default_rng(0))
+    SiLU, HardSwish and HardSigmoid as relu6 arithmetic, Softmax over axis 1, MatMul + bias + GELU.
+    ``erf=False`` leaves out the two erf GELUs (onnxruntime has no float64 Erf)."""
+    b = _Builder(opset, np.random.default_rng(0), helper.tensor_dtype_to_np_dtype(elem_type).type)
     x = "x"
     outs = []
     centered = b.op("Sub", x, b.reduce("ReduceMean", x, -1))
@@ -222,7 +225,8 @@ def fusion_model(opset: int) -> onnx.ModelProto:
     var2 = b.reduce("ReduceMean", b.op("Mul", centered2, centered2), 2)
     rstd = b.op("Reciprocal", b.op("Sqrt", b.op("Add", var2, b.const(1e-6))))
     outs.append(b.op("Mul", b.op("Mul", centered2, rstd), b.weight((8,))))
-    outs.append(b.gelu_erf(x))
+    if erf:
+        outs.append(b.gelu_erf(x))
     cubic = b.op("Add", x, b.op("Mul", b.op("Pow", x, b.const(3.0)), b.const(0.044715)))
     tanh = b.op("Tanh", b.op("Mul", cubic, b.const(math.sqrt(2.0 / math.pi))))
     outs.append(b.op("Mul", b.op("Mul", x, b.const(0.5)), b.op("Add", tanh, b.const(1.0))))
@@ -234,9 +238,10 @@ def fusion_model(opset: int) -> onnx.ModelProto:
     )
     shifted = b.op("Exp", b.op("Sub", x, b.reduce("ReduceMax", x, 1)))
     outs.append(b.op("Div", shifted, b.reduce("ReduceSum", shifted, 1)))
-    outs.append(b.gelu_erf(b.op("Add", b.op("MatMul", x, b.weight((8, 8))), b.weight((8,)))))
-    inputs = [helper.make_tensor_value_info(n, F, ["batch", 3, 8]) for n in ("x", "y")]
-    outputs = [helper.make_tensor_value_info(o, F, ["batch", 3, 8]) for o in outs]
+    if erf:
+        outs.append(b.gelu_erf(b.op("Add", b.op("MatMul", x, b.weight((8, 8))), b.weight((8,)))))
+    inputs = [helper.make_tensor_value_info(n, elem_type, ["batch", 3, 8]) for n in ("x", "y")]
+    outputs = [helper.make_tensor_value_info(o, elem_type, ["batch", 3, 8]) for o in outs]
     graph = helper.make_graph(b.nodes, "fusions", inputs, outputs, b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
@@ -248,7 +253,8 @@ def _optimize(model: onnx.ModelProto, **options: object) -> onnx.ModelProto:
         optimized, report = onnxsat.optimize(model, Options(rules_only=("fusion", "core"), **options))  # type: ignore[arg-type]
     assert report.verification.status == "passed", report.verification
     onnx.checker.check_model(optimized, full_check=True)
-    feeds = {n: np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np.float32) for n in ("x", "y")}
+    np_type = helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    feeds = {n: np.random.default_rng(1).standard_normal((2, 3, 8)).astype(np_type) for n in ("x", "y")}
     why = outputs_match(run_ort(optimized, feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-5)
     assert why is None, why
     return optimized
@@ -286,3 +292,71 @@ def test_allow_contrib_ops_writes_onnxruntime_fused_ops() -> None:
     assert ops["com.microsoft.BiasGelu"] == 1 and ops["com.microsoft.QuickGelu"] == 1, ops
     assert ops["Erf"] == 0 and ops["Sigmoid"] == 0
     assert ("com.microsoft", 1) in [(o.domain, o.version) for o in optimized.opset_import]
+
+
+# ---------------------------------------------------------------- types onnxruntime runs
+def test_float64_model_fuses_only_into_ops_onnxruntime_runs(tmp_path: Path) -> None:
+    """onnxruntime 1.32 has no float64 HardSigmoid or HardSwish kernel: the CLI writes a verified
+    float64 model that keeps those chains and fuses the rest (LayerNormalization, Gelu(tanh), Swish,
+    Softmax). (Before the type guards, the HardSwish fusion made verification fail: no file.)"""
+    src, out = tmp_path / "f64.onnx", tmp_path / "f64.opt.onnx"
+    onnx.save(fusion_model(24, D, erf=False), src)
+    with warm_import(rules=True):
+        code = cli.main(["optimize", str(src), "-o", str(out), "--quiet", "--rules-only", "fusion,core"])
+    assert code == 0 and out.exists()
+    optimized = onnx.load(out)
+    ops = _ops(optimized)
+    assert ops["HardSwish"] == 0 and ops["HardSigmoid"] == 0 and ops["Clip"] == 2, ops
+    assert ops["Gelu"] == 1 and ops["Swish"] == 1 and ops["Tanh"] == 0 and ops["Sigmoid"] == 0, ops
+    assert ops["LayerNormalization"] == 2 and ops["Softmax"] == 1, ops
+    model = onnx.load(src)
+    feeds = {n: np.random.default_rng(2).standard_normal((2, 3, 8)) for n in ("x", "y")}
+    why = outputs_match(run_ort(optimized, feeds), run_ort(model, feeds), rtol=1e-6, atol=1e-8)  # Gelu: float32 constants
+    assert why is None, why
+
+
+def test_float64_with_contrib_ops_writes_erf_gelu_as_its_chain() -> None:
+    """com.microsoft Gelu/BiasGelu have no float64 kernel (nor has Erf: onnxruntime cannot verify
+    this model, so only the written ops are checked); FastGelu and QuickGelu have one."""
+    with warm_import(rules=True):
+        optimized, _ = onnxsat.optimize(
+            fusion_model(17, D), Options(rules_only=("fusion", "core"), allow_contrib_ops=True, verify=False)
+        )
+    ops = _ops(optimized)
+    assert ops["com.microsoft.Gelu"] == 0 and ops["com.microsoft.BiasGelu"] == 0 and ops["Erf"] == 2, ops
+    assert ops["com.microsoft.FastGelu"] == 1 and ops["com.microsoft.QuickGelu"] == 1, ops
+
+
+_TARGET_MODELS = {
+    "LayerNormalization": (17, "LayerNormalization", {"axis": -1}, 1),
+    "Gelu": (20, "Gelu", {}, 0),
+    "Gelu-tanh": (20, "Gelu", {"approximate": "tanh"}, 0),
+    "Swish": (24, "Swish", {}, 0),
+    "HardSigmoid": (13, "HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, 0),
+    "HardSwish": (14, "HardSwish", {}, 0),
+    "Softmax": (13, "Softmax", {"axis": -1}, 0),
+}
+
+
+@pytest.mark.parametrize("target", list(_TARGET_MODELS))
+def test_fusion_type_table_matches_onnxruntime(target: str) -> None:
+    """``fusion.ORT_TYPES`` lists exactly the float32/float64 types onnxruntime runs each target on."""
+    opset, op_type, attrs, extra = _TARGET_MODELS[target]
+    runs = []
+    for elem_type in (F, D):
+        np_type = helper.tensor_dtype_to_np_dtype(elem_type)
+        names = ["x", "scale"][: 1 + extra]
+        graph = helper.make_graph(
+            [helper.make_node(op_type, names, ["y"], **attrs)],
+            "one",
+            [helper.make_tensor_value_info("x", elem_type, [2, 4])],
+            [helper.make_tensor_value_info("y", elem_type, [2, 4])],
+            [numpy_helper.from_array(np.ones(4, np_type), "scale")][:extra],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+        try:
+            run_ort(model, {"x": np.ones((2, 4), np_type)})
+            runs.append(elem_type)
+        except Exception:  # onnxruntime has no kernel for this type
+            pass
+    assert tuple(runs) == fusion.ORT_TYPES[target]

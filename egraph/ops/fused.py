@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from .. import lang as L
 from .registry import Attr, CostCtx, ExportNode, OpSpec, numel, register
@@ -69,9 +69,15 @@ def _silu_export(node: ExportNode) -> None:
     node.expansion = chain.nodes
 
 
+def _contrib_runs(approximate: str, dtype: int) -> bool:
+    """onnxruntime 1.32 has float64 kernels for FastGelu (tanh) but not for com.microsoft Gelu and
+    BiasGelu (erf): a float64 erf GELU is written as its chain even with contrib ops allowed."""
+    return approximate == "tanh" or dtype != TensorProto.DOUBLE
+
+
 def _gelu_export(node: ExportNode) -> None:
     approximate, dtype = str(node.attrs.pop("approximate", "none")), int(node.attrs.pop("dtype"))
-    if node.allow_contrib:
+    if node.allow_contrib and _contrib_runs(approximate, dtype):
         node.op_type, node.domain = ("FastGelu" if approximate == "tanh" else "Gelu"), CONTRIB
         return
     chain = _Chain(node, dtype)
@@ -81,7 +87,7 @@ def _gelu_export(node: ExportNode) -> None:
 
 def _bias_gelu_export(node: ExportNode) -> None:
     approximate, dtype = str(node.attrs.pop("approximate", "none")), int(node.attrs.pop("dtype"))
-    if node.allow_contrib:
+    if node.allow_contrib and _contrib_runs(approximate, dtype):
         node.op_type, node.domain = ("FastGelu" if approximate == "tanh" else "BiasGelu"), CONTRIB
         return
     chain = _Chain(node, dtype)

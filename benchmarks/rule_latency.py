@@ -8,6 +8,14 @@ ORT_ENABLE_ALL on both sides, in interleaved rounds (``onnxsat.latency.compare_m
 ratio is median(original) / median(optimized) with a bootstrap 95% interval; a win needs the
 whole interval above 1.02, a loss below 0.98, anything else is a tie.
 
+The extractor rarely picks a multi-pattern merge, so the family ablation cannot say what a merge
+costs. The forced-merge ablation therefore saturates each example once, lists the merges the
+e-graph holds (``onnxsat.extract.pinning``), and extracts once with each merge pinned
+(``onnxsat.forced``: same e-graph, extractor, exporter and numeric check as ``optimize``). The
+merged model is timed against the original and against the unpinned extraction, and the table
+shows which of the two the calibrated cost model (``profiles/ort-cpu-dev-2core.json``) prices lower
+and whether exact (ILP) extraction under it chooses any merge.
+
     python benchmarks/rule_latency.py                        # all examples, table on stdout
     python benchmarks/rule_latency.py --out benchmarks/results/rule_latency.md
     python benchmarks/rule_latency.py --only transformer --rounds 50 --threads 1
@@ -31,10 +39,16 @@ import onnx
 import onnxruntime as ort
 
 import onnxsat
+from onnxsat.extract.ilp import extract_ilp
+from onnxsat.extract.pinning import Merge, find_merges
+from onnxsat.extract.profile import load_profile
+from onnxsat.forced import Saturated
 from onnxsat.latency import LatencyComparison, compare_models
 from onnxsat.options import Options
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "ort-cpu-dev-2core.json"
+MERGE_EXAMPLES = ("transformer_block", "inception_block")
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,86 @@ def run_case(
     return model, optimized, comparison, seconds, family_matches(report)
 
 
+def merge_label(saturated: Saturated, merge: Merge) -> str:
+    """The merged siblings by their original weights, e.g. ``conv(branch1x1 + branch3x3_reduce)``."""
+    names = saturated.program.names
+    weight_of = {n.output[0]: n.input[1] for n in saturated.model.graph.node if len(n.input) > 1}
+    parts = []
+    for eclass, _ in merge.parts:
+        origin = saturated.egraph.origins.get(eclass)
+        tensor = names[origin] if origin is not None and origin < len(names) else eclass
+        parts.append(weight_of.get(tensor, tensor).removesuffix(".weight").removesuffix(".weight_t"))
+    return f"{merge.op}({' + '.join(parts)})"
+
+
+def forced_merge_rows(name: str, rounds: int, threads: int | None) -> list[dict[str, object]]:
+    """One row per merge in ``name``'s saturated e-graph: the merge pinned vs the free extraction."""
+    model = onnx.load(EXAMPLES / f"{name}.onnx")
+    saturated = Saturated.of(model)
+    calibrated = load_profile(PROFILE)
+    free, _ = saturated.extract()
+    _, free_cal = saturated.extract(cost=calibrated)
+    ilp = extract_ilp(saturated.egraph, calibrated, saturated.roots, time_limit=30.0)
+    ilp_classes = {eclass for eclass, _ in ilp.nodes}
+    ilp_merges = [m for m in find_merges(saturated.egraph, saturated.roots) if m.merged_class in ilp_classes]
+    feeds = feeds_for(model, np.random.default_rng(0))
+    rows: list[dict[str, object]] = []
+    for merge in saturated.merges():
+        merged, _ = saturated.extract(merge.choices())
+        _, merged_cal = saturated.extract(merge.choices(), cost=calibrated)
+        label = merge_label(saturated, merge)
+        vs_original = compare_models(model, merged, feeds, level="all", threads=threads, rounds=rounds)
+        vs_free = compare_models(free, merged, feeds, level="all", threads=threads, rounds=rounds)
+        print(f"{name:18} {label:44} vs original {vs_original}; vs unmerged {vs_free}", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "example": name,
+                "merge": label,
+                "nodes": f"{len(model.graph.node)} / {len(free.graph.node)} / {len(merged.graph.node)}",
+                "ops_after": op_summary(merged),
+                "vs_original": vs_original.to_dict(),
+                "vs_unmerged": vs_free.to_dict(),
+                "cal_unmerged": free_cal.cost,
+                "cal_merged": merged_cal.cost,
+                "ilp_merges": ", ".join(merge_label(saturated, m) for m in ilp_merges) or "none",
+            }
+        )
+    return rows
+
+
+def _ratio_cell(d: dict[str, object]) -> str:
+    return f"{d['ratio']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}] {d['verdict']}"
+
+
+def render_merges(rows: list[dict[str, object]]) -> list[str]:
+    lines = [
+        "",
+        "## Forced merges",
+        "",
+        "Each multi-pattern merge the saturated e-graph holds (default budgets), extracted with the merge"
+        " pinned and verified against the original on onnxruntime. Nodes: original / unmerged (the free"
+        " greedy-DAG extraction) / merged. Ratios as above (above 1: the merged model is faster than the"
+        " reference named in the column). Calibrated cost: the DAG cost (us) of the unmerged and the merged"
+        " extraction under `profiles/ort-cpu-dev-2core.json`; ILP picks: the merges exact extraction under"
+        " that profile chooses.",
+        "",
+        "| example | merge | nodes | ms original / merged | merged vs original | merged vs unmerged |"
+        " calibrated cost unmerged / merged | ILP (calibrated) picks |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        o, u = r["vs_original"], r["vs_unmerged"]
+        assert isinstance(o, dict) and isinstance(u, dict)
+        lines.append(
+            f"| {r['example']} | {r['merge']} | {r['nodes']} | {o['baseline_ms']:.3f} / {o['candidate_ms']:.3f} |"
+            f" {_ratio_cell(o)} | {_ratio_cell(u)} | {r['cal_unmerged']:.1f} / {r['cal_merged']:.1f} |"
+            f" {r['ilp_merges']} |"
+        )
+    lines += ["", "Op counts of the merged models:", ""]
+    lines += [f"- {r['example']}, {r['merge']}: {r['ops_after']}" for r in rows]
+    return lines
+
+
 def render(rows: list[dict[str, object]], args: argparse.Namespace) -> str:
     lines = [
         "# Rule latency: examples before and after onnxsat on onnxruntime",
@@ -127,7 +221,9 @@ def render(rows: list[dict[str, object]], args: argparse.Namespace) -> str:
         " median optimized (above 1: onnxsat's model is faster), with a bootstrap 95% interval. Verdict: win if the"
         " interval lies above 1.02, loss if below 0.98, else tie. Transformer inputs: batch 1, sequence"
         f" {SEQ}. The machine is shared with other jobs, so intervals are wide; a tie means no measurable"
-        " difference here, not a proof of none.",
+        " difference here, not a proof of none. Load average (1/5/15 min) at the start of the run"
+        f" {'/'.join(f'{x:.1f}' for x in args.load_before)}, at the end"
+        f" {'/'.join(f'{x:.1f}' for x in args.load_after)}.",
         "",
         "| example | variant | nodes | multi/fusion matches | original ms | optimized ms | ratio | 95% CI | verdict |"
         " optimize s |",
@@ -163,10 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads on both sides (default 1)")
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    parser.add_argument("--merges-only", action="store_true", help="only the forced-merge ablation")
     args = parser.parse_args(argv)
+    args.load_before = os.getloadavg()
     rows: list[dict[str, object]] = []
     for name, variants in VARIANTS.items():
-        if args.only and not any(o in name for o in args.only):
+        if args.only and not any(o in name for o in args.only) or args.merges_only:
             continue
         for variant in variants:
             model, optimized, cmp, seconds, matches = run_case(name, variant, args.rounds, args.threads)
@@ -182,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
             }
             rows.append(row)
             print(f"{name:18} {variant.label:34} {cmp}", file=sys.stderr, flush=True)
-    text = render(rows, args)
+    merge_rows: list[dict[str, object]] = []
+    for name in MERGE_EXAMPLES:
+        if not args.only or any(o in name for o in args.only):
+            merge_rows += forced_merge_rows(name, args.rounds, args.threads)
+    args.load_after = os.getloadavg()
+    text = render(rows, args) + "\n".join(render_merges(merge_rows)) + "\n"
     print(text)
     if args.out:
         args.out.write_text(text)

@@ -41,6 +41,7 @@ EXAMPLES = ROOT / "examples"
 FLOOR_NODE_ERROR = 0.25
 FLOOR_SIGN = 0.80
 MIN_DIFF = 0.05
+PREDICTED_TIE = 1e-3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,6 +150,10 @@ class Pair:
 
     @property
     def sign_ok(self) -> bool:
+        """The predicted ratio is on the measured side of 1; a predicted tie (the model sees no
+        difference, e.g. the optimizer changed nothing it prices) is never a correct sign."""
+        if abs(self.predicted_ratio - 1.0) < PREDICTED_TIE:
+            return False
         return (self.predicted_ratio > 1.0) == (self.measured_ratio > 1.0)
 
 
@@ -226,13 +231,24 @@ def render(cal: Any, pairs: list[Pair], threads: int, seconds: float) -> tuple[s
         "",
         "Fitted constants:",
         "",
-        "| class | peak GFLOP/s | bandwidth GB/s | spill GB/s | overhead us |",
-        "|---|---:|---:|---:|---:|",
+        "| class | peak GFLOP/s | bandwidth GB/s | spills above (KiB) | spill GB/s | overhead us"
+        " | per extra output us | reorder GB/s | unblocked conv GFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for cls, c in sorted(cal.cost.classes.items()):
         lines.append(
-            f"| {cls} | {c.peak_gflops:.3g} | {c.bandwidth_gbs:.3g} | {c.spill_gbs:.3g} | {c.overhead_us:.2f} |"
+            f"| {cls} | {c.peak_gflops:.3g} | {c.bandwidth_gbs:.3g} | {c.cache_bytes / 1024:.0f}"
+            f" | {c.spill_gbs:.3g} | {c.overhead_us:.2f} | {c.output_us:.2f} | {c.reorder_gbs:.3g}"
+            f" | {c.unblocked_gflops:.3g} |"
         )
+    lines += [
+        "",
+        f"Fixed cost of one inference call {cal.cost.run_overhead_us:.2f} us; a metadata-only op"
+        f" {cal.cost.view_overhead_us:.2f} us. Time of a node = overhead x dispatches + extra outputs x"
+        " per-output cost + max(FLOPs / peak, bytes / bandwidth, or bytes / spill bandwidth when"
+        " they exceed the cache size) + reorder bytes / reorder bandwidth + FLOPs of an unblocked conv"
+        " / its rate (`onnxsat.extract.cost.ClassConstants`).",
+    ]
     lines += [
         "",
         "## Pairs of equivalent models: does the model predict which one is faster?",

@@ -26,7 +26,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .cost import OP_CLASSES, ClassConstants, RooflineCost, node_work, relative_error
+from .cost import (
+    OP_CLASSES,
+    ClassConstants,
+    RooflineCost,
+    nchwc_reorders,
+    nchwc_unblocked,
+    node_work,
+    relative_error,
+)
 
 OPSET = 17
 _F32 = TensorProto.FLOAT
@@ -34,8 +42,12 @@ NOISE_US = 2.0
 """Timing noise of one call here: fit weights are 1 / (time + noise), so relative error counts
 for real work, and nodes of a microsecond or less do not dominate the fit."""
 _BALANCES = np.logspace(-3, 4, 141)
-_SPILL_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 """Machine balances (FLOPs per byte at which compute and memory time are equal) tried in the fit."""
+_SPILL_FACTORS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+"""How many times slower than the cached bandwidth a kernel larger than the cache may stream."""
+_CACHE_FRACTIONS = (0.5, 0.75, 1.0)
+"""Fractions of the per-core cache tried as the size where a class's kernels start to spill
+(code, the runtime's own data and the other operands share the cache)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,11 @@ class Sample:
     def work(self) -> tuple[float, float]:
         dtypes: list[int | None] = [_F32] * len(self.inputs)
         return node_work(self.op, list(self.inputs), dtypes, self.out_shape, _F32, self.egraph_attrs)
+
+    def reorders(self) -> tuple[int, float]:
+        """(count, bytes) of the layout copies onnxruntime adds around this node alone (its
+        input is a graph input)."""
+        return nchwc_reorders(self.op, list(self.inputs), self.out_shape, reorder_input=True)
 
     def model(self) -> onnx.ModelProto:
         rng = np.random.default_rng(0)
@@ -191,7 +208,8 @@ def samples(quick: bool = False) -> list[Sample]:
         _maxpool(64, 56), _maxpool(32, 28), _maxpool(128, 14), _gap(256, 7), _gap(1024, 7),
         _maxpool(64, 28, True), _gap(512, 14, True),
         # A graph output cannot alias a graph input, so ORT copies here: tiny tensors measure the dispatch.
-        _split(64, 256, 2), _split(256, 768, 3), _split(16, 1024, 4), _split(128, 600, 3, True),
+        _split(64, 256, 2), _split(256, 768, 3), _split(16, 1024, 4), _split(4, 384, 3), _split(1, 192, 3),
+        _split(128, 600, 3, True),
         Sample("view", "Reshape", "reshape", ((4, 4), (1,)), frozenset({1}), (16,), int_values={1: (-1,)}),
         Sample("view", "Reshape", "reshape", ((8, 8), (1,)), frozenset({1}), (64,), int_values={1: (-1,)}),
     ]  # fmt: skip
@@ -207,7 +225,7 @@ def samples(quick: bool = False) -> list[Sample]:
     return out
 
 
-QUANTILE = 25
+QUANTILE = 10
 """Percentile of a sample's run times that is kept: other processes only ever add time, so a
 low percentile over rounds spread in time is the least disturbed estimate of the node itself."""
 
@@ -263,6 +281,22 @@ class Measured:
     node_us: float
     """Measured time minus the fixed cost of a call."""
     predicted_us: float = 0.0
+    reorder: float = 0.0
+    """Bytes of layout copies around the node (``Sample.reorder_bytes``)."""
+
+    @property
+    def kernels(self) -> int:
+        """Dispatches the node pays: its own and one per layout copy around it."""
+        return 1 + self.sample.reorders()[0]
+
+    def predict(self, consts: ClassConstants) -> float:
+        return consts.time_us(
+            self.flops, self.bytes, self.reorder, self.kernels, self.sample.outputs, self.unblocked_flops
+        )
+
+    @property
+    def unblocked_flops(self) -> float:
+        return self.flops if nchwc_unblocked(self.sample.op, list(self.sample.inputs)) else 0.0
 
     @property
     def rel_error(self) -> float:
@@ -279,7 +313,8 @@ def measure(
     out: list[Measured] = []
     for sample, total in zip(sample_list, totals, strict=True):
         flops, bytes_moved = sample.work()
-        out.append(Measured(sample, flops, bytes_moved, max(total - baseline, MIN_NODE_US)))
+        node_us = max(total - baseline, MIN_NODE_US)
+        out.append(Measured(sample, flops, bytes_moved, node_us, reorder=sample.reorders()[1]))
     return baseline, out
 
 
@@ -288,35 +323,59 @@ MIN_NODE_US = 0.05
 
 
 def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConstants:
-    """Weighted least squares (weights 1 / (time + noise)) of overhead + a * max(flops, r * bytes').
+    """Weighted least squares (weights 1 / (time + noise)) of
+    overhead * kernels + a * max(flops, r * bytes') + c * reorder bytes + d * (outputs - 1)
+    + e * FLOPs of unblocked convs.
 
-    bytes' = min(bytes, cache) + q * (bytes beyond the cache). For each machine balance r and
-    spill factor q on a grid, the model is linear in (overhead, a), both kept non-negative; the
-    (r, q) with the smallest weighted residual wins. peak = 1/a, bandwidth = peak/r, spill
-    bandwidth = bandwidth/q.
+    bytes' = bytes while they fit in the cache, q * bytes beyond it. For each machine balance r,
+    spill factor q and cache size (a fraction of ``cache_bytes``) on a grid, the model is linear
+    in (overhead, a, c, d, e), all kept non-negative (columns that are zero for every row are
+    left out); the grid point with the smallest weighted residual wins. peak = 1/a, bandwidth =
+    peak/r, spill bandwidth = bandwidth/q, reorder bandwidth = 1/c, cost per extra output = d,
+    extra rate of unblocked convs = 1/e.
     """
     t = np.array([r.node_us for r in rows])
     flops = np.array([r.flops for r in rows])
     nbytes = np.array([r.bytes for r in rows])
-    near = np.minimum(nbytes, cache_bytes)
-    far = nbytes - near
+    kernels = np.array([float(r.kernels) for r in rows])
+    reorder = np.array([r.reorder for r in rows])
+    extra_outputs = np.array([r.sample.outputs - 1.0 for r in rows])
+    unblocked = np.array([r.unblocked_flops for r in rows])
     w = 1.0 / (t + NOISE_US)
-    best: tuple[float, float, float, float, float] | None = None  # residual, overhead, a, r, q
-    for q in _SPILL_FACTORS if np.any(far > 0) else (1.0,):
-        eff = near + q * far
-        for r in _BALANCES:
-            x = np.maximum(flops, eff * r)
-            for overhead, a in _nonneg_line(x, t, w):
-                resid = float(np.sum((w * (overhead + a * x - t)) ** 2))
-                if best is None or resid < best[0]:
-                    best = (resid, overhead, a, float(r), float(q))
+    best: tuple[float, np.ndarray, float, float, float] | None = None  # residual, coef, r, q, cache
+    caches = [cache_bytes * f for f in _CACHE_FRACTIONS] if math.isfinite(cache_bytes) else [math.inf]
+    for cache in caches:
+        spilled = nbytes > cache
+        if not spilled.any() and cache != caches[-1]:
+            continue  # same as the largest cache size
+        for q in _SPILL_FACTORS if spilled.any() else (1.0,):
+            eff = np.where(spilled, q * nbytes, nbytes)
+            x = np.maximum(flops[None, :], eff[None, :] * _BALANCES[:, None])  # one row per balance
+            fixed = [np.broadcast_to(c, x.shape) for c in (kernels, reorder, extra_outputs, unblocked)]
+            design = np.stack([fixed[0], x, *fixed[1:]], axis=2)
+            resid, coef = _nonneg_fit(design, t, w)
+            i = int(np.argmin(resid))
+            if best is None or resid[i] < best[0]:
+                best = (float(resid[i]), coef[i], float(_BALANCES[i]), float(q), float(cache))
     assert best is not None
-    _, overhead, a, r, q = best
+    _, (overhead, a, c, per_output, e), r, q, cache = best
+    extras = {
+        "reorder_gbs": float(1.0 / (c * 1e3) if c > 0 else math.inf),
+        "output_us": float(per_output),
+        "unblocked_gflops": float(1.0 / (e * 1e3) if e > 0 else math.inf),
+    }
     if a <= 0:
-        return ClassConstants(math.inf, math.inf, overhead)
+        return ClassConstants(math.inf, math.inf, float(overhead), **extras)
     peak = 1.0 / (a * 1e3)  # a is microseconds per FLOP; peak in GFLOP/s
     bandwidth = peak / r
-    return ClassConstants(peak, bandwidth, overhead, spill_gbs=bandwidth / q, cache_bytes=cache_bytes)
+    return ClassConstants(
+        float(peak),
+        float(bandwidth),
+        float(overhead),
+        spill_gbs=float(bandwidth / q),
+        cache_bytes=cache,
+        **extras,
+    )
 
 
 def cache_bytes() -> float:
@@ -335,17 +394,37 @@ def cache_bytes() -> float:
     return float(best or 1 << 20)
 
 
-def _nonneg_line(x: np.ndarray, t: np.ndarray, w: np.ndarray) -> list[tuple[float, float]]:
-    """Candidate (intercept, slope) pairs >= 0 for weighted t ~ intercept + slope * x."""
-    a_mat = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
-    (c0, c1), *_ = np.linalg.lstsq(a_mat, t * w, rcond=None)
-    cands = []
-    if c0 >= 0 and c1 >= 0:
-        cands.append((float(c0), float(c1)))
-    slope_only = float(np.sum(w * w * x * t) / max(np.sum(w * w * x * x), 1e-300))
-    cands.append((0.0, max(slope_only, 0.0)))
-    cands.append((float(np.sum(w * w * t) / np.sum(w * w)), 0.0))
-    return cands
+def _nonneg_fit(x: np.ndarray, t: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative weighted least squares t ~ x[g] @ coef for a batch of designs ``x[g]``
+    (shape: batch, rows, columns); returns per design (residual, coef).
+
+    Few columns, so every subset of the nonzero columns is solved (normal equations) and the
+    best solution without a negative coefficient kept.
+    """
+    batch, _, n = x.shape
+    cols = [j for j in range(n) if np.any(x[:, :, j])]
+    xw, tw = x[:, :, cols] * w[None, :, None], t * w
+    gram = np.einsum("gri,grj->gij", xw, xw)
+    rhs = np.einsum("gri,r->gi", xw, tw)
+    tt = float(tw @ tw)
+    best_resid = np.full(batch, tt)
+    best_coef = np.zeros((batch, len(cols)))
+    for mask in range(1, 1 << len(cols)):
+        use = [i for i in range(len(cols)) if mask >> i & 1]
+        sub = gram[:, use][:, :, use] + np.eye(len(use)) * 1e-300
+        try:
+            sol = np.linalg.solve(sub, rhs[:, use, None])[:, :, 0]
+        except np.linalg.LinAlgError:
+            continue
+        coef = np.zeros((batch, len(cols)))
+        coef[:, use] = sol
+        resid = tt - 2 * np.einsum("gi,gi->g", coef, rhs) + np.einsum("gi,gij,gj->g", coef, gram, coef)
+        better = np.all(sol >= 0, axis=1) & np.isfinite(resid) & (resid < best_resid)
+        best_resid = np.where(better, resid, best_resid)
+        best_coef[better] = coef[better]
+    full = np.zeros((batch, n))
+    full[:, cols] = best_coef
+    return np.maximum(best_resid, 0.0), full
 
 
 @dataclass
@@ -454,7 +533,7 @@ def calibrate(
         ),
     )
     for m in measured:
-        m.predicted_us = cost.constants(m.sample.cls).time_us(m.flops, m.bytes)
+        m.predicted_us = m.predict(cost.constants(m.sample.cls))
     return Calibration(cost, measured, baseline, time.perf_counter() - start)
 
 

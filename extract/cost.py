@@ -2,8 +2,9 @@
 
 A ``CostModel`` prices a node from its op, attributes and the shapes/dtypes of its inputs and
 output. ``RooflineCost`` is the analytic default: per op class (matmul, conv, elementwise, ...)
-time = overhead + max(FLOPs / peak, bytes / bandwidth), with the three constants per class
-taken from a profile (built in, or measured by ``onnxsat calibrate``, see ``profile.py``).
+time = overhead + max(FLOPs / peak, bytes / bandwidth), the bandwidth dropping to a spill rate
+for kernels larger than the per-core cache, with the constants per class taken from a profile
+(built in, or measured by ``onnxsat calibrate``, see ``profile.py``).
 Weight-only nodes cost nothing (they are folded at export), and metadata-only layout ops
 (Reshape, Squeeze, Identity...) cost only the "view" class overhead.
 
@@ -13,6 +14,8 @@ activation, MatMul+bias into Gemm, Gemm+activation, Transpose pairs, the Erf-Gel
 only a dispatch, because the fused kernel makes one memory pass where the producer already
 writes its output. Whether a producer is fusable is judged from the ops its input e-class
 holds (``NodeCtx.in_ops``), since per-node costs cannot see which node extraction picks there.
+The ``ort`` mode also prices the NCHWc layout ORT runs convs in: the ReorderOutput copy after a
+conv and the slower kernel of a conv whose channels do not fill the block.
 """
 
 from __future__ import annotations
@@ -96,9 +99,14 @@ class CostModel(Protocol):
 class ClassConstants:
     """Roofline constants of one op class: time = overhead + max(flops / peak, memory time).
 
-    Memory time charges the first ``cache_bytes`` a kernel moves at ``bandwidth_gbs`` and the
-    rest at ``spill_gbs``: a kernel whose data outgrows the per-core cache streams from the
-    shared levels or DRAM, several times slower on a CPU.
+    Memory time has two regimes: a kernel whose bytes fit in ``cache_bytes`` (the per-core cache
+    it runs from when called again) moves them at ``bandwidth_gbs``; a larger one streams all of
+    them from the shared cache levels or DRAM at ``spill_gbs``. ``reorder_gbs`` prices the
+    layout copies onnxruntime puts around a kernel (NCHWc reorders around a conv), which are not
+    part of its roofline; ``output_us`` is the extra cost of each output after the first (a
+    Split allocates and hands over every part); ``unblocked_gflops`` is the extra time per FLOP
+    of a conv onnxruntime cannot run blocked (input channels not a multiple of the NCHWc block,
+    e.g. a network's first conv), several times slower than the blocked kernels.
     """
 
     peak_gflops: float = 50.0
@@ -106,12 +114,67 @@ class ClassConstants:
     overhead_us: float = 2.0
     spill_gbs: float = math.inf
     cache_bytes: float = math.inf
+    reorder_gbs: float = math.inf
+    output_us: float = 0.0
+    unblocked_gflops: float = math.inf
 
-    def time_us(self, flops: float, bytes_moved: float) -> float:
+    def time_us(
+        self,
+        flops: float,
+        bytes_moved: float,
+        reorder_bytes: float = 0.0,
+        kernels: int = 1,
+        outputs: int = 1,
+        unblocked_flops: float = 0.0,
+    ) -> float:
+        """One kernel's time; ``kernels`` counts its dispatches (layout copies included)."""
         compute = flops / (self.peak_gflops * 1e3)
-        near = min(bytes_moved, self.cache_bytes)
-        memory = near / (self.bandwidth_gbs * 1e3) + (bytes_moved - near) / (self.spill_gbs * 1e3)
-        return self.overhead_us + max(compute, memory)
+        rate = self.bandwidth_gbs if bytes_moved <= self.cache_bytes else self.spill_gbs
+        memory = bytes_moved / (rate * 1e3)
+        return (
+            self.overhead_us * kernels
+            + self.output_us * (outputs - 1)
+            + max(compute, memory)
+            + reorder_bytes / (self.reorder_gbs * 1e3)
+            + unblocked_flops / (self.unblocked_gflops * 1e3)
+        )
+
+
+NCHWC_BLOCK = 16
+"""Channel block of onnxruntime's NCHWc layout on AVX-512 (8 on AVX2): a conv whose input has a
+multiple of it as channels runs blocked and needs a ReorderInput unless its producer runs blocked."""
+
+
+def nchwc_reorders(
+    op: str,
+    in_shapes: list[tuple[int, ...] | None],
+    out_shape: tuple[int, ...] | None,
+    reorder_input: bool,
+    itemsize: int = 4,
+) -> tuple[int, float]:
+    """(count, bytes) of the layout copies onnxruntime's NCHWc transformer puts around a 2-D conv.
+
+    ReorderOutput of the result is charged always (per-node costs cannot see whether the
+    consumer runs blocked). ReorderInput of the activation (when its channels are a multiple of
+    the block) only with ``reorder_input``: in a model, ORT reorders a tensor once for all the
+    convs that read it, so charging it per conv would make k sibling convs look k - 1 reorders
+    dearer than their merge; calibration's single-node samples do pay it.
+    """
+    if op != "conv" or not in_shapes or in_shapes[0] is None or len(in_shapes[0]) != 4 or out_shape is None:
+        return 0, 0.0
+    count, moved = 1, float(numel(out_shape) * itemsize)
+    channels = in_shapes[0][1]
+    if reorder_input and channels > 0 and channels % NCHWC_BLOCK == 0:
+        count, moved = 2, moved + numel(in_shapes[0]) * itemsize
+    return count, moved
+
+
+def nchwc_unblocked(op: str, in_shapes: list[tuple[int, ...] | None]) -> bool:
+    """A 2-D conv whose input channels are not a multiple of the NCHWc block: ORT runs it on
+    the plain NCHW input with a slower kernel (and needs no ReorderInput)."""
+    if op != "conv" or not in_shapes or in_shapes[0] is None or len(in_shapes[0]) != 4:
+        return False
+    return in_shapes[0][1] % NCHWC_BLOCK != 0
 
 
 def node_work(
@@ -163,15 +226,18 @@ class RooflineCost:
         attrs = _named_attrs(ctx.node) if op in BY_CTOR else {}
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
         consts = self.constants(cls)
+        reorders, reorder_bytes, unblocked = 0, 0.0, 0.0
+        if self.fusion == "ort":
+            reorders, reorder_bytes = nchwc_reorders(op, ctx.in_shapes, ctx.out_shape, reorder_input=False)
+            unblocked = flops if nchwc_unblocked(op, ctx.in_shapes) else 0.0
         parts = _outputs_of_one_kernel(op, ctx.in_shapes, attrs)
         if parts > 1:
-            # One e-node per output of a multi-output kernel (Split): each pays its share of the
-            # dispatch and of the input read, and writes its own output.
-            in_bytes = bytes_moved - numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
-            bytes_moved -= in_bytes * (1 - 1 / parts)
-            return consts.time_us(flops / parts, bytes_moved) - consts.overhead_us * (1 - 1 / parts)
-        return consts.time_us(flops, bytes_moved)
-
+            # One e-node per output of a multi-output kernel (Split): the kernel reads its input
+            # once, writes every output and pays for each extra output; each e-node pays its share.
+            out_bytes = numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
+            whole = bytes_moved + out_bytes * (parts - 1)
+            return consts.time_us(flops, whole, outputs=parts) / parts
+        return consts.time_us(flops, bytes_moved, reorder_bytes, 1 + reorders, unblocked_flops=unblocked)
 
     def _folded_operand_us(self, ctx: NodeCtx, cls: str) -> float:
         """Reading the constant operands ORT folds into the producer's weights/bias at run time.

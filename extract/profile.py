@@ -18,6 +18,8 @@ from ..errors import BadInputError
 from .cost import OP_CLASSES, ClassConstants, RooflineCost
 
 FORMAT = "onnxsat-cost-profile/1"
+_RATES = ("peak_gflops", "bandwidth_gbs", "spill_gbs", "cache_bytes", "reorder_gbs", "unblocked_gflops")
+"""Positive constants of a class; null in the file means unlimited (no such term)."""
 
 _H200 = ClassConstants(peak_gflops=67_000.0, bandwidth_gbs=4_800.0, overhead_us=4.0)
 """NVIDIA H200 SXM datasheet: 67 TFLOP/s FP32 (CUDA cores), 4.8 TB/s HBM3e; ~4 us per launch."""
@@ -60,6 +62,9 @@ def profile_to_dict(cost: RooflineCost, extra: dict[str, Any] | None = None) -> 
             "overhead_us": c.overhead_us,
             "spill_gbs": _finite_or_none(c.spill_gbs),
             "cache_bytes": _finite_or_none(c.cache_bytes),
+            "reorder_gbs": _finite_or_none(c.reorder_gbs),
+            "output_us": c.output_us,
+            "unblocked_gflops": _finite_or_none(c.unblocked_gflops),
         }
 
     data: dict[str, Any] = {
@@ -112,12 +117,12 @@ def profile_from_dict(data: dict[str, Any]) -> RooflineCost:
 
     def consts(raw: dict[str, Any]) -> ClassConstants:
         over = float(raw["overhead_us"])
-        rates = {
-            k: _none_is_inf(raw.get(k)) for k in ("peak_gflops", "bandwidth_gbs", "spill_gbs", "cache_bytes")
-        }
-        if any(not v > 0 for v in rates.values()) or not (over >= 0 and math.isfinite(over)):
+        per_output = float(raw.get("output_us", 0.0))
+        rates = {k: _none_is_inf(raw.get(k)) for k in _RATES}
+        fixed = (over, per_output)
+        if any(not v > 0 for v in rates.values()) or not all(v >= 0 and math.isfinite(v) for v in fixed):
             raise ValueError(f"constants must be positive: {raw}")
-        return ClassConstants(overhead_us=over, **rates)
+        return ClassConstants(overhead_us=over, output_us=per_output, **rates)
 
     classes = {str(k): consts(v) for k, v in dict(data["classes"]).items()}
     unknown = sorted(set(classes) - set(OP_CLASSES))

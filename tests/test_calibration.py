@@ -56,6 +56,8 @@ def test_fit_recovers_known_constants(truth: ClassConstants) -> None:
         (float(f), float(b))
         for f, b in zip(rng.uniform(1e3, 1e8, 12), rng.uniform(1e3, 1e7, 12), strict=True)
     ]
+    # Memory-bound kernels either side of each cache size the fit tries: they locate the spill.
+    work += [(1e3, truth.cache_bytes * f) for f in (0.6, 0.9, 1.1) if math.isfinite(truth.cache_bytes)]
     fitted = fit_class(_rows(truth, work), cache_bytes=truth.cache_bytes)
     held = [
         (float(f), float(b)) for f, b in zip(rng.uniform(1e4, 5e7, 8), rng.uniform(1e4, 5e6, 8), strict=True)

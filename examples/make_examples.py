@@ -32,6 +32,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxsat.rules.partial_models import spp_block
+
 IR_VERSION = 8
 PRODUCER = "onnxsat-examples"
 
@@ -408,6 +410,7 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "small_cnn": small_cnn,
     "inception_block": inception_block,
     "control_flow": control_flow,
+    "spp_block": spp_block,  # separable pooling pays here (issue 6, PET partial rules)
 }
 
 

@@ -282,8 +282,9 @@ class PartialRecord:
     detail: str = ""
     used: bool = False
     """Set after extraction: the extracted program computes this site's output with the composite."""
-    tops: list[str] = field(default_factory=list, repr=False)
-    """The composite's top op per output (how ``mark_used`` recognizes it)."""
+    tops: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list, repr=False)
+    """The composite's top op and its literal arguments per output (how ``mark_used`` recognizes it:
+    the top op alone can be the original's, e.g. a separable pool's second pass)."""
     origins: list[int] = field(default_factory=list, repr=False)
 
 
@@ -371,7 +372,7 @@ def apply_partial_rules(
             memo[id(node)] = L.tensor_ref(eg.origins[site.leaves[node.args[0].value][0]])  # type: ignore[union-attr]
         for out, composite in zip(site.outputs, site.composites, strict=True):
             actions.append(union(L.tensor_ref(eg.origins[out])).with_(to_egglog(composite, memo)))
-        record.tops = [c.op for c in site.composites]
+        record.tops = [(c.op, _literals(c.args)) for c in site.composites]
         record.origins = [eg.origins[o] for o in site.outputs]
         records.append(record)
     if actions:
@@ -392,8 +393,8 @@ def _leaf_nodes(site: Site) -> list[Term]:
 
 
 def mark_used(records: list[PartialRecord], chosen: dict[str, ENode], origins: dict[str, int]) -> None:
-    """After extraction: a site is used when the node chosen for its output is the composite's top op
-    (and not the original op) for some output."""
+    """After extraction: a site is used when the node chosen for its output is the composite's top op,
+    with the composite's attributes, for some output."""
     by_origin = {index: eclass for eclass, index in origins.items()}
     for record in records:
         if record.status != "emitted":
@@ -401,5 +402,16 @@ def mark_used(records: list[PartialRecord], chosen: dict[str, ENode], origins: d
         for origin, top in zip(record.origins, record.tops, strict=True):
             eclass = by_origin.get(origin)
             node = chosen.get(eclass) if eclass is not None else None
-            if node is not None and node.op == top:
+            if node is not None and (node.op, _literals(node.args)) == top:
                 record.used = True
+
+
+def _literals(args: Sequence[Any]) -> tuple[Any, ...]:
+    """The literal (non-tensor) arguments of a term or e-node, lists as tuples, comparable across both."""
+    out = []
+    for arg in args:
+        if isinstance(arg, (Ref, _Node)):
+            continue
+        value = arg.value if isinstance(arg, _Lit) else arg
+        out.append(tuple(value) if isinstance(value, list) else value)
+    return tuple(out)

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import ModelProto, TensorProto, ValueInfoProto
+from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from onnxsat import modelio
+from onnxsat import lazy_weights, modelio
 from onnxsat.errors import VerificationError, one_line
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "make_inputs",
     "run_ort",
     "tolerance",
+    "weakest_float_types",
 ]
 
 _OPT_LEVELS = {
@@ -248,6 +249,15 @@ def _session(model: ModelProto, optimization_level: str) -> Iterator[ort.Inferen
     # (e.g. about unused initializers) and error logs would only add noise to stderr.
     options.log_severity_level = 4
     providers = ["CPUExecutionProvider"]
+    if lazy_weights.lazy_initializers(model):
+        # Weights still in their file: onnxruntime maps them from there. Prepacking would copy
+        # every MatMul weight into a second buffer; results are compared between two sessions
+        # that both skip it.
+        shell, names, arrays = lazy_weights.ort_model_and_initializers(model)
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
+        yield ort.InferenceSession(shell, options, providers=providers)
+        return
     if modelio.serialized_size(model) <= modelio.MAX_PROTO_BYTES:
         yield ort.InferenceSession(model.SerializeToString(), options, providers=providers)
         return
@@ -268,6 +278,25 @@ def _run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict
 # comparing
 
 
+_TOLERANCES: dict[int, tuple[float, float]] = {
+    TensorProto.FLOAT: (1e-3, 1e-5),
+    TensorProto.COMPLEX64: (1e-3, 1e-5),
+    TensorProto.FLOAT16: (1e-2, 1e-4),
+    TensorProto.BFLOAT16: (5e-2, 1e-3),
+    TensorProto.DOUBLE: (1e-7, 1e-10),
+    TensorProto.COMPLEX128: (1e-7, 1e-10),
+}
+_MANTISSA_BITS = {
+    TensorProto.BFLOAT16: 8,
+    TensorProto.FLOAT16: 11,
+    TensorProto.FLOAT: 24,
+    TensorProto.COMPLEX64: 24,
+    TensorProto.DOUBLE: 53,
+    TensorProto.COMPLEX128: 53,
+}
+"""Precision of the float types whose rounding a tolerance covers (float8 types are not modelled)."""
+
+
 def tolerance(dtype: np.dtype | type | str) -> tuple[float, float]:
     """(rtol, atol) for outputs of `dtype`; an output passes when max|opt - ref| <= atol + rtol * max|ref|.
 
@@ -281,15 +310,75 @@ def tolerance(dtype: np.dtype | type | str) -> tuple[float, float]:
     float64 (1e-7, 1e-10). Integers, bools and strings must match exactly: (0, 0).
     """
     dt = np.dtype(dtype)
-    if dt in (np.float32, np.complex64):
-        return 1e-3, 1e-5
-    if dt == np.float16:
-        return 1e-2, 1e-4
-    if dt in (np.float64, np.complex128):
-        return 1e-7, 1e-10
     if dt.name == "bfloat16":
-        return 5e-2, 1e-3
-    return 0.0, 0.0
+        return _TOLERANCES[TensorProto.BFLOAT16]
+    try:
+        elem_type = helper.np_dtype_to_tensor_dtype(dt)
+    except (KeyError, ValueError, TypeError):
+        return 0.0, 0.0
+    return _TOLERANCES.get(elem_type, (0.0, 0.0))
+
+
+def weakest_float_types(model: ModelProto) -> dict[str, int]:
+    """Per float output of the main graph, the lowest-precision float type its value is computed in.
+
+    A rewrite may reassociate or fuse any step of the computation, so an output is only as exact
+    as the least precise float tensor on its way: float32 math cast to float64 at the end differs
+    from a correct rewrite by float32 roundings, and is held to float32's tolerance. The walk goes
+    backwards from each output through float tensors only (an integer or bool tensor, such as a
+    Shape result, carries no rounding error forward), so a pure float64 computation keeps
+    float64's tolerance. Types come from the graph's declarations, initializers, Cast targets and
+    onnx shape inference; tensors of unknown type are walked through without counting.
+    """
+    graph = model.graph
+    types = _declared_types(model)
+    producer = {out: node for node in graph.node for out in node.output if out}
+    weakest: dict[str, int] = {}
+    for output in graph.output:
+        own = types.get(output.name)
+        if own not in _MANTISSA_BITS:
+            continue
+        best, seen, todo = own, {output.name}, [output.name]
+        while todo:
+            name = todo.pop()
+            elem_type = types.get(name)
+            if elem_type is not None and elem_type not in _MANTISSA_BITS:
+                continue  # integers, bools, strings: no rounding error flows through them
+            if elem_type is not None and _MANTISSA_BITS[elem_type] < _MANTISSA_BITS[best]:
+                best = elem_type
+            node = producer.get(name)
+            for source in node.input if node is not None else ():
+                if source and source not in seen:
+                    seen.add(source)
+                    todo.append(source)
+        weakest[output.name] = best
+    return weakest
+
+
+def _declared_types(model: ModelProto) -> dict[str, int]:
+    graph = model.graph
+    types: dict[str, int] = {}
+    inferred = _inferred_value_infos(model)
+    for vi in [*inferred, *graph.value_info, *graph.input, *graph.output]:
+        if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for init in graph.initializer:
+        types[init.name] = init.data_type
+    for node in graph.node:
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and node.output:
+            to = next((a.i for a in node.attribute if a.name == "to"), 0)
+            if to:
+                types[node.output[0]] = to
+    return types
+
+
+def _inferred_value_infos(model: ModelProto) -> list[ValueInfoProto]:
+    if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
+        return []
+    try:
+        return list(onnx.shape_inference.infer_shapes(model).graph.value_info)
+    except Exception:
+        return []
 
 
 def compare_models(
@@ -334,10 +423,11 @@ def compare_models(
         checks = [OutputCheck(name, math.inf, 0.0, False, detail) for name in names]
         return VerificationResult(ok=False, outputs=checks)
 
+    weakest = weakest_float_types(original)
     worst: dict[str, OutputCheck] = {}
     for ref, got in zip(references, results, strict=True):
         for name in names:
-            check = _compare_values(name, ref[name], got[name])
+            check = _compare_values(name, ref[name], got[name], weakest.get(name))
             worst[name] = _worse(worst.get(name), check)
     checks = [worst[name] for name in names]
     return VerificationResult(ok=all(c.ok for c in checks), outputs=checks)
@@ -387,19 +477,32 @@ def _worse(old: OutputCheck | None, new: OutputCheck) -> OutputCheck:
     return new if ratio(new) > ratio(old) else old
 
 
-def _compare_values(name: str, ref: object, got: object) -> OutputCheck:
-    """Compare one output; sequence outputs (lists of arrays) are compared element by element."""
+def _compare_values(name: str, ref: object, got: object, weakest: int | None = None) -> OutputCheck:
+    """Compare one output; sequence outputs (lists of arrays) are compared element by element.
+
+    ``weakest``: the lowest-precision float type the output is computed in (``weakest_float_types``);
+    the tolerance is that type's when it is less precise than the output's own.
+    """
     if isinstance(ref, list) or isinstance(got, list):
         if not (isinstance(ref, list) and isinstance(got, list)) or len(ref) != len(got):
             return OutputCheck(name, math.inf, 0.0, False, "sequence lengths or kinds differ")
         worst: OutputCheck | None = None
         for r, g in zip(ref, got, strict=True):
-            worst = _worse(worst, _compare_values(name, r, g))
+            worst = _worse(worst, _compare_values(name, r, g, weakest))
         return worst or OutputCheck(name, 0.0, 0.0, True)
-    return _compare_arrays(name, np.asarray(ref), np.asarray(got))
+    return _compare_arrays(name, np.asarray(ref), np.asarray(got), weakest)
 
 
-def _compare_arrays(name: str, ref: np.ndarray, got: np.ndarray) -> OutputCheck:
+def _tolerance_of(dtype: np.dtype, weakest: int | None) -> tuple[float, float]:
+    """``tolerance(dtype)``, or the weakest type's when that one is less precise."""
+    own = tolerance(dtype)
+    if weakest is None or weakest not in _TOLERANCES:
+        return own
+    rtol, atol = _TOLERANCES[weakest]
+    return (rtol, atol) if rtol > own[0] else own
+
+
+def _compare_arrays(name: str, ref: np.ndarray, got: np.ndarray, weakest: int | None = None) -> OutputCheck:
     if ref.dtype != got.dtype:
         return OutputCheck(
             name, math.inf, 0.0, False, f"dtype {got.dtype} differs from the original {ref.dtype}"
@@ -419,7 +522,7 @@ def _compare_arrays(name: str, ref: np.ndarray, got: np.ndarray) -> OutputCheck:
             name, err if not same else 0.0, 0.0, same, "" if same else "values differ (exact match required)"
         )
 
-    rtol, atol = tolerance(ref.dtype)
+    rtol, atol = _tolerance_of(ref.dtype, weakest)
     wide = np.complex128 if ref.dtype.kind == "c" else np.float64
     r, g = ref.astype(wide), got.astype(wide)
     nan_r, nan_g = np.isnan(r), np.isnan(g)

@@ -26,12 +26,11 @@ CASES: dict[str, str | None] = {
     "int64_div_mul": None,
     # rules/algebraic.py mul-div-const ((x*a)/b => x*(a/b)): the same for (x*3)/2. Fixed likewise.
     "int64_mul_div": None,
-    "float32_matmuls_cast_to_float64": (
-        "onnxsat/verification.py takes the tolerance from the OUTPUT dtype only: float32 math cast "
-        "to float64 at the end is held to float64's tolerance (1.8e-7 here), so matmul-const-assoc's "
-        "correct float32 reassociation ((x@W1)@W2 -> x@(W1@W2), error 2.4e-7, ~1 float32 ulp) fails "
-        "verification and optimize() refuses a correct model"
-    ),
+    # onnxsat/verification.py took the tolerance from the OUTPUT dtype only: float32 math cast to
+    # float64 at the end was held to float64's tolerance, so matmul-const-assoc's correct float32
+    # reassociation (error ~1 float32 ulp) failed verification. Fixed: the tolerance follows the
+    # least precise float type the output is computed in (weakest_float_types).
+    "float32_matmuls_cast_to_float64": None,
 }
 """File stem in tests/data/fuzz -> None (fixed) or why it still fails (the test is an xfail)."""
 

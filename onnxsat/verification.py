@@ -286,7 +286,7 @@ _TOLERANCES: dict[int, tuple[float, float]] = {
     TensorProto.DOUBLE: (1e-7, 1e-10),
     TensorProto.COMPLEX128: (1e-7, 1e-10),
 }
-_MANTISSA_BITS = {
+_MANTISSA_BITS: dict[int, int] = {
     TensorProto.BFLOAT16: 8,
     TensorProto.FLOAT16: 11,
     TensorProto.FLOAT: 24,

@@ -123,3 +123,21 @@ MODELS: dict[str, dict[Scale, Callable[[], onnx.ModelProto]]] = {
     },
 }
 """Rule -> scale -> a model with exactly one site of that rule."""
+
+
+def all_sites_model(scale: Scale = "small") -> onnx.ModelProto:
+    """Every rule's site model side by side in one graph (names prefixed by the rule), so one
+    import finds the sites of all rules (a fresh e-graph costs seconds)."""
+    from onnx import compose
+
+    parts = [compose.add_prefix(build[scale](), f"{rule}/") for rule, build in MODELS.items()]
+    graph = helper.make_graph(
+        [n for p in parts for n in p.graph.node],
+        f"partial-sites-{scale}",
+        [i for p in parts for i in p.graph.input],
+        [o for p in parts for o in p.graph.output],
+        initializer=[t for p in parts for t in p.graph.initializer],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -19,7 +19,7 @@ from onnxsat.extract.serialized import serialize
 from onnxsat.rules import RULES
 from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules
 from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
-from onnxsat.rules.partial_models import MODELS, site_model
+from onnxsat.rules.partial_models import all_sites_model, site_model
 from onnxsat.rules.schedule import select_rules
 from onnxsat.rules.verify_partial import composite_model, verify_partial_rule, verify_site
 
@@ -162,25 +162,37 @@ def test_prove_matmul_batch_to_gemm() -> None:
 
 
 # ---------------------------------------------------------------- numeric: models on onnxruntime
-@pytest.mark.parametrize("name", RULE_NAMES)
-def test_numeric_partial_rule_on_a_model(name: str) -> None:
-    """The site's composite, exported as ONNX the way extraction would write it, matches the model on onnxruntime."""
-    model = MODELS[name]["small"]()
+def test_numeric_every_site_on_onnxruntime() -> None:
+    """Every site each rule finds in a model holding one site model per rule (one import for all),
+    its composite exported as ONNX the way extraction would write it, matches the model on onnxruntime."""
     from onnxsat.egraph.importer import from_onnx
     from onnxsat.rules.partial import find_sites
 
+    model = all_sites_model("small")
     program = from_onnx(model)
     eg = serialize(program.egraph)
-    (site,) = find_sites([name], eg)
-    composite = composite_model(site, model, {n: program.names[eg.origins[c]] for n, (c, _, _) in site.leaves.items()})
-    onnx.checker.check_model(composite, full_check=True)
     rng = np.random.default_rng(1)
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in model.graph.input}
-    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = ort.InferenceSession(composite.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
-    assert len(composite.graph.node) > len(model.graph.node), composite.graph.node  # the mutant form, not the original op
-    for a, b in zip(want, got, strict=True):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    for name in RULE_NAMES:
+        sites = find_sites([name], eg)
+        assert any(program.names[eg.origins[o]].startswith(f"{name}/") for s in sites for o in s.outputs), (name, sites)
+        for site in sites:
+            outputs = [program.names[eg.origins[o]] for o in site.outputs]
+            original = onnx.ModelProto()
+            original.CopyFrom(model)
+            del original.graph.output[:]
+            by_name = {o.name: o for o in model.graph.output}
+            original.graph.output.extend(by_name[o] for o in outputs)
+            composite = composite_model(site, original, {n: program.names[eg.origins[c]] for n, (c, _, _) in site.leaves.items()})
+            onnx.checker.check_model(composite, full_check=True)
+            op_nodes = [n for n in composite.graph.node if n.op_type not in ("Constant",)]
+            assert len(op_nodes) > len(site.outputs), (name, outputs)  # the mutant form, not the original op
+            run = ort.InferenceSession(composite.SerializeToString(), providers=["CPUExecutionProvider"])
+            got = run.run(None, {i.name: feeds[i.name] for i in run.get_inputs()})
+            for out, value in zip(outputs, got, strict=True):
+                np.testing.assert_allclose(value, want[out], rtol=1e-4, atol=1e-4, err_msg=f"{name}: {out}")
 
 
 def test_optimize_runs_the_partial_pass_and_reports_it() -> None:

@@ -18,7 +18,7 @@ Scale = Literal["small", "bench"]
 def site_model(
     nodes: list[onnx.NodeProto],
     inputs: dict[str, list[int]],
-    outputs: dict[str, list[int]],
+    outputs: dict[str, list[int] | None],
     weights: dict[str, tuple[int, ...]],
     *,
     weight_scale: float = 1.0,

@@ -18,8 +18,9 @@ from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules import RULES
 from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules
-from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
+from onnxsat.rules.partial_families import RULE_NAMES, separable_pool_site, spatial_to_batch_site
 from onnxsat.rules.partial_models import all_sites_model, site_model
+from onnxsat.rules.rule_instances import _Node
 from onnxsat.rules.schedule import select_rules
 from onnxsat.rules.verify_partial import composite_model, verify_partial_rule, verify_site
 
@@ -71,6 +72,18 @@ def test_wrong_corrections_are_caught() -> None:
     good.composites = list(good.mutants)
     verdict = verify_site(good)
     assert not verdict.ok and "mutant + correction != original" in verdict.detail
+
+
+def test_wrong_separable_pool_is_caught() -> None:
+    """A mutant that keeps only the separable pool's first (column) pass differs almost everywhere."""
+    call = PARTIAL_RULES["pool-separable"].samples()[2]  # MaxPool: boxes by random tests
+    site = separable_pool_site("pool-separable", call)
+    assert site is not None and verify_site(site).ok
+    first_pass = site.mutants[0].args[0]
+    assert isinstance(first_pass, _Node) and first_pass.op == "max_pool"
+    site.mutants = site.composites = [first_pass]
+    verdict = verify_site(site)
+    assert not verdict.ok and "outside the corrected regions" in verdict.detail, verdict.detail
 
 
 def test_wrong_cuts_are_caught() -> None:

@@ -7,6 +7,8 @@ are marked ``reassociates`` in their comment (results differ in the last bits, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from egglog import Vec, f64, i64, ne, vars_
 from egglog.egraph import FactLike
 
@@ -15,6 +17,7 @@ from .registry import ROOT as t
 from .registry import RULES, rewrite_rule
 
 FAMILY = "algebraic"
+Op = Callable[[L.Tensor, L.Tensor], L.Tensor]
 
 x, y, z, a, b, c, w, w2, bias, bias2 = vars_("x y z a b c w w2 bias bias2", L.Tensor)
 sa, sb, sc, ws, strides, pads, dil = vars_("sa sb sc ws strides pads dil", Vec[i64])
@@ -27,104 +30,47 @@ def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: st
 
 
 # ---------------------------------------------------------------- constant folding (x op a) op b
-# (x+a)+b => x+(a+b) when a, b depend on weights only: the constant part folds at export. Reassociates.
-_add(
-    "add-const-assoc",
-    L.add(L.add(x, a), b),
-    L.add(x, L.add(a, b)),
-    L.is_const(a),
-    L.is_const(b),
-    L.varies(x),
-    ne(L.add(x, a)).to(x),
-)
-# (x*a)*b => x*(a*b), as above. Reassociates.
-_add(
-    "mul-const-assoc",
-    L.mul(L.mul(x, a), b),
-    L.mul(x, L.mul(a, b)),
-    L.is_const(a),
-    L.is_const(b),
-    L.varies(x),
-    ne(L.mul(x, a)).to(x),
-)
-# (x-a)+b => x+(b-a): one op on the activation instead of two. Reassociates.
-_add(
-    "sub-add-const",
-    L.add(L.sub(x, a), b),
-    L.add(x, L.sub(b, a)),
-    L.is_const(a),
-    L.is_const(b),
-    L.varies(x),
-    ne(L.sub(x, a)).to(x),
-)
-# (x/a)*b => x*(b/a). Reassociates; floats only (integer Div truncates: (3/2)*2 is not 3*(2/2)).
-_add(
-    "div-mul-const",
-    L.mul(L.div(x, a), b),
-    L.mul(x, L.div(b, a)),
-    L.varies(x),
-    ne(L.div(x, a)).to(x),
-    L.is_const(a),
-    L.is_const(b),
-    L.dtype(x) == dt,
-    Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
-)
-# (x+a)-b => x+(a-b); (x-a)-b => x-(a+b); (x*a)/b => x*(a/b); (x/a)/b => x/(a*b). Reassociate.
-_add(
-    "add-sub-const",
-    L.sub(L.add(x, a), b),
-    L.add(x, L.sub(a, b)),
-    L.is_const(a),
-    L.is_const(b),
-    L.varies(x),
-    ne(L.add(x, a)).to(x),
-)
-_add(
-    "sub-sub-const",
-    L.sub(L.sub(x, a), b),
-    L.sub(x, L.add(a, b)),
-    L.is_const(a),
-    L.is_const(b),
-    L.varies(x),
-    ne(L.sub(x, a)).to(x),
-)
-# (x*a)/b => x*(a/b): floats only, as div-mul-const (integer Div truncates: (x*3)/2 is not x*(3/2)).
-_add(
-    "mul-div-const",
-    L.div(L.mul(x, a), b),
-    L.mul(x, L.div(a, b)),
-    L.varies(x),
-    ne(L.mul(x, a)).to(x),
-    L.is_const(a),
-    L.is_const(b),
-    L.dtype(x) == dt,
-    Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
-)
-# (x/a)/b => x/(a*b): floats only (for integers a*b may overflow where the two divisions do not).
-_add(
-    "div-div-const",
-    L.div(L.div(x, a), b),
-    L.div(x, L.mul(a, b)),
-    L.varies(x),
-    ne(L.div(x, a)).to(x),
-    L.is_const(a),
-    L.is_const(b),
-    L.dtype(x) == dt,
-    Vec(i64(1), i64(10), i64(11), i64(16)).contains(dt),
-)
+# Each fold rewrites (x inner a) outer b, for a and b that depend on weights only, so the constant
+# part folds at export: one op on the activation instead of two. They reassociate, so they are
+# dtype-guarded: never on float16/bfloat16, where the extra rounding step of the folded form is
+# ~1e-3 relative (integer Add/Sub/Mul wrap exactly; integer Div truncates, so Div folds are for
+# float32/float64 only: (3/2)*2 is not 3*(2/2), (x*3)/2 is not x*(3/2), and a*b may overflow).
+_NOT_LOW_PRECISION = (ne(dt).to(i64(10)), ne(dt).to(i64(16)))
+_WIDE_FLOATS = (Vec(i64(1), i64(11)).contains(dt),)
+
+
+def _const_fold(
+    name: str, inner: Op, outer: Op, rhs: L.Tensor, types: tuple[FactLike, ...] = _NOT_LOW_PRECISION
+) -> None:
+    """(x inner a) outer b => rhs. (``ne(inner).to(x)`` skips an inner op that an identity already
+    merged with x, as in x == x + 0: folding it again would add a new constant term every iteration.)"""
+    lhs = outer(inner(x, a), b)
+    _add(
+        name,
+        lhs,
+        rhs,
+        L.is_const(a),
+        L.is_const(b),
+        L.varies(x),
+        ne(inner(x, a)).to(x),
+        L.dtype(x) == dt,
+        *types,
+    )
+
+
+_const_fold("add-const-assoc", L.add, L.add, L.add(x, L.add(a, b)))  # (x+a)+b => x+(a+b)
+_const_fold("mul-const-assoc", L.mul, L.mul, L.mul(x, L.mul(a, b)))  # (x*a)*b => x*(a*b)
+_const_fold("sub-add-const", L.sub, L.add, L.add(x, L.sub(b, a)))  # (x-a)+b => x+(b-a)
+_const_fold("add-sub-const", L.add, L.sub, L.add(x, L.sub(a, b)))  # (x+a)-b => x+(a-b)
+_const_fold("sub-sub-const", L.sub, L.sub, L.sub(x, L.add(a, b)))  # (x-a)-b => x-(a+b)
+_const_fold("div-mul-const", L.div, L.mul, L.mul(x, L.div(b, a)), _WIDE_FLOATS)  # (x/a)*b => x*(b/a)
+_const_fold("mul-div-const", L.mul, L.div, L.mul(x, L.div(a, b)), _WIDE_FLOATS)  # (x*a)/b => x*(a/b)
+_const_fold("div-div-const", L.div, L.div, L.div(x, L.mul(a, b)), _WIDE_FLOATS)  # (x/a)/b => x/(a*b)
 # (x+a)*b => x*b + a*b (TASO's distributivity, towards the affine form x*s + t every chain of
-# constant scales and shifts folds into). Reassociates.
-_add(
-    "mul-add-const-distribute",
-    L.mul(L.add(x, a), b),
-    L.add(L.mul(x, b), L.mul(a, b)),
-    L.is_const(a),
-    L.is_const(b),
-    L.varies(x),
-    ne(L.add(x, a)).to(x),
-)
-# x - c => x + (-c) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above apply
-# (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
+# constant scales and shifts folds into).
+_const_fold("mul-add-const-distribute", L.add, L.mul, L.add(L.mul(x, b), L.mul(a, b)))
+# x - c => x + (-c) (exact) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above
+# apply (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
 _add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a), L.varies(x))
 _add(
     "div-const-to-mul",
@@ -133,12 +79,11 @@ _add(
     L.varies(x),
     L.is_const(a),
     L.dtype(x) == dt,
-    Vec(i64(1), i64(11)).contains(dt),
+    *_WIDE_FLOATS,
 )
 # c*x => x*c and c+x => x+c for a constant c: one canonical side for every fold (exact).
 # (Constant folds ask ``varies(x)``: weight-only arithmetic folds at export, and rewriting it only
-# grows the e-graph. ``ne(inner).to(x)`` skips an inner op that an identity already merged with x,
-# as in x == x + 0: folding it again would add a new constant term every iteration.)
+# grows the e-graph.)
 _add("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a), L.varies(x))
 _add("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a), L.varies(x))
 # x + x => x * 2 (exact): joins the Mul folds.
@@ -187,6 +132,8 @@ _add(
     sb.length() == i64(2),
     L.shape(w2) == sc,
     sc.length() == i64(2),
+    L.dtype(x) == dt,
+    *_NOT_LOW_PRECISION,
 )
 # x@a + x@b => x@(a+b) (distributivity): one matmul instead of two.
 # (Guarded so that the sum does not broadcast: both products have the result's shape.)

@@ -2,13 +2,15 @@
 concatenated weights, followed by a Split that gives each sibling its part.
 
 Guards: the siblings' weights depend on weights alone (so the merged weight folds at export and
-no cycle can form), and an ordering guard on the weights' import indices (``tensor_ref``) so a
-pair merges once, not in both orders. These rules run for ``Budgets.k_multi`` iterations only.
+no cycle can form), an ordering guard on the weights' import indices (``tensor_ref``) so a
+pair merges once, not in both orders, and the siblings are distinct e-classes (after weight tying
+an op would otherwise merge with itself). merge-enlarge-1x1-into-3x3 needs no ordering guard: its
+siblings' kernels differ in size, so they are never one e-class. These rules run for ``Budgets.k_multi`` iterations only.
 """
 
 from __future__ import annotations
 
-from egglog import Vec, f64, i64, rule, union, vars_
+from egglog import Vec, f64, i64, ne, rule, union, vars_
 
 from ..egraph import lang as L
 from .registry import RULES
@@ -26,8 +28,10 @@ def _add(name: str, variant: str, *facts, actions) -> None:  # type: ignore[no-u
 
 
 def _ordered(a: L.Tensor, b: L.Tensor) -> tuple:
-    """``a`` was imported before ``b`` (each pair of siblings merges in one order only)."""
-    return (a == L.tensor_ref(i1), b == L.tensor_ref(i2), i1 < i2)
+    """``a`` was imported before ``b`` (each pair of siblings merges in one order only), and the two
+    siblings are different e-classes: weight tying makes equal weights one leaf, so two imported
+    names can be one e-class and ``t1``/``t2`` one op, which must not merge with itself."""
+    return (a == L.tensor_ref(i1), b == L.tensor_ref(i2), i1 < i2, ne(t1).to(t2))
 
 
 def _parts(merged: L.Tensor, axis: i64, n1: i64, n2: i64) -> tuple[L.Tensor, L.Tensor]:

@@ -258,16 +258,17 @@ LAYOUT_ALGEBRA_EXPECTED: dict[str, Any] = {
 }
 
 
-LAYOUT_BATCH, LAYOUT_C_IN, LAYOUT_C, LAYOUT_HW, LAYOUT_N = 2, 3, 16, 64, 8
-"""Big enough activations (2 x 16 x 64 x 64 after the Conv) that the removable passes over them
-cost measurable time in onnxruntime, with small weights (the file stays a few KiB)."""
+LAYOUT_C_IN, LAYOUT_C, LAYOUT_N = 3, 16, 8
 
 
 def layout_algebra() -> onnx.ModelProto:
     """A chain of removable layout and algebra no-ops around a few real ops, opset 13.
 
-    Chain (x: [B, 3, H, W] with B = 2, H = W = 64, C = 16) and what the obvious
-    simplifications do with it:
+    The input is x: [batch, 3, height, width] with symbolic dims, so the same small file runs
+    at any size: tests use tiny images, benchmarks/rule_latency.py large ones, where the passes
+    onnxsat removes (onnxruntime does not remove all of them itself: Neg pairs, repeated Relu)
+    cost real time next to the Conv. C = 16 channels after the Conv. The chain and what the
+    obvious simplifications do with it:
 
     ==============================================  ===========================================
     Identity, Dropout (inference)                   removed (identities)
@@ -277,39 +278,38 @@ def layout_algebra() -> onnx.ModelProto:
     Neg -> Neg                                      removed (involution)
     Relu -> Relu                                    one Relu (idempotent)
     Transpose[0,2,1,3] -> Transpose[0,1,3,2]        one Transpose[0,2,3,1] (composition)
-    Reshape[B, H*W*C] -> Reshape[B*H*W, C]          one Reshape[B*H*W, C]
-    MatMul([B*H*W, C] x [C, 8]) -> Add bias[8]      one Gemm
+    Reshape[0, -1] -> Reshape[-1, C]                one Reshape[-1, C]
+    MatMul([N, C] x [C, 8]) -> Add bias[8]          one Gemm
     Identity (feeding the graph output)             removed
     ==============================================  ===========================================
 
     Minimum: 5 ops, Conv, Relu, Transpose, Reshape, Gemm (6 if MatMul+Add is kept unfused).
     Nothing further is obvious: the Transpose permutes the spatial/channel axes before a
     flattening Reshape, which no single standard op does, and Relu cannot be folded into Conv
-    in standard ONNX. The activations are large so that the removed passes (which onnxruntime
-    does not all remove itself: Neg pairs, repeated Relu) cost real time next to the Conv.
+    in standard ONNX.
     """
     rng = np.random.default_rng(3)
-    n, c_in, c, hw, out_features = LAYOUT_BATCH, LAYOUT_C_IN, LAYOUT_C, LAYOUT_HW, LAYOUT_N
+    c_in, c, out_features = LAYOUT_C_IN, LAYOUT_C, LAYOUT_N
     b = _Builder()
     t = b.op("Identity", ["x"])
     t = b.op("Dropout", [t])
     t = b.op("Transpose", [b.op("Transpose", [t], perm=[0, 2, 3, 1])], perm=[0, 3, 1, 2])
-    t = _batch_norm(b, rng, _conv(b, rng, t, c_in, c, 3, "conv"), c, "bn")  # [n, c, hw, hw]
+    t = _batch_norm(b, rng, _conv(b, rng, t, c_in, c, 3, "conv"), c, "bn")  # [batch, c, height, width]
     t = b.op("Mul", [t, b.init("one", np.array(1.0, dtype=np.float32))])
     t = b.op("Add", [t, b.init("zero", np.array(0.0, dtype=np.float32))])
     t = b.op("Neg", [b.op("Neg", [t])])
     t = b.op("Relu", [b.op("Relu", [t])])
-    t = b.op("Transpose", [b.op("Transpose", [t], perm=[0, 2, 1, 3])], perm=[0, 1, 3, 2])  # [n, hw, hw, c]
-    t = b.op("Reshape", [t, b.init("shape_a", np.array([n, hw * hw * c], dtype=np.int64))])
-    t = b.op("Reshape", [t, b.init("shape_b", np.array([n * hw * hw, c], dtype=np.int64))])
+    t = b.op("Transpose", [b.op("Transpose", [t], perm=[0, 2, 1, 3])], perm=[0, 1, 3, 2])  # [batch, h, w, c]
+    t = b.op("Reshape", [t, b.init("shape_a", np.array([0, -1], dtype=np.int64))])  # [batch, h * w * c]
+    t = b.op("Reshape", [t, b.init("shape_b", np.array([-1, c], dtype=np.int64))])  # [batch * h * w, c]
     t = b.op("MatMul", [t, b.init("fc.weight_t", _normal(rng, [c, out_features], 0.5))])
     t = b.op("Add", [t, b.init("fc.bias", _normal(rng, [out_features], 0.1))])
     b.op("Identity", [t])
     out = b.rename_last_output("y")
     graph = b.graph(
         "layout_algebra",
-        [_value("x", TensorProto.FLOAT, [n, c_in, hw, hw])],
-        [_value(out, TensorProto.FLOAT, [n * hw * hw, out_features])],
+        [_value("x", TensorProto.FLOAT, ["batch", c_in, "height", "width"])],
+        [_value(out, TensorProto.FLOAT, ["positions", out_features])],
     )
     return _model(graph, 13)
 

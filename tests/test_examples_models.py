@@ -23,7 +23,7 @@ MODEL_NAMES = [
     "control_flow",
 ]
 RUNNABLE = [n for n in MODEL_NAMES if n != "custom_op"]
-SYMBOLIC_DIMS = {"batch": 2, "seq": 7}
+SYMBOLIC_DIMS = {"batch": 2, "seq": 7, "height": 5, "width": 6}
 VOCAB = 100
 
 

@@ -1,8 +1,9 @@
 """One compiled ``KernelProgram``: native kernels, BLAS calls and fallbacks over a planned arena.
 
-This first increment drives the steps from a Python loop (one native call per kernel, with the
-GIL released); kernels split their parallel range over a thread pool when the work is large
-enough to pay for the hand-off.
+A program whose steps are all native (kernels, packed GEMMs, BLAS calls) runs as one native call
+over a task table (``native_runner``): inputs are copied into buffers the table points at, and
+outputs copied out. Programs with numpy fallbacks run step by step from a Python loop (one
+native call per kernel, GIL released, parallel ranges shared over the thread pool).
 """
 
 from __future__ import annotations
@@ -27,8 +28,20 @@ from .arena import ArenaPlan, plan_arena
 from .blas import gemm_function, matrix_layout, single_threaded_blas
 from .codegen import build_module, kernel_signature
 from .jit import CompiledModule
+from .native_runner import (
+    KIND_DGEMM,
+    KIND_KERNEL,
+    KIND_PACKED_GEMM,
+    KIND_SGEMM,
+    TaskTable,
+    float_word,
+    function_address,
+)
 
 PARALLEL_MIN_COST = 20_000_000.0
+NATIVE_PARALLEL_MIN_COST = 2_000_000.0
+"""The same threshold when the whole program is one native call: helpers already spin on the task
+counter, so a split costs an atomic per chunk (a late helper just leaves the chunks to the caller)."""
 """Kernels estimated below this many scalar operations run on one thread: a 1M-float fused chain
 reaches copy bandwidth on one thread (1.69 ms vs 1.81 ms for np.copyto of the same bytes), and
 handing half of it to a pool thread cost 5x on this loaded 2-core machine."""
@@ -79,6 +92,8 @@ class ExecutableStats:
     cache_hit: bool = False
     fallbacks: dict[str, int] = field(default_factory=dict)
     native_ops: dict[str, int] = field(default_factory=dict)
+    one_native_call: bool = False
+    """Whether a run is a single native call over the task table (no Python step loop)."""
 
 
 class Executable:
@@ -101,7 +116,9 @@ class Executable:
         start = time.perf_counter()
         self.gemm = gemm
         """``llvm``: the packed micro-kernel for products with constant weights; ``blas``: OpenBLAS only."""
-        self._keep: list[np.ndarray] = []
+        self._keep: list[Any] = []
+        self._tasks: list[list[list[int]] | None] = []
+        """Per step, its native task rows (None: the step needs Python)."""
         self.program = program
         self.pool = pool
         self.threads = threads
@@ -126,7 +143,16 @@ class Executable:
                 off = shift + self.plan.offsets[buf.name]
                 view = self.arena[off : off + buf.nbytes].view(NUMPY_DTYPES[buf.dtype])
                 self.fixed[buf.name] = view.reshape(buf.shape)
+        self.io: dict[str, np.ndarray] = {}
+        """Graph inputs and outputs at fixed addresses, for the native task table."""
+        for _, buf in program.inputs + program.outputs:
+            if buf.name not in self.fixed and buf.name not in self.io:
+                self.io[buf.name] = _aligned_empty(buf.shape, NUMPY_DTYPES[buf.dtype])
+        self.parallel_min_cost = NATIVE_PARALLEL_MIN_COST if all(self._is_native(s) for s in program.steps) else PARALLEL_MIN_COST
         self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
+        self.native: TaskTable | None = None
+        if self._tasks and all(t is not None for t in self._tasks):
+            self.native = TaskTable([t for t in self._tasks if t is not None])
         self.stats = ExecutableStats(
             kernels=len(kernels),
             blas_calls=sum(isinstance(s, MatMulStep) for s in program.steps),
@@ -137,16 +163,31 @@ class Executable:
             cache_hit=bool(self.module and self.module.cache_hit),
             fallbacks=dict(program.fallbacks),
             native_ops=dict(program.native_ops),
+            one_native_call=self.native is not None,
         )
         self.stats.compile_seconds = time.perf_counter() - start
 
     # ------------------------------------------------------------ per-step runners
     def _runner(self, step: Any) -> Callable[[dict[str, np.ndarray]], None]:
+        self._tasks.append(None)
         if isinstance(step, KernelStep):
             return self._kernel_runner(step)
         if isinstance(step, MatMulStep):
             return self._matmul_runner(step)
         return self._fallback_runner(step)
+
+    @staticmethod
+    def _is_native(step: Any) -> bool:
+        """Whether a step becomes task rows (fallbacks and numpy-run products do not)."""
+        if isinstance(step, KernelStep):
+            return True
+        if isinstance(step, MatMulStep):
+            return gemm_function(step.out.dtype) is not None and None not in _blas_layouts(step)
+        return False
+
+    def _address(self, name: str) -> int:
+        """Where buffer ``name`` lives during a native run."""
+        return int((self.io[name] if name in self.io else self.fixed[name]).ctypes.data)
 
     def _kernel_runner(self, step: KernelStep) -> Callable[[dict[str, np.ndarray]], None]:
         kernel = step.kernel
@@ -154,9 +195,13 @@ class Executable:
         names = [b.name for b in kernel.params]
         n = len(names)
         extent = kernel.parallel_extent
-        parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= PARALLEL_MIN_COST
+        parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= self.parallel_min_cost
         chunks = _chunks(extent, CHUNKS_PER_THREAD * self.threads) if parallel else [(0, extent)]
         pool = self.pool
+        fixed_args = (ctypes.c_void_p * n)(*[self._address(name) for name in names])
+        self._keep.append(fixed_args)
+        address = function_address(fn)
+        self._tasks[-1] = [[KIND_KERNEL, address, ctypes.addressof(fixed_args), b, e] for b, e in chunks]
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             args = (ctypes.c_void_p * n)(*[arrays[name].ctypes.data for name in names])
@@ -186,8 +231,7 @@ class Executable:
             return offs
 
         a_offs, b_offs = batch_offsets(step.a), batch_offsets(step.b)
-        a_layout = matrix_layout((m, k), step.a.strides[-2:])  # type: ignore[arg-type]
-        b_layout = matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
+        a_layout, b_layout = _blas_layouts(step)
         alpha, beta = step.alpha, step.beta
         a_name, b_name, out_name = step.a.buffer.name, step.b.buffer.name, step.out.name
         a_buf, b_buf = step.a.buffer, step.b.buffer
@@ -223,6 +267,14 @@ class Executable:
         parts = [units[i :: CHUNKS_PER_THREAD * self.threads] for i in range(CHUNKS_PER_THREAD * self.threads)] if parallel else [units]
         parts = [p for p in parts if p]
         pool = self.pool
+        kind = KIND_SGEMM if step.out.dtype == "f32" else KIND_DGEMM
+        a_ptr, b_ptr, c_ptr = self._address(a_name), self._address(b_name), self._address(out_name)
+        alpha_w, beta_w = float_word(alpha, step.out.dtype), float_word(beta, step.out.dtype)
+        self._tasks[-1] = [
+            [kind, function_address(gemm), 101, ta, tb, mm, n, k, alpha_w, a_ptr + ao * itemsize, lda, b_ptr + bo * itemsize, ldb, beta_w, c_ptr + co * itemsize, n]
+            for part in parts
+            for ao, bo, co, mm in part
+        ]
 
         def work(arrays: dict[str, np.ndarray], part: list[tuple[int, int, int, int]]) -> None:
             single_threaded_blas()
@@ -271,6 +323,8 @@ class Executable:
         pool = self.pool
         self._keep.append(bp)
         bp_ptr = bp.ctypes.data
+        pa0, pc0 = self._address(a_name) + a_offset * itemsize, self._address(out_name)
+        self._tasks[-1] = [[KIND_PACKED_GEMM, function_address(fn), pa0, lda, bp_ptr, k, pc0, n, rows, n, r0, r1] for r0, r1 in ranges]
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             pa = arrays[a_name].ctypes.data + a_offset * itemsize
@@ -318,6 +372,8 @@ class Executable:
 
                 raise BadInputError(f"input {name!r} has dtype {value.dtype}, the model wants {NUMPY_DTYPES[buf.dtype]}")
             arrays[buf.name] = np.ascontiguousarray(value)
+        if self.native is not None:
+            return self._run_native(arrays)
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
             arr = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])
@@ -326,6 +382,34 @@ class Executable:
         for runner in self.runners:
             runner(arrays)
         return outputs
+
+
+    def _run_native(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self.native is not None
+        for _, buf in self.program.inputs:
+            if buf.name in self.io:
+                np.copyto(self.io[buf.name], arrays[buf.name].reshape(buf.shape))
+        self.native.run(self.pool, self.threads - 1)
+        outputs: dict[str, np.ndarray] = {}
+        for name, buf in self.program.outputs:
+            source = self.io[buf.name] if buf.name in self.io else arrays[buf.name]
+            outputs[name] = np.array(source, copy=True).reshape(buf.shape)
+        return outputs
+
+
+def _blas_layouts(step: MatMulStep) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+    """BLAS (transpose flag, leading dimension) of a product's two operands (None: not expressible)."""
+    m, n = step.out.shape[-2:]
+    k = step.a.shape[-1]
+    return matrix_layout((m, k), step.a.strides[-2:]), matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialized array starting on a 64-byte boundary."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 def _strided(base: np.ndarray, buf: Buffer, op: StridedOperand) -> np.ndarray:

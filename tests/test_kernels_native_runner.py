@@ -1,0 +1,96 @@
+"""The native task-table runner: steps stay ordered across threads, every task runs exactly once,
+and programs without fallbacks run as one native call."""
+
+from __future__ import annotations
+
+import ctypes
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.kernels.executable import compile_kernels
+from onnxsat.kernels.native_runner import KIND_KERNEL, TaskTable
+from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
+
+
+def _add_one(name: str, src: Buffer, dst: Buffer) -> Kernel:
+    body = (Store(dst, Var("p"), Binary("add", Load(src, Var("p")), Const(1.0))),)
+    return Kernel(name, (src, dst), (dst.name,), "p", dst.numel, body, float(dst.numel))
+
+
+def test_steps_run_in_order_and_each_task_once_on_two_threads() -> None:
+    """Step 2 reads what step 1 writes and step 3 what step 2 writes, each cut into many small
+    tasks: a task run twice, skipped, or started before its step's predecessors finished shows."""
+    n, parts = 1 << 14, 64
+    x, y, z, w = (Buffer(name, "f32", (n,)) for name in "xyzw")
+    kernels = [_add_one("first", x, y), _add_one("second", y, z), _add_one("third", z, w)]
+    module, symbols = compile_kernels(kernels, None)
+    arrays = {b.name: np.zeros(n, np.float32) for b in (x, y, z, w)}
+    arrays["x"][:] = np.arange(n, dtype=np.float32)
+    keep = []
+    steps = []
+    for kernel in kernels:
+        args = (ctypes.c_void_p * 2)(*[arrays[b.name].ctypes.data for b in kernel.params])
+        keep.append(args)
+        address = module.address(symbols[kernel.name])
+        size = n // parts
+        steps.append([[KIND_KERNEL, address, ctypes.addressof(args), i * size, (i + 1) * size] for i in range(parts)])
+    table = TaskTable(steps)
+    with ThreadPoolExecutor(1) as pool:
+        for _ in range(20):
+            for b in "yzw":
+                arrays[b][:] = -1.0
+            table.run(pool, 1)
+            np.testing.assert_array_equal(arrays["w"], arrays["x"] + 3.0)
+
+
+def _mlp(batch: int) -> tuple[object, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal(96).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.standard_normal((96, 40)).astype(np.float32), "w2"),
+    ]
+    n = helper.make_node
+    nodes = [n("MatMul", ["x", "w1"], ["h"]), n("Add", ["h", "b1"], ["a"]), n("Relu", ["a"], ["r"]), n("MatMul", ["r", "w2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 40])], inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.standard_normal((batch, 64)).astype(np.float32)}
+
+
+def test_a_program_without_fallbacks_is_one_native_call_and_matches_numpy() -> None:
+    model, feeds = _mlp(50)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
+    want = np.maximum(feeds["x"] @ inits["w1"] + inits["b1"], 0) @ inits["w2"]
+    for threads in (1, 2):
+        compiled = CompiledModel(model, threads=threads, cache_dir=None)  # type: ignore[arg-type]
+        assert compiled.stats(feeds).one_native_call
+        first = compiled(feeds)["y"]
+        second = compiled(feeds)["y"]
+        assert first is not second  # outputs are copied out of the table's buffers
+        np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(first, second)
+        compiled.close()
+
+
+def test_a_program_with_a_fallback_runs_step_by_step() -> None:
+    import onnx
+
+    from onnxsat.latency import ort_session
+    from onnxsat.verification import make_inputs
+
+    model = onnx.load(str(Path(__file__).resolve().parent.parent / "examples" / "control_flow.onnx"))
+    feeds = make_inputs(model, seed=0)
+    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    got = compiled(feeds)
+    stats = compiled.stats(feeds)
+    assert stats.fallbacks and not stats.one_native_call
+    session = ort_session(model, threads=1)
+    for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)

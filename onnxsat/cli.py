@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxsat.errors import BadInputError, OnnxsatError, one_line
-from onnxsat.options import Budgets, Options
+from onnxsat.options import PHASE_NAMES, Budgets, Options, PhaseBudget
 
 if TYPE_CHECKING:
     import onnx
@@ -135,6 +135,33 @@ def _seconds_arg(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"{text} must be a positive, finite number of seconds")
     return value
+
+
+def parse_phase_budget(text: str) -> tuple[str, PhaseBudget]:
+    """``algebra:iterations=4,seconds=5`` -> ("algebra", PhaseBudget(4, None, 5.0)); ValueError if malformed."""
+    name, sep, limits = text.rpartition(":")
+    if not sep or not limits:
+        raise ValueError(f"'{text}' is not PHASE:KEY=VALUE[,KEY=VALUE...]")
+    if name not in PHASE_NAMES and not (name.startswith("plugin:") and len(name) > len("plugin:")):
+        raise ValueError(f"unknown phase '{name}' (phases: {', '.join(PHASE_NAMES)}, plugin:FAMILY)")
+    parsers = {"iterations": _int_arg(0), "enodes": _int_arg(1), "seconds": _seconds_arg}
+    values: dict[str, Any] = {}
+    for item in limits.split(","):
+        key, eq, value = item.strip().partition("=")
+        if not eq or key not in parsers:
+            raise ValueError(f"'{item}' is not KEY=VALUE with KEY one of {', '.join(parsers)}")
+        try:
+            values[key] = parsers[key](value.strip())
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"{key}: {e}") from None
+    return name, PhaseBudget(**values)
+
+
+def _phase_budget_arg(text: str) -> tuple[str, PhaseBudget]:
+    try:
+        return parse_phase_budget(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _version() -> str:
@@ -253,6 +280,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "matches per rule per iteration before egglog's back-off scheduler bans the rule "
             f"(default {_DEFAULT_BUDGETS.match_limit})"
+        ),
+    )
+    bud.add_argument(
+        "--phase-budget",
+        metavar="PHASE:KEY=VALUE,...",
+        type=_phase_budget_arg,
+        action="append",
+        default=[],
+        help=(
+            "own limits of one schedule phase inside the global ones (repeatable), e.g."
+            " algebra:iterations=4,seconds=5; keys iterations, enodes, seconds; phases "
+            f"{', '.join(PHASE_NAMES)}, plugin:FAMILY (default: global iterations and e-nodes, an equal"
+            f" share of the time left; multi iterations={_DEFAULT_BUDGETS.k_multi})"
         ),
     )
 
@@ -498,6 +538,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
         value = getattr(args, flag)
         if value is not None:
             budget_changes[field_name] = value
+    phase_limits: dict[str, dict[str, Any]] = {}
+    for name, own in args.phase_budget:  # a phase given twice: later keys win
+        phase_limits.setdefault(name, {}).update({k: v for k, v in vars(own).items() if v is not None})
+    if phase_limits:
+        budget_changes["phases"] = tuple((name, PhaseBudget(**limits)) for name, limits in phase_limits.items())
 
     input_shapes: dict[str, tuple[int, ...]] = {}
     for name, dims in args.input_shape:

@@ -4,6 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PHASE_NAMES = ("algebra", "layout", "partial", "multi", "fusion")
+"""The default schedule's in-tree phases (``rules/schedule.py``); plugin families add ``plugin:FAMILY``."""
+
+
+@dataclass(frozen=True)
+class PhaseBudget:
+    """One schedule phase's own limits, inside the global ones (None: the global iteration and
+    e-node budgets, and for time an equal share of what is left)."""
+
+    iterations: int | None = None
+    enodes: int | None = None
+    seconds: float | None = None
+
+    def describe(self) -> str:
+        """``iterations=4,seconds=5`` (the limits that are set), as ``--phase-budget`` takes them."""
+        return ",".join(f"{k}={v:g}" for k, v in vars(self).items() if v is not None)
+
 
 @dataclass(frozen=True)
 class Budgets:
@@ -17,6 +34,14 @@ class Budgets:
     ban_length: int = 3
     k_multi: int = 1
     """Iterations of multi-pattern rules (TENSAT's k_multi), run before the single-pattern ones."""
+    phases: tuple[tuple[str, PhaseBudget], ...] = ()
+    """Own limits per schedule phase name (algebra, layout, partial, multi, fusion, plugin:FAMILY;
+    ``--phase-budget``); a phase named twice in the schedule (algebra, layout) has them each time.
+    A multi-phase iteration limit here replaces ``k_multi``."""
+
+    def phase(self, name: str) -> PhaseBudget:
+        """The own limits of phase ``name`` (all None when it has none)."""
+        return next((own for phase, own in self.phases if phase == name), PhaseBudget())
 
 
 @dataclass(frozen=True)

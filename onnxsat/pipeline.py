@@ -26,7 +26,7 @@ from onnxsat.rules import RULES
 from onnxsat.rules.partial import FAMILY as PARTIAL_FAMILY
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used
 from onnxsat.rules.plugins import load_plugins
-from onnxsat.rules.schedule import UnsoundRuleError, saturate, select_rules
+from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, saturate, select_rules
 from onnxsat.verification import VerificationResult
 
 
@@ -145,6 +145,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     report.warnings.extend(load_plugins(options))
     try:
         enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
+        check_phase_budgets(options.budgets)
     except ValueError as exc:
         raise OptionsError(str(exc)) from exc
     try:

@@ -37,6 +37,8 @@ class PhaseRecord:
     """Global index of its first iteration in ``SaturationReport.iterations``."""
     rules: int = 0
     """Enabled rules the phase ran."""
+    limits: str = ""
+    """The phase's own limits (``iterations=4,seconds=5``; empty: only the global budgets)."""
 
 
 @dataclass
@@ -51,9 +53,12 @@ class SaturationReport:
     phases: list[PhaseRecord] = field(default_factory=list)
 
     def phase_summary(self) -> str:
-        """``analysis saturated, algebra saturated after 3, layout iterations after 12, ...``."""
+        """``analysis saturated, algebra saturated after 3, layout iterations after 12, multi [iterations=1]
+        iterations after 1, ...`` (a phase's own limits in brackets)."""
         return ", ".join(
-            f"{p.name} {p.stop_reason}" + (f" after {p.iterations}" if p.iterations else "") for p in self.phases
+            f"{p.name}{f' [{p.limits}]' if p.limits else ''} {p.stop_reason}"
+            + (f" after {p.iterations}" if p.iterations else "")
+            for p in self.phases
         )
 
     def rule_matches(self) -> dict[str, int]:

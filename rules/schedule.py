@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from egglog import EggSmolError, Schedule, back_off, run
 
-from onnxsat.options import Budgets
+from onnxsat.options import PHASE_NAMES, Budgets, PhaseBudget
 from onnxsat.report import IterationRecord, PhaseRecord, SaturationReport
 
 from ..egraph.program import Program
@@ -47,19 +47,42 @@ class Phase:
     enodes: int | None = None
     seconds: float | None = None
 
+    def limits(self) -> str:
+        """The phase's own limits as ``iterations=4,seconds=5`` (empty: only the global ones)."""
+        return PhaseBudget(self.iterations, self.enodes, self.seconds).describe()
+
 
 def default_schedule(budgets: Budgets, families: Iterable[str] | None = None) -> list[Phase]:
-    """analysis -> (algebra, layout) x 2 -> partial (PET) -> one phase per plugin family -> multi -> fusion."""
+    """analysis -> (algebra, layout) x 2 -> partial (PET) -> one phase per plugin family -> multi -> fusion,
+    each with its own limits from ``budgets.phases`` (``--phase-budget``)."""
     known = list(RULES.families) if families is None else list(families)
     plugins = [Phase(f"plugin:{f}", (f,)) for f in known if f not in _IN_TREE]
     rounds = [Phase("algebra", ALGEBRA_FAMILIES), Phase("layout", LAYOUT_FAMILIES)] * 2
-    return [
+    phases = [
         *rounds,
         Phase("partial", PARTIAL_FAMILIES),
         *plugins,
         Phase("multi", MULTI_FAMILIES, iterations=budgets.k_multi),
         Phase("fusion", FUSION_FAMILIES),
     ]
+    return [_with_own_limits(phase, budgets.phase(phase.name)) for phase in phases]
+
+
+def _with_own_limits(phase: Phase, own: PhaseBudget) -> Phase:
+    return replace(
+        phase,
+        iterations=phase.iterations if own.iterations is None else own.iterations,
+        enodes=phase.enodes if own.enodes is None else own.enodes,
+        seconds=phase.seconds if own.seconds is None else own.seconds,
+    )
+
+
+def check_phase_budgets(budgets: Budgets) -> None:
+    """Raise ValueError when a per-phase budget names no phase of the default schedule."""
+    names = [*PHASE_NAMES, *(p.name for p in default_schedule(budgets) if p.name.startswith("plugin:"))]
+    for name, _ in budgets.phases:
+        if name not in names:
+            raise ValueError(f"--phase-budget names unknown phase {name!r} (phases: {', '.join(names)})")
 
 
 def phase_rules(phase: Phase, enabled: list[str]) -> list[str]:
@@ -208,6 +231,7 @@ def _run_phase(
         time.perf_counter() - t0,
         first_iteration=first,
         rules=len(names),
+        limits=phase.limits(),
     )
 
 

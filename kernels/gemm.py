@@ -3,7 +3,8 @@
 ``C[M, N] = A[M, K] @ B[K, N]`` with B packed once (weights are packed at compile time) into
 panels of 32 columns: ``Bp[panel][k][0:32]``, zero-padded past N. The micro-kernel keeps a 6x32
 block of C in twelve 16-lane accumulators and, per k, broadcasts six A values against two B
-vectors (FMA); leftover rows use a 1x32 kernel, leftover columns masked stores. The function
+vectors (FMA); leftover rows use a smaller block, leftover columns masked stores. Loops go K
+block, row block (``MC``), panel, micro-tile (BLIS's order, without packing A). The function
 takes a ``[p_begin, p_end)`` range of panels so the runtime can split N over threads.
 """
 
@@ -22,6 +23,10 @@ MR = 6
 """Rows per micro-kernel call."""
 KC = 256
 """Depth of one K block (a 32 KiB slice of a packed panel)."""
+MC = 192
+"""Rows of A per row block: a 192 x 256 block of A (192 KiB) stays in L2 while every panel of the
+call passes by, so A is read from memory once per K block instead of once per panel (the FFN
+products of BERT, whose A or C outgrow L2, ran at half the speed of the 768x768 ones)."""
 LANES = 16
 
 F32 = ir.FloatType()
@@ -78,37 +83,43 @@ class _Gen:
         b.position_at_end(done)
 
     def build(self) -> None:
-        a, lda, bp, k, c, ldc, m, n, p_begin, p_end = self.fn.args
+        _, _, bp, k, _, _, m, n, p_begin, p_end = self.fn.args
         b = self.b
         lanes = ir.Constant(ir.VectorType(I64, LANES), [i for i in range(LANES)])
-        m_main = b.mul(b.sdiv(m, ir.Constant(I64, MR)), ir.Constant(I64, MR))
 
-        def panel(p: ir.Value) -> None:
-            col0 = b.mul(p, ir.Constant(I64, NR))
-            left = b.sub(n, col0)
-            masks = []
-            for half in range(2):
-                offs = lanes
-                limit = b.sub(left, ir.Constant(I64, half * LANES))
-                splat = b.shuffle_vector(
-                    b.insert_element(ir.Constant(ir.VectorType(I64, LANES), None), limit, ir.Constant(ir.IntType(32), 0)),
-                    ir.Constant(ir.VectorType(I64, LANES), None),
-                    ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
-                )
-                masks.append(b.icmp_signed("<", offs, splat))
-            b_panel = b.gep(bp, [b.mul(p, b.mul(k, ir.Constant(I64, NR)))])
+        def k_block(k0: ir.Value) -> None:
+            # KC rows of a panel (32 KiB) stay in L1 while the row block's micro-tiles pass by
+            end = b.add(k0, ir.Constant(I64, KC))
+            k1 = b.select(b.icmp_signed("<", end, k), end, k)
+            span = (k0, k1, b.icmp_signed("==", k0, ir.Constant(I64, 0)))
 
-            def k_block(k0: ir.Value) -> None:
-                # KC rows of the panel (32 KiB) stay in L1 while every row block of A passes by
-                end = b.add(k0, ir.Constant(I64, KC))
-                k1 = b.select(b.icmp_signed("<", end, k), end, k)
-                span = (k0, k1, b.icmp_signed("==", k0, ir.Constant(I64, 0)))
-                self.loop("i", ir.Constant(I64, 0), m_main, MR, lambda i0: self.block(MR, i0, col0, b_panel, masks, span))
-                self.tail(b.sub(m, m_main), m_main, col0, b_panel, masks, span)
+            def row_block(r0: ir.Value) -> None:
+                r_end = b.add(r0, ir.Constant(I64, MC))
+                r_end = b.select(b.icmp_signed("<", r_end, m), r_end, m)
+                rows = b.sub(r_end, r0)
+                main_end = b.add(r0, b.mul(b.sdiv(rows, ir.Constant(I64, MR)), ir.Constant(I64, MR)))
 
-            self.loop("kc", ir.Constant(I64, 0), k, KC, k_block)
+                def panel(p: ir.Value) -> None:
+                    col0 = b.mul(p, ir.Constant(I64, NR))
+                    left = b.sub(n, col0)
+                    masks = []
+                    for half in range(2):
+                        limit = b.sub(left, ir.Constant(I64, half * LANES))
+                        splat = b.shuffle_vector(
+                            b.insert_element(ir.Constant(ir.VectorType(I64, LANES), None), limit, ir.Constant(ir.IntType(32), 0)),
+                            ir.Constant(ir.VectorType(I64, LANES), None),
+                            ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
+                        )
+                        masks.append(b.icmp_signed("<", lanes, splat))
+                    b_panel = b.gep(bp, [b.mul(p, b.mul(k, ir.Constant(I64, NR)))])
+                    self.loop("i", r0, main_end, MR, lambda i0: self.block(MR, i0, col0, b_panel, masks, span))
+                    self.tail(b.sub(r_end, main_end), main_end, col0, b_panel, masks, span)
 
-        self.loop("p", p_begin, p_end, 1, panel)
+                self.loop("p", p_begin, p_end, 1, panel)
+
+            self.loop("ic", ir.Constant(I64, 0), m, MC, row_block)
+
+        self.loop("kc", ir.Constant(I64, 0), k, KC, k_block)
         b.ret_void()
 
     def tail(self, rest: ir.Value, i0: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value]) -> None:

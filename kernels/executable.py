@@ -39,9 +39,6 @@ from .native_runner import (
 )
 
 PARALLEL_MIN_COST = 20_000_000.0
-NATIVE_PARALLEL_MIN_COST = 2_000_000.0
-"""The same threshold when the whole program is one native call: helpers already spin on the task
-counter, so a split costs an atomic per chunk (a late helper just leaves the chunks to the caller)."""
 """Kernels estimated below this many scalar operations run on one thread: a 1M-float fused chain
 reaches copy bandwidth on one thread (1.69 ms vs 1.81 ms for np.copyto of the same bytes), and
 handing half of it to a pool thread cost 5x on this loaded 2-core machine."""
@@ -148,7 +145,6 @@ class Executable:
         for _, buf in program.inputs + program.outputs:
             if buf.name not in self.fixed and buf.name not in self.io:
                 self.io[buf.name] = _aligned_empty(buf.shape, NUMPY_DTYPES[buf.dtype])
-        self.parallel_min_cost = NATIVE_PARALLEL_MIN_COST if all(self._is_native(s) for s in program.steps) else PARALLEL_MIN_COST
         self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
         self.native: TaskTable | None = None
         if self._tasks and all(t is not None for t in self._tasks):
@@ -176,15 +172,6 @@ class Executable:
             return self._matmul_runner(step)
         return self._fallback_runner(step)
 
-    @staticmethod
-    def _is_native(step: Any) -> bool:
-        """Whether a step becomes task rows (fallbacks and numpy-run products do not)."""
-        if isinstance(step, KernelStep):
-            return True
-        if isinstance(step, MatMulStep):
-            return gemm_function(step.out.dtype) is not None and None not in _blas_layouts(step)
-        return False
-
     def _address(self, name: str) -> int:
         """Where buffer ``name`` lives during a native run."""
         return int((self.io[name] if name in self.io else self.fixed[name]).ctypes.data)
@@ -195,7 +182,7 @@ class Executable:
         names = [b.name for b in kernel.params]
         n = len(names)
         extent = kernel.parallel_extent
-        parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= self.parallel_min_cost
+        parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= PARALLEL_MIN_COST
         chunks = _chunks(extent, CHUNKS_PER_THREAD * self.threads) if parallel else [(0, extent)]
         pool = self.pool
         fixed_args = (ctypes.c_void_p * n)(*[self._address(name) for name in names])

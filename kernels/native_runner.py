@@ -31,6 +31,7 @@ CTX_WORDS = 32
 """Run state, one counter per 64-byte line: next task, done tasks, step limit, stop flag."""
 NEXT, DONE, LIMIT, STOP = 0, 8, 16, 24
 SPINS_BEFORE_YIELD = 64
+IDLE_SLEEP_US = 20
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -109,8 +110,9 @@ class _Gen:
         b.branch(head)
         b.position_at_end(out)
 
-    def _backoff(self, b: ir.IRBuilder, spins_slot: ir.Value, yield_fn: ir.Value) -> None:
-        """``pause`` for a while, then ``sched_yield`` (a descheduled peer needs the core)."""
+    def _backoff(self, b: ir.IRBuilder, spins_slot: ir.Value, yield_fn: ir.Value, sleep_us: int = 0) -> None:
+        """``pause`` for a while, then ``yield_fn()`` (``sched_yield``: a descheduled peer needs
+        the core), or ``yield_fn(sleep_us)`` (``usleep``) when ``sleep_us`` is given."""
         fn = b.function
         spins = b.add(b.load(spins_slot), ir.Constant(I64, 1))
         b.store(spins, spins_slot)
@@ -119,7 +121,10 @@ class _Gen:
         after = fn.append_basic_block("backoff.after")
         b.cbranch(b.icmp_signed(">", spins, ir.Constant(I64, SPINS_BEFORE_YIELD)), yield_block, pause_block)
         b.position_at_end(yield_block)
-        b.call(b.inttoptr(yield_fn, ir.FunctionType(I32, []).as_pointer()), [])
+        if sleep_us:
+            b.call(b.inttoptr(yield_fn, ir.FunctionType(I32, [I32]).as_pointer()), [ir.Constant(I32, sleep_us)])
+        else:
+            b.call(b.inttoptr(yield_fn, ir.FunctionType(I32, []).as_pointer()), [])
         b.branch(after)
         b.position_at_end(pause_block)
         b.call(self.pause, [])
@@ -167,10 +172,13 @@ class _Gen:
         b.ret_void()
 
     def worker(self) -> None:
-        """``worker(ctx, tasks, yield_fn)``: help with tasks until the run sets the stop flag."""
+        """``worker(ctx, tasks, sleep_fn)``: help with tasks until the run sets the stop flag. An idle
+        helper sleeps (``usleep``) after a short spin: a thread that spins through a long serial
+        step burns its scheduler share and is then preempted while holding a task, which the
+        whole step waits for on a loaded machine."""
         fty = ir.FunctionType(ir.VoidType(), [P64, P64, I64])
         fn = ir.Function(self.module, fty, "onnxsat_worker")
-        ctx, tasks, yield_fn = fn.args
+        ctx, tasks, sleep_fn = fn.args
         entry = fn.append_basic_block("entry")
         b = ir.IRBuilder(entry)
         spins_slot = b.alloca(I64)
@@ -193,7 +201,7 @@ class _Gen:
         b.store(ir.Constant(I64, 0), spins_slot)
         b.branch(head)
         b.position_at_end(idle)
-        self._backoff(b, spins_slot, yield_fn)
+        self._backoff(b, spins_slot, sleep_fn, IDLE_SLEEP_US)
         b.branch(head)
         b.position_at_end(leave)
         b.ret_void()
@@ -212,9 +220,8 @@ def _runtime() -> tuple[CompiledModule, int, int]:
 
 
 @functools.cache
-def _yield_address() -> int:
-    libc = ctypes.CDLL(None)
-    return int(ctypes.cast(libc.sched_yield, ctypes.c_void_p).value or 0)
+def _libc_address(name: str) -> int:
+    return int(ctypes.cast(getattr(ctypes.CDLL(None), name), ctypes.c_void_p).value or 0)
 
 
 def function_address(fn: object) -> int:
@@ -258,13 +265,13 @@ class TaskTable:
         start = self._ctx_address()
         ctypes.memset(start, 0, CTX_WORDS * 8)
         tasks = self.tasks.ctypes.data
-        yield_fn = _yield_address()
+        yield_fn, sleep_fn = _libc_address("sched_yield"), _libc_address("usleep")
         futures = []
         if pool is not None and self.widest > 1:
 
             def help_out() -> None:
                 single_threaded_blas()
-                self._worker(start, tasks, yield_fn)
+                self._worker(start, tasks, sleep_fn)
 
             futures = [pool.submit(help_out) for _ in range(min(helpers, self.widest - 1))]  # type: ignore[attr-defined]
         single_threaded_blas()

@@ -6,15 +6,12 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import onnxsat
 from onnxsat.egraph import lang as L
 from onnxsat.rules import interchange
 
-from .prove import prove, refute
+from .prove import conv, family_prove_tests, ints, optimized_and_verified, refute
 
 F = TensorProto.FLOAT
 X, Y, Z, U = (L.Tensor.input(n) for n in ("x", "y", "z", "u"))
@@ -25,14 +22,6 @@ CONSTS = ("a", "w", "w2", "b", "b2")
 
 def cat(items: list[L.Tensor], axis: int) -> L.Tensor:
     return L.concat(L.tlist(items), axis)
-
-
-def ints(*values: int) -> L.Tensor:
-    return L.Tensor.ints(L.ivec(list(values)), 1)
-
-
-def conv(x: L.Tensor, w: L.Tensor, b: L.Tensor = NONE) -> L.Tensor:
-    return L.conv(x, w, b, L.ivec([1, 1]), L.ivec([1, 1, 1, 1]), L.ivec([1, 1]), 1)
 
 
 def pool(x: L.Tensor) -> L.Tensor:
@@ -140,14 +129,7 @@ PROOFS = {
 }
 
 
-@pytest.mark.parametrize("rule", sorted(PROOFS))
-def test_prove(rule: str) -> None:
-    start, goal, shapes = PROOFS[rule]
-    prove(start, goal, shapes, CONSTS, rounds=2)
-
-
-def test_every_rule_has_a_prove_test() -> None:
-    assert set(interchange.RULE_NAMES) == set(PROOFS)
+test_prove, test_every_rule_has_a_prove_test = family_prove_tests(PROOFS, CONSTS, interchange.RULE_NAMES)
 
 
 def test_guards_hold() -> None:
@@ -183,18 +165,7 @@ def test_numeric_concatenated_matmuls_become_one_and_verify() -> None:
         helper.make_node("Relu", ["m2"], ["r2"]),
         helper.make_node("Concat", ["r1", "r2"], ["y"], axis=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", F, [32, 16])],
-        [helper.make_tensor_value_info("y", F, [32, 12])],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    out, report = onnxsat.optimize(model)
-    assert report.verification.status == "passed"
+    out, report = optimized_and_verified(nodes, inits, [32, 16], [32, 12])
     fired = report.saturation.rule_matches()
     assert fired.get("concat-unary", 0) > 0 and fired.get("concat-matmul-shared-left", 0) > 0
     assert Counter(n.op_type for n in out.graph.node) == Counter({"MatMul": 1, "Relu": 1})
-    onnx.checker.check_model(out, full_check=True)

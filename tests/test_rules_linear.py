@@ -7,15 +7,12 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import onnx
-import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import onnxsat
 from onnxsat.egraph import lang as L
 from onnxsat.rules import linear
 
-from .prove import prove, refute
+from .prove import conv, family_prove_tests, ints, optimized_and_verified, refute
 
 F = TensorProto.FLOAT
 X, Y, Z = (L.Tensor.input(n) for n in ("x", "y", "z"))
@@ -23,14 +20,6 @@ A, W, B, M, V = (L.Tensor.weight(n) for n in ("a", "w", "b", "m", "v"))
 NONE = L.Tensor.none()
 CONSTS = ("a", "w", "b", "m", "v")
 T2 = L.ivec([1, 0])
-
-
-def ints(*values: int) -> L.Tensor:
-    return L.Tensor.ints(L.ivec(list(values)), 1)
-
-
-def conv(x: L.Tensor, w: L.Tensor, b: L.Tensor = NONE) -> L.Tensor:
-    return L.conv(x, w, b, L.ivec([1, 1]), L.ivec([1, 1, 1, 1]), L.ivec([1, 1]), 1)
 
 
 def gemm(x: L.Tensor, w: L.Tensor, c: L.Tensor, trans_b: int = 0) -> L.Tensor:
@@ -112,14 +101,7 @@ PROOFS = {
 }
 
 
-@pytest.mark.parametrize("rule", sorted(PROOFS))
-def test_prove(rule: str) -> None:
-    start, goal, shapes = PROOFS[rule]
-    prove(start, goal, shapes, CONSTS, rounds=2)
-
-
-def test_every_rule_has_a_prove_test() -> None:
-    assert set(linear.RULE_NAMES) == set(PROOFS)
+test_prove, test_every_rule_has_a_prove_test = family_prove_tests(PROOFS, CONSTS, linear.RULE_NAMES)
 
 
 def test_guards_hold() -> None:
@@ -158,18 +140,7 @@ def test_numeric_layernorm_affine_folds_into_the_projection() -> None:
         helper.make_node("Add", ["m", "c"], ["o"]),
         helper.make_node("Mul", ["o", "s"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", F, [4, 8])],
-        [helper.make_tensor_value_info("y", F, [4, 6])],
-        initializer=inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    out, report = onnxsat.optimize(model)
-    assert report.verification.status == "passed"
+    out, report = optimized_and_verified(nodes, inits, [4, 8], [4, 6])
     fired = report.saturation.rule_matches()
     assert fired.get("matmul-input-scale-fold", 0) > 0 and fired.get("matmul-input-shift-fold", 0) > 0
     assert Counter(n.op_type for n in out.graph.node) == Counter({"Gemm": 1})
-    onnx.checker.check_model(out, full_check=True)

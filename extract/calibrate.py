@@ -327,8 +327,9 @@ def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConst
     overhead * kernels + a * max(flops, r * bytes') + c * reorder bytes + d * (outputs - 1)
     + e * FLOPs of unblocked convs.
 
-    bytes' = bytes while they fit in the cache, q * bytes beyond it. For each machine balance r,
-    spill factor q and cache size (a fraction of ``cache_bytes``) on a grid, the model is linear
+    bytes' = bytes while they fit in the cache, q * bytes beyond it (reorder bytes alike). For
+    each machine balance r, spill factor q and cache size (a fraction of ``cache_bytes``) on a
+    grid, the model is linear
     in (overhead, a, c, d, e), all kept non-negative (columns that are zero for every row are
     left out); the grid point with the smallest weighted residual wins. peak = 1/a, bandwidth =
     peak/r, spill bandwidth = bandwidth/q, reorder bandwidth = 1/c, cost per extra output = d,
@@ -346,12 +347,13 @@ def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConst
     caches = [cache_bytes * f for f in _CACHE_FRACTIONS] if math.isfinite(cache_bytes) else [math.inf]
     for cache in caches:
         spilled = nbytes > cache
-        if not spilled.any() and cache != caches[-1]:
+        if not (spilled.any() or np.any(reorder > cache)) and cache != caches[-1]:
             continue  # same as the largest cache size
-        for q in _SPILL_FACTORS if spilled.any() else (1.0,):
+        for q in _SPILL_FACTORS if spilled.any() or np.any(reorder > cache) else (1.0,):
             eff = np.where(spilled, q * nbytes, nbytes)
             x = np.maximum(flops[None, :], eff[None, :] * _BALANCES[:, None])  # one row per balance
-            fixed = [np.broadcast_to(c, x.shape) for c in (kernels, reorder, extra_outputs, unblocked)]
+            reorder_eff = np.where(reorder > cache, q * reorder, reorder)
+            fixed = [np.broadcast_to(c, x.shape) for c in (kernels, reorder_eff, extra_outputs, unblocked)]
             design = np.stack([fixed[0], x, *fixed[1:]], axis=2)
             resid, coef = _nonneg_fit(design, t, w)
             i = int(np.argmin(resid))

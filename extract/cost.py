@@ -103,7 +103,7 @@ class ClassConstants:
     it runs from when called again) moves them at ``bandwidth_gbs``; a larger one streams all of
     them from the shared cache levels or DRAM at ``spill_gbs``. ``reorder_gbs`` prices the
     layout copies onnxruntime puts around a kernel (NCHWc reorders around a conv), which are not
-    part of its roofline; ``output_us`` is the extra cost of each output after the first (a
+    part of its roofline (and slow down by the same factor past the cache); ``output_us`` is the extra cost of each output after the first (a
     Split allocates and hands over every part); ``unblocked_gflops`` is the extra time per FLOP
     of a conv onnxruntime cannot run blocked (input channels not a multiple of the NCHWc block,
     e.g. a network's first conv), several times slower than the blocked kernels.
@@ -135,9 +135,15 @@ class ClassConstants:
             self.overhead_us * kernels
             + self.output_us * (outputs - 1)
             + max(compute, memory)
-            + reorder_bytes / (self.reorder_gbs * 1e3)
+            + reorder_bytes * self.spill_factor(reorder_bytes) / (self.reorder_gbs * 1e3)
             + unblocked_flops / (self.unblocked_gflops * 1e3)
         )
+
+    def spill_factor(self, nbytes: float) -> float:
+        """How much slower than in-cache ``nbytes`` move (1 while they fit in the cache)."""
+        if nbytes <= self.cache_bytes or not math.isfinite(self.spill_gbs):
+            return 1.0
+        return self.bandwidth_gbs / self.spill_gbs
 
 
 NCHWC_BLOCK = 16

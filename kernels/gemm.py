@@ -1,9 +1,9 @@
 """A register-blocked float32 GEMM micro-kernel written with ``llvmlite.ir.IRBuilder``.
 
 ``C[M, N] = A[M, K] @ B[K, N]`` with B packed once (weights are packed at compile time) into
-panels of 32 columns: ``Bp[panel][k][0:32]``, zero-padded past N. The micro-kernel keeps a 6x32
-block of C in twelve 16-lane accumulators and, per k, broadcasts six A values against two B
-vectors (FMA); leftover rows use a smaller block, leftover columns masked stores. Loops go K
+panels of 32 columns: ``Bp[panel][k][0:32]``, zero-padded past N. The micro-kernel keeps an 8x32
+block of C in sixteen 16-lane accumulators and, per k, broadcasts eight A values against two B
+vectors (FMA; 8 rows divide the BERT and MLP row counts, so they run no tail blocks); leftover rows use a smaller block, leftover columns masked stores. Loops go K
 block, row block (``MC``), panel, micro-tile (BLIS's order, without packing A). The function
 takes a ``[p_begin, p_end)`` range of panels so the runtime can split N over threads.
 """
@@ -19,7 +19,7 @@ from .jit import CompiledModule
 
 NR = 32
 """Columns per packed panel (two 16-lane vectors)."""
-MR = 6
+MR = 8
 """Rows per micro-kernel call."""
 KC = 256
 """Depth of one K block (a 32 KiB slice of a packed panel)."""

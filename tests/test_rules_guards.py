@@ -3,7 +3,6 @@ bfloat16, and multi-pattern merges never merge an op with itself after weight ty
 
 from __future__ import annotations
 
-import pytest
 from egglog import EGraph, eq, i64, set_, union
 from onnx import TensorProto
 
@@ -59,51 +58,54 @@ def _exists(egraph: EGraph, fact: object) -> bool:
 
 
 # ---------------------------------------------------------------- multi-pattern merges and tying
-W, W2 = L.Tensor.weight("w"), L.Tensor.weight("w2")
+OPS = ("matmul", "gemm", "conv")
+MERGED_AXIS = {"matmul": 1, "gemm": 1, "conv": 0}
 
 
-def _siblings(op: str) -> tuple[L.Tensor, L.Tensor]:
-    """Two ops reading x, with weights imported as tensor_ref(0) and tensor_ref(1)."""
-    w_a, w_b = L.tensor_ref(0), L.tensor_ref(1)
+def _siblings(op: str, first: int, second: int) -> tuple[L.Tensor, L.Tensor]:
+    """Two ops reading the same input, with the weights imported as tensor_ref(first), tensor_ref(second)."""
+    x, w_a, w_b = L.Tensor.input(f"x-{op}"), L.tensor_ref(first), L.tensor_ref(second)
     if op == "matmul":
-        return L.matmul(X, w_a), L.matmul(X, w_b)
+        return L.matmul(x, w_a), L.matmul(x, w_b)
     if op == "gemm":
-        return (L.gemm(X, w_a, L.Tensor.none(), 1.0, 1.0, 0, 0), L.gemm(X, w_b, L.Tensor.none(), 1.0, 1.0, 0, 0))
-    conv = {"strides": L.ivec([1, 1]), "pads": L.ivec([0, 0, 0, 0]), "dil": L.ivec([1, 1])}
-    x4 = L.Tensor.input("x4")
-    return tuple(  # type: ignore[return-value]
-        L.conv(x4, w, L.Tensor.none(), conv["strides"], conv["pads"], conv["dil"], 1) for w in (w_a, w_b)
+        return (
+            L.gemm(x, w_a, L.Tensor.none(), 1.0, 1.0, 0, 0),
+            L.gemm(x, w_b, L.Tensor.none(), 1.0, 1.0, 0, 0),
+        )
+    unit, pads = L.ivec([1, 1]), L.ivec([0, 0, 0, 0])
+    return (
+        L.conv(x, w_a, L.Tensor.none(), unit, pads, unit, 1),
+        L.conv(x, w_b, L.Tensor.none(), unit, pads, unit, 1),
     )
 
 
-MERGED = {
-    "matmul": lambda w_a, w_b: L.concat(L.tlist([w_a, w_b]), 1),
-    "gemm": lambda w_a, w_b: L.concat(L.tlist([w_a, w_b]), 1),
-    "conv": lambda w_a, w_b: L.concat(L.tlist([w_a, w_b]), 0),
-}
+def test_parallel_ops_merge_but_not_with_themselves_after_weight_tying() -> None:
+    """Per op: a pair over two weights merges into [w | w2]; a pair over two names of one tied weight
+    is one op, and [w | w] is never built (one e-graph, one round, all ops)."""
+    terms, shapes, refs, merged = [], {}, [], {}
+    for k, op in enumerate(OPS):
+        w, w2 = L.Tensor.weight(f"w-{op}"), L.Tensor.weight(f"w2-{op}")
+        shapes |= {f"x-{op}": (1, 4, 5, 5) if op == "conv" else (2, 4), f"x2-{op}": (2, 4)}
+        shapes |= {name: (3, 4, 1, 1) if op == "conv" else (4, 4) for name in (f"w-{op}", f"w2-{op}")}
+        terms += [*_siblings(op, 4 * k, 4 * k + 1), *_siblings(op, 4 * k + 2, 4 * k + 3)]
+        refs += [(4 * k, w), (4 * k + 1, w2), (4 * k + 2, w), (4 * k + 3, w)]  # refs 2, 3: one tied weight
+        merged |= {(op, "apart"): (w, w2), (op, "tied"): (w, w)}
+    consts = tuple(name for name in shapes if name.startswith("w"))
+    with _egraph(terms, shapes, consts, {}) as egraph:
+        egraph.register(*_bind(refs))
+        _run(egraph, 1)
+        built = {
+            key
+            for key, (a, b) in merged.items()
+            if _exists(egraph, L.concat(L.tlist([a, b]), MERGED_AXIS[key[0]]))
+        }
+    assert built == {(op, "apart") for op in OPS}
 
 
-def _merges(op: str, tied: bool) -> bool:
-    """Whether the multi rules build the merged weight [w | w2] (or [w | w] when ``tied``)."""
-    second = W if tied else W2
-    shapes = {"x": (2, 4), "x4": (1, 4, 5, 5), "w": (4, 4) if op != "conv" else (3, 4, 1, 1)}
-    shapes["w2"] = shapes["w"]
-    t1, t2 = _siblings(op)
-    with _egraph([t1, t2], shapes, ("w", "w2"), {}) as egraph:
-        _bind_refs(egraph, W, second)
-        _run(egraph, 2)
-        return _exists(egraph, MERGED[op](W, second))
-
-
-def _bind_refs(egraph: EGraph, first: L.Tensor, second: L.Tensor) -> None:
-    """tensor_ref(0) and tensor_ref(1) name the two weights, as the importer binds them."""
-    actions = [union(L.tensor_ref(0)).with_(first), union(L.tensor_ref(1)).with_(second)]
-    for ref in (L.tensor_ref(0), L.tensor_ref(1)):
-        actions.append(set_(L.dtype(ref)).to(i64(F)))
-    egraph.register(*actions)
-
-
-@pytest.mark.parametrize("op", list(MERGED))
-def test_parallel_ops_merge_but_not_with_themselves_after_weight_tying(op: str) -> None:
-    assert _merges(op, tied=False)
-    assert not _merges(op, tied=True)
+def _bind(refs: list[tuple[int, L.Tensor]]) -> list[object]:
+    """tensor_ref(i) names its weight, as the importer binds them (tied names share one leaf)."""
+    return [
+        a
+        for i, w in refs
+        for a in (union(L.tensor_ref(i)).with_(w), set_(L.dtype(L.tensor_ref(i))).to(i64(F)))
+    ]

@@ -148,7 +148,7 @@ class Executable:
         self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
         self.native: TaskTable | None = None
         if self._tasks and all(t is not None for t in self._tasks):
-            self.native = TaskTable([t for t in self._tasks if t is not None])
+            self.native = TaskTable(self._phases([t for t in self._tasks if t is not None]))
         self.stats = ExecutableStats(
             kernels=len(kernels),
             blas_calls=sum(isinstance(s, MatMulStep) for s in program.steps),
@@ -171,6 +171,37 @@ class Executable:
         if isinstance(step, MatMulStep):
             return self._matmul_runner(step)
         return self._fallback_runner(step)
+
+    def _phases(self, tasks: list[list[list[int]]]) -> list[list[list[int]]]:
+        """Consecutive steps that touch disjoint memory (no step reads or writes what another
+        writes; arena reuse makes names unreliable, so byte ranges decide) share one phase: one
+        wait instead of one per step, and threads take the next step's tasks while a slow task of
+        the previous one finishes (BERT's Q, K and V products become one phase)."""
+        phases: list[list[list[int]]] = []
+        reads: list[tuple[int, int]] = []
+        writes: list[tuple[int, int]] = []
+        for step, step_tasks in zip(self.program.steps, tasks, strict=True):
+            r, w = self._ranges(step)
+            if phases and not _overlap(w, reads + writes) and not _overlap(r, writes):
+                phases[-1].extend(step_tasks)
+            else:
+                phases.append(list(step_tasks))
+                reads, writes = [], []
+            reads += r
+            writes += w
+        return phases
+
+    def _ranges(self, step: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Byte ranges a native step reads and writes."""
+        def span(buf: Buffer) -> tuple[int, int]:
+            start = self._address(buf.name)
+            return start, start + buf.nbytes
+
+        if isinstance(step, KernelStep):
+            outs = set(step.kernel.outputs)
+            return [span(b) for b in step.kernel.params if b.name not in outs], [span(b) for b in step.kernel.params if b.name in outs]
+        read = [span(step.a.buffer), span(step.b.buffer)] + ([span(step.out)] if step.beta else [])
+        return read, [span(step.out)]
 
     def _address(self, name: str) -> int:
         """Where buffer ``name`` lives during a native run."""
@@ -382,6 +413,10 @@ class Executable:
             source = self.io[buf.name] if buf.name in self.io else arrays[buf.name]
             outputs[name] = np.array(source, copy=True).reshape(buf.shape)
         return outputs
+
+
+def _overlap(ranges: list[tuple[int, int]], others: list[tuple[int, int]]) -> bool:
+    return any(a < d and c < b for a, b in ranges for c, d in others)
 
 
 def _blas_layouts(step: MatMulStep) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:

@@ -94,3 +94,25 @@ def test_a_program_with_a_fallback_runs_step_by_step() -> None:
     session = ort_session(model, threads=1)
     for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)
+
+
+def test_independent_steps_share_a_phase_and_dependent_ones_do_not() -> None:
+    rng = np.random.default_rng(2)
+    n = helper.make_node
+    inits = [numpy_helper.from_array(rng.standard_normal((32, 48)).astype(np.float32), w) for w in ("wq", "wk")]
+    model = helper.make_model(
+        helper.make_graph(
+            [n("MatMul", ["x", "wq"], ["q"]), n("MatMul", ["x", "wk"], ["k"]), n("Mul", ["q", "k"], ["y"])], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [24, 32])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [24, 48])], inits,
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    feeds = {"x": rng.standard_normal((24, 32)).astype(np.float32)}
+    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    got = compiled(feeds)["y"]
+    exe = compiled.executable_for(feeds)
+    assert exe.native is not None and len(exe.program.steps) == 3
+    assert len(exe.native.step_ends) == 2  # the two products together, then the product that reads both
+    w = {t.name: numpy_helper.to_array(t) for t in inits}
+    np.testing.assert_allclose(got, (feeds["x"] @ w["wq"]) * (feeds["x"] @ w["wk"]), rtol=1e-5, atol=1e-5)

@@ -117,12 +117,14 @@ def compare_files(original: Path, optimized: Path, batch: int = 2, seed: int = 0
     """Max abs difference of the outputs, onnxruntime loading both models (and sidecars) by path."""
     import onnxruntime as ort
 
-    sessions = [
-        ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (original, optimized)
-    ]
-    hidden = sessions[0].get_inputs()[0].shape[1]
-    x = np.random.default_rng(seed).standard_normal((batch, hidden)).astype(np.float32)
-    ref, got = (s.run(None, {"x": x})[0] for s in sessions)
+    outputs = []
+    for path in (original, optimized):  # one session at a time: each holds all the weights
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        hidden = session.get_inputs()[0].shape[1]
+        x = np.random.default_rng(seed).standard_normal((batch, hidden)).astype(np.float32)
+        outputs.append(session.run(None, {"x": x})[0])
+        del session
+    ref, got = outputs
     if ref.shape != got.shape:
         return float("inf")
     return float(np.abs(ref - got).max())

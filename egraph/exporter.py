@@ -15,6 +15,8 @@ from onnx import helper, numpy_helper
 
 from ..extract.greedy import ExtractedGraph
 from ..extract.serialized import ENode, Ref
+from ..lazy_weights import tensor_array
+from ..modelio import model_shell
 from .ops import BY_CTOR
 from .ops.registry import ExportNode
 from .program import Program
@@ -117,7 +119,7 @@ class _Exporter:
             value, dims, dt = node.args
             return np.full(dims, value, dtype=helper.tensor_dtype_to_np_dtype(dt))
         if node.op == "Tensor.weight":
-            return numpy_helper.to_array(self.program.weights[node.args[0]])
+            return tensor_array(self.program.weights[node.args[0]])
         return None
 
     # ------------------------------------------------------------ per node
@@ -129,11 +131,8 @@ class _Exporter:
             self._name_for(eclass)
             return
         if op == "Tensor.weight":
-            name = self._name_for(eclass)
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(self.program.weights[node.args[0]])
-            tensor.name = name
-            self.initializers[name] = tensor
+            # The program's own proto: copied (and renamed) once, straight into the new model.
+            self.initializers[self._name_for(eclass)] = self.program.weights[node.args[0]]
             return
         if op == "Tensor.ints":
             name = self._name_for(eclass)
@@ -269,16 +268,17 @@ class _Exporter:
             old.name,
             [graph_in[n] for n in self.program.true_inputs],
             list(old.output),
-            initializer=list(self.initializers.values()),
             doc_string=old.doc_string or None,
         )
+        new_model = model_shell(model, {"node", "initializer", "input", "output", "value_info"})
+        new_model.graph.CopyFrom(new_graph)
+        for name, tensor in self.initializers.items():
+            copy = new_model.graph.initializer.add()
+            copy.CopyFrom(tensor)
+            copy.name = name
         for name in self.program.overridable:
             if name not in self.initializers:
-                init = next(t for t in old.initializer if t.name == name)
-                new_graph.initializer.append(init)
-        new_model = onnx.ModelProto()
-        new_model.CopyFrom(model)
-        new_model.graph.CopyFrom(new_graph)
+                new_model.graph.initializer.add().CopyFrom(next(t for t in old.initializer if t.name == name))
         new_model.ir_version = max(model.ir_version, MIN_IR_VERSION)
         imported = {o.domain for o in new_model.opset_import}
         for domain in sorted(self.domains - imported):

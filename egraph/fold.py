@@ -14,7 +14,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxsat.modelio import serialized_size
+from onnxsat.lazy_weights import tensor_array
+from onnxsat.modelio import model_shell, serialized_size
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Relu", "Sigmoid", "Tanh", "Erf",
@@ -86,7 +87,7 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
 
     for node in graph.node:
         if node.op_type == "ConstantOfShape" and node.domain == "" and node.input[0] in dense:
-            dims = tuple(int(d) for d in numpy_helper.to_array(dense[node.input[0]]))
+            dims = tuple(int(d) for d in tensor_array(dense[node.input[0]]))
             fill = numpy_helper.to_array(node.attribute[0].t) if node.attribute else np.zeros(1, np.float32)
             uniform[node.output[0]] = _Uniform(fill.reshape(-1)[:1], dims)
             kept.append(node)
@@ -141,7 +142,7 @@ def _is_uniform(a: np.ndarray) -> bool:
 
 def _materialize(name: str, dense: dict[str, onnx.TensorProto], uniform: dict[str, _Uniform]) -> np.ndarray:
     if name in dense:
-        return numpy_helper.to_array(dense[name])
+        return tensor_array(dense[name])
     u = uniform[name]
     return np.full(u.dims, u.value[0], dtype=u.value.dtype)
 
@@ -167,10 +168,7 @@ def _rebuild(
         inits.append(numpy_helper.from_array(np.array(u.dims, dtype=np.int64), shape_name))
         value = numpy_helper.from_array(u.value.reshape(1), "value")
         nodes.append(helper.make_node("ConstantOfShape", [shape_name], [name], value=value))
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    del out.graph.initializer[:]
+    out = model_shell(model, {"node", "initializer"})
     live = _live_nodes(nodes, [o.name for o in graph.output])
     out.graph.node.extend(live)
     used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)

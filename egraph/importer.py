@@ -18,6 +18,7 @@ import onnx
 from egglog import EggSmolError, EGraph, Vec, i64, set_, union
 from onnx import helper, numpy_helper
 
+from ..lazy_weights import tensor_array
 from ..modelio import topological_nodes
 from . import lang as L
 from .ops import OPS, OpSpec
@@ -170,12 +171,12 @@ class _Importer:
     def _add_weight(self, name: str, tensor: onnx.TensorProto) -> None:
         self.infos[name] = TensorInfo(tensor.data_type, tuple(tensor.dims))
         if tensor.data_type == onnx.TensorProto.INT64 and len(tensor.dims) <= 1 and np.prod(tensor.dims) <= SMALL_INTS:
-            values = tuple(int(v) for v in numpy_helper.to_array(tensor).reshape(-1))
+            values = tuple(int(v) for v in tensor_array(tensor).reshape(-1))
             self.int_values[name] = values
             self._bind(name, L.Tensor.ints(L.ivec(values), len(tensor.dims)), leaf=True)
             return
         if 0 < np.prod(tensor.dims) <= SMALL_SPLAT and tensor.data_type in _SPLAT_TYPES:
-            array = numpy_helper.to_array(tensor)
+            array = tensor_array(tensor)
             flat = array.reshape(-1)
             if np.all(flat == flat[0]) and float(flat[0]) == flat[0]:
                 self._bind(name, L.Tensor.splat(float(flat[0]), _dims_vec(tuple(tensor.dims)), tensor.data_type), leaf=True)
@@ -190,7 +191,7 @@ class _Importer:
     def _tied_weight(self, name: str, tensor: onnx.TensorProto) -> str | None:
         """An earlier weight with the same type, dims and values, else None (this one is remembered)."""
         try:
-            data = numpy_helper.to_array(tensor).tobytes()
+            data = tensor_array(tensor).tobytes()
         except Exception:  # external data not loaded, or a type numpy cannot hold: no tying
             return None
         key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(data).hexdigest())

@@ -643,7 +643,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
         from onnxsat.pipeline import _cost_model
 
         _cost_model(options)
-    model = load_model(args.input)
+    # Large external weights stay in their file (held once, mapped by onnxruntime) unless
+    # --measure needs the whole model in memory for its latency sessions.
+    model = load_model(args.input, lazy_external_data=not options.measure)
     _check_input_shapes(model, options.input_shapes)
 
     from onnxsat.pipeline import optimize

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, external_data_helper
 
+from onnxsat import lazy_weights
 from onnxsat.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "check_model_full",
     "check_output_path",
     "load_model",
+    "model_shell",
     "save_model_atomic",
     "topological_nodes",
 ]
@@ -86,8 +88,14 @@ _TENSOR_DATA_FIELDS = frozenset(
 # loading
 
 
-def load_model(path: str | Path, *, load_external_data: bool = True) -> ModelProto:
+def load_model(
+    path: str | Path, *, load_external_data: bool = True, lazy_external_data: bool = False
+) -> ModelProto:
     """Load and validate an ONNX model, raising `BadInputError` with a one-line message.
+
+    With ``lazy_external_data``, large external initializers are not read into memory but stay
+    references into their file (see `onnxsat.lazy_weights`); everything in onnxsat that reads,
+    checks, runs or saves a model follows them.
 
     Beyond `onnx.checker`, this rejects what the checker lets through or reports poorly
     (garbage that parses as protobuf, opsets newer than the installed onnx, cycles, dangling
@@ -111,7 +119,11 @@ def load_model(path: str | Path, *, load_external_data: bool = True) -> ModelPro
         _sort_graphs_in_place(model.graph)
         if load_external_data and _has_external_refs(model):
             try:
-                external_data_helper.load_external_data_for_model(model, str(p.parent))
+                if lazy_external_data:
+                    for tensor in lazy_weights.mark_model(model, p.parent):
+                        external_data_helper.load_external_data_for_tensor(tensor, str(p.parent))
+                else:
+                    external_data_helper.load_external_data_for_model(model, str(p.parent))
             except Exception as e:
                 raise BadInputError(f"cannot load external data: {one_line(e)}") from e
             # onnx leaves data_location explicitly DEFAULT; clear it so the proto equals an in-memory one
@@ -442,6 +454,10 @@ def save_model_atomic(
             raise BadInputError(f"external data path {sidecar} is a directory")
         if input_path is not None and _same_file(sidecar, Path(input_path)):
             raise BadInputError(f"external data path {sidecar} is the input model")
+        if any(_same_file(sidecar, src) for src in lazy_weights.source_files(model)):
+            raise BadInputError(f"external data path {sidecar} holds the input model's weights")
+    elif lazy_weights.lazy_initializers(model):
+        model = _inlined_copy(model)  # under 2 GiB in all: one proto holds it
 
     mode = _new_file_mode(out)
     temps: list[str] = []
@@ -487,9 +503,18 @@ def check_model_full(model: ModelProto) -> None:
     """`onnx.checker` with full_check, also past protobuf's 2 GiB limit.
 
     The checker's C++ side cannot take such a proto in memory, so a large model is checked from a
-    temporary external-data copy (written next to nothing the user owns).
+    temporary external-data copy (written next to nothing the user owns). Lazy weights
+    (`onnxsat.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
+    values, and the real file was checked when the model was loaded.
     """
-    if serialized_size(model) <= MAX_PROTO_BYTES:
+    if lazy_weights.lazy_initializers(model):
+        with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
+            shell = lazy_weights.placeholder_copy(model, Path(tmp))
+            if shell.ByteSize() <= MAX_PROTO_BYTES:
+                (Path(tmp) / "model.onnx").write_bytes(shell.SerializeToString())
+                onnx.checker.check_model(str(Path(tmp) / "model.onnx"), full_check=True)
+                return
+    elif serialized_size(model) <= MAX_PROTO_BYTES:
         onnx.checker.check_model(model, full_check=True)
         return
     with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
@@ -501,13 +526,13 @@ def check_model_full(model: ModelProto) -> None:
 def serialized_size(model: ModelProto) -> int:
     """Serialized size in bytes, or more than `MAX_PROTO_BYTES` when protobuf refuses to say."""
     try:
-        return model.ByteSize()
+        return model.ByteSize() + lazy_weights.lazy_bytes(model)
     except Exception:  # protobuf raises instead of returning sizes past its 2 GiB limit
         # Each tensor is below the limit on its own: the tensors plus the rest is close enough.
         rest = ModelProto()
         _copy_fields_except(model, rest, {"graph"})
         _copy_fields_except(model.graph, rest.graph, {"initializer"})
-        tensors = sum(t.ByteSize() + 8 for t in model.graph.initializer)
+        tensors = sum(t.ByteSize() + 8 for t in model.graph.initializer) + lazy_weights.lazy_bytes(model)
         return max(MAX_PROTO_BYTES + 1, rest.ByteSize() + tensors)
 
 
@@ -520,7 +545,7 @@ def _serialize(model: ModelProto) -> bytes:
 
 def _reject_external_refs(model: ModelProto) -> None:
     for what, tensor in _all_tensors(model.graph):
-        if external_data_helper.uses_external_data(tensor):
+        if external_data_helper.uses_external_data(tensor) and not lazy_weights.is_lazy(tensor):
             raise OnnxsatError(
                 f"{what} still refers to external data; load the model with "
                 "load_external_data=True before saving it"
@@ -537,24 +562,38 @@ def _externalized_copy(model: ModelProto, data_file, location: str) -> ModelProt
     _copy_fields_except(model.graph, shell.graph, {"initializer"})
     offset = 0
     for tensor in model.graph.initializer:
-        raw = _raw_bytes(tensor)
-        if raw is None or len(raw) < EXTERNAL_SIZE_THRESHOLD:
+        lazy = lazy_weights.is_lazy(tensor)
+        raw = b"" if lazy else _raw_bytes(tensor)
+        if raw is None or (not lazy and len(raw) < EXTERNAL_SIZE_THRESHOLD):
             shell.graph.initializer.add().CopyFrom(tensor)
             continue
         pad = -offset % _EXTERNAL_ALIGN
         if pad:
             data_file.write(b"\0" * pad)
             offset += pad
-        data_file.write(raw)
+        length = lazy_weights.copy_bytes(tensor, data_file) if lazy else len(raw)
+        if not lazy:
+            data_file.write(raw)
         ext = shell.graph.initializer.add()
         _copy_fields_except(tensor, ext, _TENSOR_DATA_FIELDS)
         ext.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(raw)))):
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
             entry = ext.external_data.add()
             entry.key = key
             entry.value = value
-        offset += len(raw)
+        offset += length
     return shell
+
+
+def _inlined_copy(model: ModelProto) -> ModelProto:
+    """A copy of `model` whose lazy weights hold their bytes (read from their files)."""
+    copy = lazy_weights.unmarked_copy(model)
+    for tensor, lazy in zip(copy.graph.initializer, model.graph.initializer, strict=True):
+        if lazy_weights.is_lazy(lazy):
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")
+            tensor.raw_data = lazy_weights.read_bytes(lazy)
+    return copy
 
 
 def _raw_bytes(tensor: TensorProto) -> bytes | None:
@@ -567,6 +606,18 @@ def _raw_bytes(tensor: TensorProto) -> bytes | None:
         return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor)).raw_data
     except Exception:
         return None
+
+
+def model_shell(model: ModelProto, skip_graph_fields: Iterable[str]) -> ModelProto:
+    """A copy of `model` whose main graph lacks the named fields (e.g. node, initializer).
+
+    Rebuilding a graph from a full copy would copy every weight once more (and protobuf keeps
+    the replaced data until the whole message is freed); this copies only what is kept.
+    """
+    shell = ModelProto()
+    _copy_fields_except(model, shell, {"graph"})
+    _copy_fields_except(model.graph, shell.graph, skip_graph_fields)
+    return shell
 
 
 def _copy_fields_except(src, dst, skip: Iterable[str]) -> None:

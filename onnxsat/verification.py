@@ -253,9 +253,9 @@ def _session(model: ModelProto, optimization_level: str) -> Iterator[ort.Inferen
         # Weights still in their file: onnxruntime maps them from there. Prepacking would copy
         # every MatMul weight into a second buffer; results are compared between two sessions
         # that both skip it.
-        shell, names, arrays = lazy_weights.ort_model_and_initializers(model)
+        shell, folder = lazy_weights.ort_model(model)
         options.add_session_config_entry("session.disable_prepacking", "1")
-        options.add_external_initializers(names, [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         yield ort.InferenceSession(shell, options, providers=providers)
         return
     if modelio.serialized_size(model) <= modelio.MAX_PROTO_BYTES:

@@ -1,10 +1,10 @@
 """The large-model path at a small size: external-data input, CLI optimize, external-data output.
 
 ``benchmarks/large_model.py`` runs this with more than 2 GiB of weights; here its own builder
-writes a small model, and the protobuf limit is lowered so that every branch a real >2 GiB model
-takes is taken: the checker reads the file by path, verification runs onnxruntime from a
-temporary external-data copy, the optimized model is checked by path and is written with a
-sidecar without being asked to.
+writes a small model, and the lazy-weight threshold and the protobuf limit are lowered so that
+every branch a real >2 GiB model takes is taken: its weights stay in their file from load to save
+(onnxruntime maps them, the checker sees a sparse placeholder), the optimized model is checked by
+path and is written with a streamed sidecar without being asked to.
 """
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import onnx
 import pytest
+from onnx import numpy_helper
 
-from onnxsat import cli, modelio
+from onnxsat import cli, lazy_weights, modelio
+from onnxsat.errors import BadInputError
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "large_model.py"
 
@@ -32,7 +35,7 @@ def _benchmark_module() -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("past_limit", [False, True], ids=["external-data-flag", "past-proto-limit"])
+@pytest.mark.parametrize("past_limit", [False, True], ids=["inline-output", "past-proto-limit"])
 def test_external_data_model_optimizes_and_verifies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], past_limit: bool
 ) -> None:
@@ -44,6 +47,14 @@ def test_external_data_model_optimizes_and_verifies(
     shell = onnx.load(str(src), load_external_data=False)
     assert all(onnx.external_data_helper.uses_external_data(t) for t in shell.graph.initializer)
 
+    # The 16 KiB weights count as large here, so they take the path of a real large model: never
+    # read into a proto (the 256-byte biases are loaded), held by reference from load to save.
+    monkeypatch.setattr(lazy_weights, "LAZY_MIN_BYTES", 4096)
+    held: list[onnx.ModelProto] = []
+    real_save = modelio.save_model_atomic
+    monkeypatch.setattr(
+        modelio, "save_model_atomic", lambda m, *a, **k: (held.append(m), real_save(m, *a, **k))[1]
+    )
     argv = ["optimize", str(src), "-o", str(dst), "--json", "--max-iterations", "3"]
     if past_limit:
         checked: list[object] = []
@@ -52,18 +63,49 @@ def test_external_data_model_optimizes_and_verifies(
         monkeypatch.setattr(
             onnx.checker, "check_model", lambda m, *a, **k: (checked.append(m), real_check(m, *a, **k))[1]
         )
-    else:
-        argv.append("--external-data")
     assert cli.main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["verification"]["status"] == "passed"
     assert report["total_nodes_after"] < report["total_nodes_before"]  # MatMul + Add became Gemm
     if past_limit:
         assert checked and all(isinstance(m, str) for m in checked), "a large model was checked in memory"
+    (optimized,) = held
+    assert len(lazy_weights.lazy_initializers(optimized)) == 3, "weights were loaded into the optimized proto"
+    assert optimized.ByteSize() < 3 * 64 * 64 * 4 // 2
 
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
-    assert (tmp_path / "large.opt.onnx.data").is_file()
+    assert (tmp_path / "large.opt.onnx.data").is_file() == past_limit
     onnx.checker.check_model(str(dst), full_check=True)
     out_shell = onnx.load(str(dst), load_external_data=False)
-    assert any(onnx.external_data_helper.uses_external_data(t) for t in out_shell.graph.initializer)
+    external = any(onnx.external_data_helper.uses_external_data(t) for t in out_shell.graph.initializer)
+    assert external == past_limit
+    assert all(e.key != "basepath" for t in out_shell.graph.initializer for e in t.external_data)
     assert bench.compare_files(src, dst) <= 1e-4
+
+
+def test_lazy_weights_read_like_onnx_and_are_never_overwritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bench = _benchmark_module()
+    src = tmp_path / "large.onnx"
+    bench.build_large_model(src, hidden=32, layers=2)
+    monkeypatch.setattr(lazy_weights, "LAZY_MIN_BYTES", 1024)
+    alias = tmp_path / "alias.onnx"  # the same model under another name, reading large.onnx.data
+    alias.write_bytes(src.read_bytes())
+    lazy = modelio.load_model(alias, lazy_external_data=True)
+    eager = modelio.load_model(src)
+    assert [t.name for t in lazy_weights.lazy_initializers(lazy)] == ["w0", "w1"]
+    for a, b in zip(lazy.graph.initializer, eager.graph.initializer, strict=True):
+        np.testing.assert_array_equal(lazy_weights.tensor_array(a), numpy_helper.to_array(b))
+    assert modelio.serialized_size(lazy) >= 2 * 32 * 32 * 4
+    files_before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    # Writing large.onnx (+ large.onnx.data) would replace the weight file being streamed from.
+    with pytest.raises(BadInputError, match="holds the input model's weights"):
+        modelio.save_model_atomic(lazy, src, external_data=True, input_path=alias)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files_before
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    modelio.save_model_atomic(lazy, moved / "copy.onnx", external_data=True, input_path=alias)
+    again = modelio.load_model(moved / "copy.onnx")
+    for a, b in zip(again.graph.initializer, eager.graph.initializer, strict=True):
+        np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))

@@ -1,0 +1,210 @@
+"""Weights that stay in their external-data file while a model is optimized.
+
+A model past 2 GiB keeps its weights in a sidecar file. Loading them into the ModelProto and then
+copying protos (import, export, fold, the optimized model next to the original) would hold them
+several times over. Instead ``load_model(..., lazy_external_data=True)`` leaves each large
+main-graph initializer as an external reference marked with the absolute directory its location
+is relative to (the ``basepath`` key, which onnx allows). Such a *lazy* tensor costs a few bytes
+to copy; its values are read only where a value is needed (`tensor_array`), onnxruntime maps it
+from the file (`ort_model`), and saving streams its bytes from the source file
+(`copy_bytes`). The marker never reaches a written file, the checker or onnxruntime.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from onnx import ModelProto, TensorProto, external_data_helper, helper, numpy_helper
+
+BASE_KEY = "basepath"
+LAZY_MIN_BYTES = 1 << 20
+"""Smaller external tensors are loaded: shape-like constants must be readable by shape inference."""
+_CHUNK = 64 << 20
+
+_PACKED = {
+    getattr(TensorProto, n)
+    for n in "INT4 UINT4 FLOAT4E2M1 INT2 UINT2 FLOAT6E2M3 FLOAT6E3M2 STRING UNDEFINED".split()
+    if hasattr(TensorProto, n)
+}
+
+
+def _info(tensor: TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in tensor.external_data}
+
+
+def _plain_dtype(data_type: int) -> np.dtype | None:
+    """Little-endian numpy dtype whose bytes are the tensor's raw bytes, or None."""
+    if data_type in _PACKED:
+        return None
+    try:
+        dt = np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
+    except Exception:
+        return None
+    return dt.newbyteorder("<") if dt.kind in "fiucb" else None
+
+
+def mark_lazy(tensor: TensorProto, base_dir: Path) -> bool:
+    """Mark an external tensor of at least `LAZY_MIN_BYTES` as lazy; False leaves it to be loaded.
+
+    Only tensors whose reference is plainly valid are marked (relative location inside
+    ``base_dir``, a regular file, declared length equal to dims x itemsize and within the file);
+    anything else is loaded by onnx, which reports the problem.
+    """
+    if not external_data_helper.uses_external_data(tensor):
+        return False
+    info = _info(tensor)
+    dt = _plain_dtype(tensor.data_type)
+    location, length, offset = info.get("location", ""), info.get("length", ""), info.get("offset", "0")
+    if dt is None or not length.isdigit() or not offset.isdigit() or BASE_KEY in info:
+        return False
+    count = math.prod(tensor.dims)
+    if int(length) < LAZY_MIN_BYTES or int(length) != count * dt.itemsize:
+        return False
+    rel = Path(location)
+    if not location or rel.is_absolute() or ".." in rel.parts:
+        return False
+    path = base_dir / rel
+    if path.is_symlink() or not path.is_file() or int(offset) + int(length) > path.stat().st_size:
+        return False
+    entry = tensor.external_data.add()
+    entry.key, entry.value = BASE_KEY, str(base_dir.resolve())
+    return True
+
+
+def is_lazy(tensor: TensorProto) -> bool:
+    return tensor.data_location == TensorProto.EXTERNAL and any(
+        e.key == BASE_KEY for e in tensor.external_data
+    )
+
+
+def lazy_initializers(model: ModelProto) -> list[TensorProto]:
+    """The main graph's lazy initializers (only those are ever marked)."""
+    return [t for t in model.graph.initializer if is_lazy(t)]
+
+
+def lazy_bytes(model: ModelProto) -> int:
+    return sum(source(t)[2] for t in lazy_initializers(model))
+
+
+def source(tensor: TensorProto) -> tuple[Path, int, int]:
+    """(file, offset, length) of a lazy tensor's bytes."""
+    info = _info(tensor)
+    return Path(info[BASE_KEY]) / info["location"], int(info.get("offset", "0")), int(info["length"])
+
+
+def tensor_array(tensor: TensorProto) -> np.ndarray:
+    """The tensor's values (read from its file when lazy; `numpy_helper.to_array` otherwise)."""
+    if not is_lazy(tensor):
+        return numpy_helper.to_array(tensor)
+    path, offset, length = source(tensor)
+    dt = _plain_dtype(tensor.data_type)
+    assert dt is not None  # mark_lazy checked it
+    array = np.fromfile(path, dtype=dt, count=length // dt.itemsize, offset=offset)
+    return array.astype(dt.newbyteorder("="), copy=False).reshape(tuple(tensor.dims))
+
+
+def read_bytes(tensor: TensorProto) -> bytes:
+    path, offset, length = source(tensor)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def copy_bytes(tensor: TensorProto, out: BinaryIO) -> int:
+    """Stream a lazy tensor's bytes into ``out`` in chunks; returns the byte count."""
+    path, offset, length = source(tensor)
+    left = length
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while left:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                raise OSError(f"{path} ended before the {length} bytes of {tensor.name!r}")
+            out.write(chunk)
+            left -= len(chunk)
+    return length
+
+
+def source_files(model: ModelProto) -> set[Path]:
+    return {source(t)[0] for t in lazy_initializers(model)}
+
+
+def unmarked_copy(model: ModelProto) -> ModelProto:
+    """A copy without the lazy marker: lazy tensors stay external references relative to their
+    file's directory (what onnxruntime is given next to the mapped bytes)."""
+    shell = ModelProto()
+    shell.CopyFrom(model)
+    for tensor in lazy_initializers(shell):
+        _set_external(tensor, [(e.key, e.value) for e in tensor.external_data if e.key != BASE_KEY])
+    return shell
+
+
+def placeholder_copy(model: ModelProto, directory: Path) -> ModelProto:
+    """A copy for the structural checker, to be saved in ``directory``: every lazy tensor points
+    into one sparse file of zeros there (no disk used, no values read: the checker checks only
+    that the data exists and fits the dims; the real file was checked when the model was loaded)."""
+    shell = ModelProto()
+    shell.CopyFrom(model)
+    longest = 0
+    for tensor in lazy_initializers(shell):
+        length = source(tensor)[2]
+        longest = max(longest, length)
+        _set_external(tensor, [("location", _PLACEHOLDER), ("offset", "0"), ("length", str(length))])
+    with open(directory / _PLACEHOLDER, "wb") as f:
+        f.truncate(longest)
+    return shell
+
+
+_PLACEHOLDER = "lazy_weights.placeholder"
+
+
+def _set_external(tensor: TensorProto, entries: list[tuple[str, str]]) -> None:
+    del tensor.external_data[:]
+    for key, value in entries:
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+
+
+def ort_model(model: ModelProto) -> tuple[bytes, str]:
+    """What onnxruntime needs to run a model with lazy weights without a copy of them: the
+    serialized shell and the directory its external locations are relative to (for the session
+    option ``session.model_external_initializers_file_folder_path``; onnxruntime then maps the
+    file itself, which a memory map handed over with ``add_external_initializers`` does not
+    avoid: it copies those)."""
+    bases = {_info(t)[BASE_KEY] for t in lazy_initializers(model)}
+    if len(bases) != 1:
+        raise ValueError(f"lazy weights must come from one directory, not {sorted(bases)}")
+    return unmarked_copy(model).SerializeToString(), bases.pop()
+
+
+def mark_model(model: ModelProto, base_dir: Path) -> list[TensorProto]:
+    """Mark the main graph's large external initializers lazy; returns the other external tensors
+    (to be loaded by the caller)."""
+    from onnxsat.modelio import _all_tensors
+
+    for tensor in model.graph.initializer:
+        mark_lazy(tensor, base_dir)
+    return [
+        t
+        for _what, t in _all_tensors(model.graph)
+        if external_data_helper.uses_external_data(t) and not is_lazy(t)
+    ]
+
+
+__all__ = [
+    "LAZY_MIN_BYTES",
+    "copy_bytes",
+    "is_lazy",
+    "lazy_bytes",
+    "lazy_initializers",
+    "mark_model",
+    "ort_model",
+    "read_bytes",
+    "source_files",
+    "tensor_array",
+    "placeholder_copy",
+    "unmarked_copy",
+]

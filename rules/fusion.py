@@ -72,8 +72,8 @@ ORT_TYPES: dict[str, tuple[int, ...]] = {
 }
 """Input types (ONNX codes) each fusion target runs on in onnxruntime's CPU provider.
 tests/test_rules_fusion.py checks the table against onnxruntime. (onnxruntime 1.32 runs every one of
-these targets on float16 too, and none on bfloat16; float16 is excluded on purpose, see the module
-docstring.)"""
+these targets on float16 too, and has no bfloat16 kernel for any of them but LayerNormalization;
+float16 and bfloat16 are excluded on purpose, see the module docstring.)"""
 
 
 def _float_input(target: str) -> tuple[FactLike, ...]:

@@ -12,6 +12,10 @@ ORT_ENABLE_ALL. Latency runs the original and every tool's result in the same in
     pip install -e ".[bench]"
     python benchmarks/compare_peers.py                       # writes benchmarks/results/peers.{md,json,png}
     python benchmarks/compare_peers.py --only resnet50 --rounds 30 extra/model.onnx
+    python benchmarks/compare_peers.py --only vgg19 --merge  # add/redo one row, keep the others
+
+Each row records when it was measured and the load average then; ``--merge`` keeps the rows of
+an existing OUT.json that this run does not measure, so one model can be (re)measured alone.
 """
 
 from __future__ import annotations
@@ -117,6 +121,20 @@ class ModelResult:
     original_ms: dict[str, float] = field(default_factory=dict)
     tools: dict[str, ToolResult] = field(default_factory=dict)
     note: str = ""
+    measured: str = ""
+    """When this row was measured and the 1-minute load average then (rows of a merged file differ)."""
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelResult:
+        tools = {name: ToolResult(**tr) for name, tr in data.get("tools", {}).items()}
+        return cls(**{**data, "tools": tools})
+
+
+def merge_results(previous: list[ModelResult], fresh: list[ModelResult]) -> list[ModelResult]:
+    """``previous`` with each row this run measured replaced in place; new rows appended in run order."""
+    by_name = {r.name: r for r in fresh}
+    merged = [by_name.pop(r.name, r) for r in previous]
+    return merged + [r for r in fresh if r.name in by_name]
 
 
 def build_suite(workdir: Path, extra: list[Path], only: list[str]) -> list[tuple[str, Path]]:
@@ -258,7 +276,8 @@ def benchmark_model(
     from onnxsat.verification import make_inputs
 
     original = onnx.load(str(path))
-    result = ModelResult(name=name, nodes=len(original.graph.node))
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    result = ModelResult(name=name, nodes=len(original.graph.node), measured=f"{stamp}, load {_load():.1f}")
     optimized: dict[str, onnx.ModelProto] = {}
     for tool in tools:
         print(f"  {tool} ...", file=sys.stderr, flush=True)
@@ -292,6 +311,7 @@ def benchmark_model(
         result.original_ms[level] = base_ms
         for tool, cmp in ratios.items():
             result.tools[tool].latency[level] = cmp
+    result.measured += f" at start, {_load():.1f} at end"
     return result
 
 
@@ -302,6 +322,10 @@ def benchmark_model(
 def geomean(values: list[float]) -> float | None:
     values = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
 
 
 def machine_description() -> str:
@@ -369,7 +393,7 @@ def render_markdown(results: list[ModelResult], tools: list[str], header: dict[s
         lines.append(
             f"| **{r.name}** | original | | | {r.nodes} | | "
             + " | ".join(f"{r.original_ms[lv]:.2f} ms" if lv in r.original_ms else "-" for lv in LEVELS)
-            + f" | {r.note or 'baseline'} |"
+            + f" | {r.note or 'baseline'}{f' (measured {r.measured})' if r.measured else ''} |"
         )
         for tool in tools:
             tr = r.tools[tool]
@@ -456,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=RESULTS / "peers", help="writes OUT.md, OUT.json, OUT.png"
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows of an existing OUT.json that this run does not measure",
+    )
     parser.add_argument("--child", nargs=4, metavar=("TOOL", "IN", "OUT", "RESULT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -475,7 +504,18 @@ def main(argv: list[str] | None = None) -> int:
         "versions": versions(tools),
         "settings": f"{args.rounds} interleaved rounds, {args.threads} onnxruntime threads, default settings of every tool",
     }
+    previous: list[ModelResult] = []
+    json_path = args.out.with_suffix(".json")
+    if args.merge and json_path.exists():
+        old = json.loads(json_path.read_text())
+        previous = [ModelResult.from_dict(r) for r in old["results"]]
+        old_tools = {t for r in previous for t in r.tools}
+        if old_tools != set(tools):
+            print(f"--merge: {json_path} has tools {sorted(old_tools)}, this run {tools}", file=sys.stderr)
+            return 2
+        header["settings"] += f"; rows merged with the run of {old['header']['date']} (see each row's date)"
     results: list[ModelResult] = []
+    markdown = ""
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="onnxsat-peers-") as tmp:
         workdir = Path(tmp)
@@ -484,8 +524,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}:", file=sys.stderr, flush=True)
             results.append(benchmark_model(name, path, tools, workdir, args))
             # Written after every model, so an interrupted run still leaves its finished rows.
-            header["progress"] = f"{k} of {len(suite)} models done"
-            markdown = write_results(results, tools, header, args.out)
+            rows = merge_results(previous, results)
+            header["progress"] = f"{k} of {len(suite)} models of this run done, {len(rows)} rows"
+            markdown = write_results(rows, tools, header, args.out)
     print(markdown)
     return 0
 

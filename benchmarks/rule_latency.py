@@ -40,7 +40,6 @@ import onnxruntime as ort
 
 import onnxsat
 from onnxsat.extract.ilp import extract_ilp
-from onnxsat.extract.pinning import Merge
 from onnxsat.extract.profile import load_profile
 from onnxsat.forced import Saturated
 from onnxsat.latency import LatencyComparison, compare_models
@@ -128,18 +127,6 @@ def run_case(
     return model, optimized, comparison, seconds, family_matches(report)
 
 
-def merge_label(saturated: Saturated, merge: Merge) -> str:
-    """The merged siblings by their original weights, e.g. ``conv(branch1x1 + branch3x3_reduce)``."""
-    names = saturated.program.names
-    weight_of = {n.output[0]: n.input[1] for n in saturated.model.graph.node if len(n.input) > 1}
-    parts = []
-    for eclass, _ in merge.parts:
-        origin = saturated.egraph.origins.get(eclass)
-        tensor = names[origin] if origin is not None and origin < len(names) else eclass
-        parts.append(weight_of.get(tensor, tensor).removesuffix(".weight").removesuffix(".weight_t"))
-    return f"{merge.op}({' + '.join(parts)})"
-
-
 @dataclass(frozen=True)
 class CalibratedView:
     """What the calibrated cost model says about the merges of one saturated e-graph."""
@@ -155,11 +142,11 @@ class CalibratedView:
         calibrated = load_profile(PROFILE)
         _, free = saturated.extract(cost=calibrated)
         merged = {
-            merge_label(saturated, m): saturated.extract(m.choices(), cost=calibrated)[1].cost
+            saturated.label(m): saturated.extract(m.choices(), cost=calibrated)[1].cost
             for m in saturated.merges()
         }
         chosen = {eclass for eclass, _ in extract_ilp(saturated.egraph, calibrated, saturated.roots).nodes}
-        picks = [merge_label(saturated, m) for m in saturated.merges() if m.merged_class in chosen]
+        picks = [saturated.label(m) for m in saturated.merges() if m.merged_class in chosen]
         return cls(free.cost, merged, picks)
 
 
@@ -184,7 +171,7 @@ def forced_merge_rows(name: str, rounds: int, threads: int | None) -> list[dict[
     rows: list[dict[str, object]] = []
     for merge in saturated.merges():
         merged, _ = saturated.extract(merge.choices())
-        label = merge_label(saturated, merge)
+        label = saturated.label(merge)
         vs_original = compare_models(model, merged, feeds, level="all", threads=threads, rounds=rounds)
         vs_free = compare_models(free, merged, feeds, level="all", threads=threads, rounds=rounds)
         print(f"{name:18} {label:44} vs original {vs_original}; vs unmerged {vs_free}", file=sys.stderr, flush=True)

@@ -56,6 +56,21 @@ class Saturated:
         """The multi-pattern merges reachable from the outputs."""
         return find_merges(self.egraph, self.roots)
 
+    def merged_weights(self, merge: Merge) -> tuple[str, ...]:
+        """The original weight names of a merge's siblings, in part order (how people name a merge)."""
+        weight_of = {n.output[0]: n.input[1] for n in self.model.graph.node if len(n.input) > 1}
+        names = []
+        for eclass, _ in merge.parts:
+            origin = self.egraph.origins.get(eclass)
+            tensor = self.program.names[origin] if origin is not None and origin < len(self.program.names) else eclass
+            names.append(weight_of.get(tensor, tensor))
+        return tuple(names)
+
+    def label(self, merge: Merge) -> str:
+        """E.g. ``conv(branch1x1 + branch3x3_reduce)``."""
+        parts = [w.removesuffix(".weight").removesuffix(".weight_t") for w in self.merged_weights(merge)]
+        return f"{merge.op}({' + '.join(parts)})"
+
     def extract(
         self, pins: Mapping[str, ENode] | None = None, cost: CostModel | None = None
     ) -> tuple[onnx.ModelProto, ExtractedGraph]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from partial_rules import write_results  # the sibling script (benchmarks/ is on sys.path when run)
 
 from onnxsat.latency import compare_models, ort_session
 from onnxsat.rules.partial_models import site_model
@@ -141,12 +142,7 @@ def main() -> None:
             row = f"| {name} | {diff:.1e} | {c.baseline_ms:.3f} | {c.candidate_ms:.3f} | {c.ratio:.3f} | [{c.ci_low:.3f}, {c.ci_high:.3f}] | {c.verdict} |"
             print(row, flush=True)
             lines.append(row)
-    lines += ["", f"Load average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f} (a shared 2-core machine)."]
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(args.out)
+    write_results(lines, args.out, load_start)
 
 
 if __name__ == "__main__":

@@ -160,13 +160,18 @@ def main() -> None:
         )
     if not args.no_example:
         lines += run_example(args.rounds, args.threads)
-    lines += ["", f"Load average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f} (a shared 2-core machine)."]
+    print(write_results(lines, args.out, load_start))
+
+
+def write_results(lines: list[str], out: Path | None, load_start: float) -> str:
+    """The table text with the load average at start and end, written atomically to ``out`` if given."""
+    lines = [*lines, "", f"Load average (1 min) at start {load_start:.2f}, at end {os.getloadavg()[0]:.2f} (a shared 2-core machine)."]
     text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        tmp = args.out.with_suffix(".tmp")
+    if out:
+        tmp = out.with_suffix(".tmp")
         tmp.write_text(text, encoding="utf-8")
-        tmp.replace(args.out)
+        tmp.replace(out)
+    return text
 
 
 if __name__ == "__main__":

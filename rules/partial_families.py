@@ -90,6 +90,27 @@ def _rebind(term: Term, leaves: dict[str, Term], memo: dict[int, Term] | None = 
     return out
 
 
+def exact_site(rule: str, call: OpCall, leaves: dict[str, tuple[str, tuple[int, ...], int]], original: Term, mutant: Term,
+               cuts: list[list[int]], multilinear: bool = True) -> Site:
+    """A site whose mutant needs no correction under the family's guards (PET's check must find no
+    differing box): the composite is the mutant itself."""
+    shared = _shared_leaves(original, mutant)
+    memo: dict[int, Term] = {}
+    mutant = _rebind(mutant, shared, memo)
+    return Site(
+        rule=rule,
+        outputs=[call.out],
+        leaves=leaves,
+        originals=[_rebind(original, shared, memo)],
+        mutants=[mutant],
+        composites=[mutant],
+        corrections=[[]],
+        cuts=[cuts],
+        out_shapes=[call.out_shape],
+        multilinear=multilinear,
+    )
+
+
 def _conv_sample(n: int, c: int, h: int, w: int, k: int, kh: int, kw: int, pads: Sequence[int], *, dil: int = 1, bias: bool = True, tag: str = "") -> OpCall:
     ins: tuple[str | None, ...] = (f"{tag}x", f"{tag}w", f"{tag}b" if bias else None)
     shapes = ((n, c, h, w), (k, c, kh, kw), (k,) if bias else None)
@@ -341,21 +362,7 @@ def dilated_site(rule: str, call: OpCall) -> Site | None:
     plain = WindowedOp(op.op, tuple(named.values()))
     y = plain.apply(phases, params)
     mutant = reshape(transpose(reshape(y, [d, d, n, k, out_h // d, out_w // d]), [2, 3, 4, 0, 5, 1]), [n, k, out_h, out_w])
-    original = op.apply(x, params)
-    shared = _shared_leaves(original, mutant)
-    memo: dict[int, Term] = {}
-    mutant = _rebind(mutant, shared, memo)
-    return Site(
-        rule=rule,
-        outputs=[call.out],
-        leaves=leaves,
-        originals=[_rebind(original, shared, memo)],
-        mutants=[mutant],
-        composites=[mutant],
-        corrections=[[]],
-        cuts=[every_position(call.out_shape, (2, 3))],
-        out_shapes=[call.out_shape],
-    )
+    return exact_site(rule, call, leaves, op.apply(x, params), mutant, every_position(call.out_shape, (2, 3)))
 
 
 register(
@@ -386,20 +393,8 @@ def matmul_gemm_site(rule: str, call: OpCall) -> Site | None:
     a, b = leaf("a"), leaf("b")
     original = _call2("matmul", a, b)
     mutant = reshape(_call2("matmul", reshape(a, [rows, a_shape[-1]]), b), list(call.out_shape))
-    shared = _shared_leaves(original, mutant)
-    memo: dict[int, Term] = {}
-    mutant = _rebind(mutant, shared, memo)
-    return Site(
-        rule=rule,
-        outputs=[call.out],
-        leaves={"a": (call.inputs[0], a_shape, call.dtype), "b": (call.inputs[1], b_shape, call.dtype)},  # type: ignore[dict-item]
-        originals=[_rebind(original, shared, memo)],
-        mutants=[mutant],
-        composites=[mutant],
-        corrections=[[]],
-        cuts=[full_cuts(call.out_shape)],
-        out_shapes=[call.out_shape],
-    )
+    leaves = {"a": (call.inputs[0], a_shape, call.dtype), "b": (call.inputs[1], b_shape, call.dtype)}
+    return exact_site(rule, call, leaves, original, mutant, full_cuts(call.out_shape))  # type: ignore[arg-type]
 
 
 def _call2(op: str, a: Term, b: Term) -> Term:
@@ -454,25 +449,10 @@ def separable_pool_site(rule: str, call: OpCall) -> Site | None:
     second.update(kernel=(1, kw), strides=(1, sw), pads=(0, pw0, 0, pw1))
     x = leaf("x")
     mutant = WindowedOp(op.op, tuple(second.values())).apply(WindowedOp(op.op, tuple(first.values())).apply(x, params), params)
-    original = op.apply(x, params)
-    shared = _shared_leaves(original, mutant)
-    memo: dict[int, Term] = {}
-    mutant = _rebind(mutant, shared, memo)
     cuts = full_cuts(call.out_shape)
     cuts[2] = win_h.cuts([0, call.in_shapes[0][2]], call.out_shape[2])  # type: ignore[index]
     cuts[3] = win_w.cuts([0, call.in_shapes[0][3]], call.out_shape[3])  # type: ignore[index]
-    return Site(
-        rule=rule,
-        outputs=[call.out],
-        leaves=leaves,
-        originals=[_rebind(original, shared, memo)],
-        mutants=[mutant],
-        composites=[mutant],
-        corrections=[[]],
-        cuts=[cuts],
-        out_shapes=[call.out_shape],
-        multilinear=call.op != "max_pool",
-    )
+    return exact_site(rule, call, leaves, op.apply(x, params), mutant, cuts, multilinear=call.op != "max_pool")
 
 
 register(

@@ -59,15 +59,23 @@ def _thread_local_setter() -> Callable[[int], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def single_threaded_blas() -> None:
-    """Make BLAS calls from the calling thread single-threaded (OpenBLAS's thread-local setting).
+def single_threaded_blas() -> int | None:
+    """Make BLAS calls from the calling thread single-threaded (OpenBLAS's thread-local setting);
+    returns the previous setting for ``restore_blas_threads``.
 
     The runtime splits GEMMs over its own threads; OpenBLAS's spinning worker threads on top of
     that cost far more than they give on a loaded machine. Other threads (numpy) are unaffected.
     """
     setter = _thread_local_setter()
-    if setter is not None:
-        setter(1)
+    return int(setter(1)) if setter is not None else None
+
+
+def restore_blas_threads(previous: int | None) -> None:
+    """Give the calling thread back its BLAS thread setting (the caller's own numpy calls must
+    not turn single-threaded because a compiled model ran on that thread)."""
+    setter = _thread_local_setter()
+    if setter is not None and previous is not None:
+        setter(previous)
 
 
 def blas_info() -> dict[str, str]:

@@ -25,7 +25,7 @@ from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, canonical, 
 from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, MatMulStep, StridedOperand
 
 from .arena import ArenaPlan, plan_arena
-from .blas import gemm_function, matrix_layout, single_threaded_blas
+from .blas import gemm_function, matrix_layout, restore_blas_threads, single_threaded_blas
 from .codegen import build_module, kernel_signature
 from .jit import CompiledModule
 from .native_runner import (
@@ -295,10 +295,13 @@ class Executable:
         ]
 
         def work(arrays: dict[str, np.ndarray], part: list[tuple[int, int, int, int]]) -> None:
-            single_threaded_blas()
+            previous = single_threaded_blas()
             pa, pb, pc = arrays[a_name].ctypes.data, arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
-            for ao, bo, co, mm in part:
-                gemm(101, ta, tb, mm, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
+            try:
+                for ao, bo, co, mm in part:
+                    gemm(101, ta, tb, mm, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
+            finally:
+                restore_blas_threads(previous)
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             if len(parts) == 1:

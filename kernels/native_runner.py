@@ -260,7 +260,7 @@ class TaskTable:
 
     def run(self, pool: object, helpers: int) -> None:
         """All steps, on this thread and up to ``helpers`` threads of ``pool`` (a ThreadPoolExecutor)."""
-        from .blas import single_threaded_blas
+        from .blas import restore_blas_threads, single_threaded_blas
 
         start = self._ctx_address()
         ctypes.memset(start, 0, CTX_WORDS * 8)
@@ -274,10 +274,11 @@ class TaskTable:
                 self._worker(start, tasks, sleep_fn)
 
             futures = [pool.submit(help_out) for _ in range(min(helpers, self.widest - 1))]  # type: ignore[attr-defined]
-        single_threaded_blas()
+        previous = single_threaded_blas()
         try:
             self._run(start, tasks, self.step_ends.ctypes.data, len(self.step_ends), yield_fn)
         finally:
+            restore_blas_threads(previous)
             ctypes.c_int64.from_address(start + STOP * 8).value = 1
             for future in futures:
                 if not future.cancel():

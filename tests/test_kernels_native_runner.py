@@ -116,3 +116,17 @@ def test_independent_steps_share_a_phase_and_dependent_ones_do_not() -> None:
     assert len(exe.native.step_ends) == 2  # the two products together, then the product that reads both
     w = {t.name: numpy_helper.to_array(t) for t in inits}
     np.testing.assert_allclose(got, (feeds["x"] @ w["wq"]) * (feeds["x"] @ w["wk"]), rtol=1e-5, atol=1e-5)
+
+
+def test_running_a_model_leaves_the_callers_blas_threads_alone() -> None:
+    """The runtime makes BLAS single-threaded on its threads while it runs, and gives the calling
+    thread its setting back (numpy matmuls after a compiled call stay multithreaded)."""
+    import pytest
+
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
+        model, feeds = _mlp(8)
+        CompiledModel(model, threads=1, cache_dir=None)(feeds)  # type: ignore[arg-type]
+        after = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
+    assert before == after

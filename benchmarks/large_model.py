@@ -11,7 +11,8 @@ loads the original and the optimized file from their paths and compares outputs 
     python benchmarks/large_model.py                     # > 2 GiB in a temporary directory
     python benchmarks/large_model.py --hidden 1024 --layers 3 --workdir /tmp/big --keep
 
-Needs about 3x the weights in free disk, and RAM for the optimizer (see the printed peak RSS).
+Needs 2x the weights in free disk (input and output); the optimizer keeps the weights in their
+file and peaks a little above 1x the weights in RAM (see the printed peak RSS).
 The exit status is 1 if the command fails or the outputs differ.
 """
 

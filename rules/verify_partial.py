@@ -69,14 +69,30 @@ def _program(site: Any, outputs: int) -> Program:
     )
 
 
+def max_pool_reference(x: np.ndarray, kernel: Any, strides: Any, pads: Any, dilations: Any) -> np.ndarray:
+    """MaxPool (ceil_mode 0, explicit pads) in numpy: the max over each dilated window of the
+    input padded with -inf, at every stride-th position."""
+    rank = len(kernel)
+    strides, dilations = strides or [1] * rank, dilations or [1] * rank
+    pads = pads or [0] * (2 * rank)
+    padded = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[rank + i]) for i in range(rank))], constant_values=-np.inf)
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
+    windows = np.lib.stride_tricks.sliding_window_view(padded, extent, axis=tuple(range(2, 2 + rank)))
+    pick = (slice(None), slice(None), *(slice(None, None, s) for s in strides), *(slice(None, None, d) for d in dilations))
+    return cast(np.ndarray, windows[pick].max(axis=tuple(range(-rank, 0))))
+
+
 def _max_pool_op() -> type:
-    """onnx.reference's MaxPool, always on its general path: its stride-1 fast path fails on a
-    kernel with a dimension of 1 (onnx 1.23: "zero-size array to reduction operation maximum"),
-    which separable pooling's passes have; the general path is exact for them."""
+    """onnx.reference's MaxPool with the common case (one output, ceil_mode 0, explicit pads) in
+    numpy: the reference's stride-1 path fails on a kernel with a dimension of 1 (onnx 1.23:
+    "zero-size array to reduction operation maximum"), which separable pooling's passes have, and
+    its general path loops in Python (seconds per site). Other cases keep the general path."""
     from onnx.reference.ops import op_max_pool
 
     class MaxPool(op_max_pool.MaxPool):  # type: ignore[misc]
         def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None, storage_order=None, strides=None):  # type: ignore[no-untyped-def]
+            if len(self.onnx_node.output) == 1 and not ceil_mode and auto_pad in (None, "NOTSET"):
+                return (max_pool_reference(x, kernel_shape, strides, pads, dilations),)
             return self._max_pool(
                 x, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel_shape,
                 pads=pads, storage_order=storage_order, strides=strides,

@@ -86,6 +86,23 @@ def test_wrong_separable_pool_is_caught() -> None:
     assert not verdict.ok and "outside the corrected regions" in verdict.detail, verdict.detail
 
 
+@pytest.mark.parametrize(
+    ("kernel", "strides", "pads", "dilations"),
+    [((5, 1), (1, 1), (2, 0, 2, 0), (1, 1)), ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)), ((3, 2), (1, 2), (2, 0, 1, 1), (2, 1)), ((13, 13), (1, 1), (6, 6, 6, 6), (1, 1))],
+)
+def test_numpy_max_pool_reference_matches_onnxruntime(kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, ...], dilations: tuple[int, int]) -> None:
+    """The MaxPool PET's check evaluates with (onnx.reference's fails or is slow here) agrees with onnxruntime."""
+    from onnxsat.rules.verify_partial import max_pool_reference
+
+    x = np.random.default_rng(0).standard_normal((1, 2, 11, 9)).astype(np.float32)
+    model = site_model(
+        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, strides=strides, pads=pads, dilations=dilations)], {"x": [1, 2, 11, 9]}, {"y": None}, {}
+    )
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = max_pool_reference(x.astype(np.float64), kernel, strides, pads, dilations)
+    np.testing.assert_array_equal(got.astype(np.float32), want)
+
+
 def test_wrong_cuts_are_caught() -> None:
     """A box grid too coarse for the mutant (one box per output) is caught by the full random test."""
     call = PARTIAL_RULES["conv-spatial-to-batch"].samples()[0]

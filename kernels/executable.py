@@ -295,13 +295,10 @@ class Executable:
         ]
 
         def work(arrays: dict[str, np.ndarray], part: list[tuple[int, int, int, int]]) -> None:
-            previous = single_threaded_blas()
+            single_threaded_blas()  # the caller's setting comes back at the end of ``run``
             pa, pb, pc = arrays[a_name].ctypes.data, arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
-            try:
-                for ao, bo, co, mm in part:
-                    gemm(101, ta, tb, mm, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
-            finally:
-                restore_blas_threads(previous)
+            for ao, bo, co, mm in part:
+                gemm(101, ta, tb, mm, n, k, alpha, pa + ao * itemsize, lda, pb + bo * itemsize, ldb, beta, pc + co * itemsize, n)
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             if len(parts) == 1:
@@ -395,6 +392,13 @@ class Executable:
             arrays[buf.name] = np.ascontiguousarray(value)
         if self.native is not None:
             return self._run_native(arrays)
+        previous = single_threaded_blas()  # process-wide in numpy's OpenBLAS: restored below
+        try:
+            return self._run_steps(arrays)
+        finally:
+            restore_blas_threads(previous)
+
+    def _run_steps(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
             arr = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])

@@ -266,6 +266,8 @@ class TaskTable:
         ctypes.memset(start, 0, CTX_WORDS * 8)
         tasks = self.tasks.ctypes.data
         yield_fn, sleep_fn = _libc_address("sched_yield"), _libc_address("usleep")
+        # before any helper starts: this OpenBLAS build keeps the "thread-local" count process-wide
+        previous = single_threaded_blas()
         futures = []
         if pool is not None and self.widest > 1:
 
@@ -274,12 +276,11 @@ class TaskTable:
                 self._worker(start, tasks, sleep_fn)
 
             futures = [pool.submit(help_out) for _ in range(min(helpers, self.widest - 1))]  # type: ignore[attr-defined]
-        previous = single_threaded_blas()
         try:
             self._run(start, tasks, self.step_ends.ctypes.data, len(self.step_ends), yield_fn)
         finally:
-            restore_blas_threads(previous)
             ctypes.c_int64.from_address(start + STOP * 8).value = 1
             for future in futures:
                 if not future.cancel():
                     future.result()
+            restore_blas_threads(previous)

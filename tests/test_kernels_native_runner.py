@@ -126,7 +126,11 @@ def test_running_a_model_leaves_the_callers_blas_threads_alone() -> None:
     threadpoolctl = pytest.importorskip("threadpoolctl")
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         before = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
-        model, feeds = _mlp(8)
-        CompiledModel(model, threads=1, cache_dir=None)(feeds)  # type: ignore[arg-type]
+        model, feeds = _mlp(512)  # big enough to split over helper threads
+        for threads in (1, 2):
+            compiled = CompiledModel(model, threads=threads, cache_dir=None)  # type: ignore[arg-type]
+            for _ in range(3):
+                compiled(feeds)
+            compiled.close()
         after = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
     assert before == after

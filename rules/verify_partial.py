@@ -69,36 +69,63 @@ def _program(site: Any, outputs: int) -> Program:
     )
 
 
-def max_pool_reference(x: np.ndarray, kernel: Any, strides: Any, pads: Any, dilations: Any) -> np.ndarray:
-    """MaxPool (ceil_mode 0, explicit pads) in numpy: the max over each dilated window of the
-    input padded with -inf, at every stride-th position."""
+def _windows(x: np.ndarray, kernel: Any, strides: Any, pads: Any, dilations: Any, fill: float) -> np.ndarray:
+    """Every pooling window of ``x`` (ceil_mode 0, explicit pads filled with ``fill``), window axes last."""
     rank = len(kernel)
     strides, dilations = strides or [1] * rank, dilations or [1] * rank
     pads = pads or [0] * (2 * rank)
-    padded = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[rank + i]) for i in range(rank))], constant_values=-np.inf)
+    padded = np.pad(x, [(0, 0), (0, 0), *((pads[i], pads[rank + i]) for i in range(rank))], constant_values=fill)
     extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
     windows = np.lib.stride_tricks.sliding_window_view(padded, extent, axis=tuple(range(2, 2 + rank)))
-    pick = (slice(None), slice(None), *(slice(None, None, s) for s in strides), *(slice(None, None, d) for d in dilations))
-    return cast(np.ndarray, windows[pick].max(axis=tuple(range(-rank, 0))))
+    return windows[(slice(None), slice(None), *(slice(None, None, s) for s in strides), *(slice(None, None, d) for d in dilations))]
 
 
-def _max_pool_op() -> type:
-    """onnx.reference's MaxPool with the common case (one output, ceil_mode 0, explicit pads) in
-    numpy: the reference's stride-1 path fails on a kernel with a dimension of 1 (onnx 1.23:
-    "zero-size array to reduction operation maximum"), which separable pooling's passes have, and
-    its general path loops in Python (seconds per site). Other cases keep the general path."""
-    from onnx.reference.ops import op_max_pool
+def max_pool_reference(x: np.ndarray, kernel: Any, strides: Any, pads: Any, dilations: Any) -> np.ndarray:
+    """MaxPool (ceil_mode 0, explicit pads) in numpy: the max over each window of the input padded with -inf."""
+    return cast(np.ndarray, _windows(x, kernel, strides, pads, dilations, -np.inf).max(axis=tuple(range(-len(kernel), 0))))
+
+
+def average_pool_reference(x: np.ndarray, kernel: Any, strides: Any, pads: Any, count_include_pad: int) -> np.ndarray:
+    """AveragePool (ceil_mode 0, explicit pads) in numpy: each window's sum over the kernel size, or
+    over the number of in-bounds positions when padding does not count."""
+    axes = tuple(range(-len(kernel), 0))
+    total = _windows(x, kernel, strides, pads, None, 0.0).sum(axis=axes)
+    if count_include_pad:
+        return cast(np.ndarray, total / float(np.prod(kernel)))
+    ones = np.ones((1, 1, *x.shape[2:]), dtype=x.dtype)
+    return cast(np.ndarray, total / _windows(ones, kernel, strides, pads, None, 0.0).sum(axis=axes))
+
+
+def _pool_ops() -> list[type]:
+    """onnx.reference's MaxPool and AveragePool with the common case (one output, ceil_mode 0,
+    explicit pads, no dilation for averages) in numpy: the reference's stride-1 MaxPool fails on a
+    kernel with a dimension of 1 (onnx 1.23: "zero-size array to reduction operation maximum"),
+    which separable pooling's passes have, and its general paths loop in Python (seconds per
+    site). Other cases keep the reference."""
+    from onnx.reference.ops import op_average_pool, op_max_pool
+
+    def common(node: Any, ceil_mode: Any, auto_pad: Any) -> bool:
+        return len(node.output) == 1 and not ceil_mode and auto_pad in (None, "NOTSET")
 
     class MaxPool(op_max_pool.MaxPool):  # type: ignore[misc]
         def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None, storage_order=None, strides=None):  # type: ignore[no-untyped-def]
-            if len(self.onnx_node.output) == 1 and not ceil_mode and auto_pad in (None, "NOTSET"):
+            if common(self.onnx_node, ceil_mode, auto_pad):
                 return (max_pool_reference(x, kernel_shape, strides, pads, dilations),)
             return self._max_pool(
                 x, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations, kernel_shape=kernel_shape,
                 pads=pads, storage_order=storage_order, strides=strides,
             )
 
-    return MaxPool
+    class AveragePool(op_average_pool.AveragePool_19):  # type: ignore[misc,name-defined]
+        def _run(self, x, auto_pad=None, ceil_mode=None, count_include_pad=None, dilations=None, kernel_shape=None, pads=None, strides=None):  # type: ignore[no-untyped-def]
+            if common(self.onnx_node, ceil_mode, auto_pad) and all(d == 1 for d in dilations or ()):
+                return (average_pool_reference(x, kernel_shape, strides, pads, count_include_pad or 0),)
+            return super()._run(
+                x, auto_pad=auto_pad, ceil_mode=ceil_mode, count_include_pad=count_include_pad, dilations=dilations,
+                kernel_shape=kernel_shape, pads=pads, strides=strides,
+            )
+
+    return [MaxPool, AveragePool]
 
 
 def evaluate(program: Program, graph: Any, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
@@ -107,7 +134,7 @@ def evaluate(program: Program, graph: Any, feeds: list[dict[str, np.ndarray]]) -
 
     from ..egraph.exporter import to_onnx
 
-    evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=[_max_pool_op()])
+    evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=_pool_ops())
     with np.errstate(all="ignore"):
         return [[np.asarray(v) for v in evaluator.run(None, f)] for f in feeds]
 

@@ -4,6 +4,7 @@ numerically equal to the original on onnxruntime; wrong corrections are caught."
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import onnx
@@ -86,21 +87,31 @@ def test_wrong_separable_pool_is_caught() -> None:
     assert not verdict.ok and "outside the corrected regions" in verdict.detail, verdict.detail
 
 
-@pytest.mark.parametrize(
-    ("kernel", "strides", "pads", "dilations"),
-    [((5, 1), (1, 1), (2, 0, 2, 0), (1, 1)), ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1)), ((3, 2), (1, 2), (2, 0, 1, 1), (2, 1)), ((13, 13), (1, 1), (6, 6, 6, 6), (1, 1))],
-)
-def test_numpy_max_pool_reference_matches_onnxruntime(kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, ...], dilations: tuple[int, int]) -> None:
-    """The MaxPool PET's check evaluates with (onnx.reference's fails or is slow here) agrees with onnxruntime."""
-    from onnxsat.rules.verify_partial import max_pool_reference
+POOL_CASES = [
+    ("MaxPool", (5, 1), (1, 1), (2, 0, 2, 0), {"dilations": (1, 1)}),
+    ("MaxPool", (3, 3), (2, 2), (1, 1, 1, 1), {}),
+    ("MaxPool", (3, 2), (1, 2), (2, 0, 1, 1), {"dilations": (2, 1)}),
+    ("MaxPool", (13, 13), (1, 1), (6, 6, 6, 6), {}),
+    ("AveragePool", (7, 1), (1, 1), (3, 0, 3, 0), {}),
+    ("AveragePool", (5, 6), (2, 1), (2, 1, 1, 3), {}),
+    ("AveragePool", (5, 6), (2, 1), (2, 1, 1, 3), {"count_include_pad": 1}),
+]
+
+
+@pytest.mark.parametrize(("op", "kernel", "strides", "pads", "extra"), POOL_CASES)
+def test_numpy_pool_references_match_onnxruntime(op: str, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, ...], extra: dict[str, Any]) -> None:
+    """The pooling PET's check evaluates with (onnx.reference's fails or is slow here) agrees with onnxruntime."""
+    from onnxsat.rules.verify_partial import average_pool_reference, max_pool_reference
 
     x = np.random.default_rng(0).standard_normal((1, 2, 11, 9)).astype(np.float32)
-    model = site_model(
-        [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=kernel, strides=strides, pads=pads, dilations=dilations)], {"x": [1, 2, 11, 9]}, {"y": None}, {}
-    )
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=kernel, strides=strides, pads=pads, **extra)
+    model = site_model([node], {"x": [1, 2, 11, 9]}, {"y": None}, {})
     (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    got = max_pool_reference(x.astype(np.float64), kernel, strides, pads, dilations)
-    np.testing.assert_array_equal(got.astype(np.float32), want)
+    if op == "MaxPool":
+        got = max_pool_reference(x.astype(np.float64), kernel, strides, pads, extra.get("dilations"))
+    else:
+        got = average_pool_reference(x.astype(np.float64), kernel, strides, pads, extra.get("count_include_pad", 0))
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-6, atol=1e-6)
 
 
 def test_wrong_cuts_are_caught() -> None:

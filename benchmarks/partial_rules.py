@@ -10,7 +10,11 @@ Then, on examples/spp_block.onnx (a YOLO-style spatial-pyramid-pooling block), t
 pipeline with the partial family enabled against the original and against onnxsat without it:
 which sites extraction used, verification, max abs error on onnxruntime, and the latency ratios.
 
+With ``--cost-profile FILE`` (from ``onnxsat calibrate -o FILE``) the example is also optimized
+under that measured profile.
+
     python benchmarks/partial_rules.py --out benchmarks/results/partial_rules.md [--rounds 30]
+        [--cost-profile benchmarks/results/partial_rules.profile.json]
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ def all_separable(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def run_example(rounds: int, threads: int | None) -> list[str]:
+def run_example(rounds: int, threads: int | None, cost_profile: Path | None = None) -> list[str]:
     """The example model through ``onnxsat.optimize`` with and without the partial family, timed."""
     model = onnx.load(str(EXAMPLE))
     with_partial, report = onnxsat.optimize(model, onnxsat.Options(enable_rules=("partial",)))
@@ -101,6 +105,13 @@ def run_example(rounds: int, threads: int | None) -> list[str]:
     vs_original = compare_models(model, with_partial, feeds, rounds=rounds, threads=threads)
     vs_plain = compare_models(without, with_partial, feeds, rounds=rounds, threads=threads)
     vs_forced = compare_models(with_partial, all_separable(model), feeds, rounds=rounds, threads=threads)
+    calibrated = None
+    if cost_profile is not None:
+        with_profile, _ = onnxsat.optimize(model, onnxsat.Options(enable_rules=("partial",), cost_profile=str(cost_profile)))
+        calibrated = compare_models(model, with_profile, feeds, rounds=rounds, threads=threads)
+        pools_calibrated = [
+            f"{list(a.ints)}" for n in with_profile.graph.node if n.op_type.endswith("Pool") for a in n.attribute if a.name == "kernel_shape"
+        ]
     lines = [
         "",
         f"## Example: {EXAMPLE.name} (onnxsat optimize, `--enable-rules partial`)",
@@ -122,11 +133,13 @@ def run_example(rounds: int, threads: int | None) -> list[str]:
         "| comparison | baseline ms | with partial ms | ratio | 95% CI | verdict |",
         "|---|---|---|---|---|---|",
     ]
-    rows = (
+    rows = [
         ("original vs optimized with partial rules", vs_original),
         ("optimized without vs with partial rules", vs_plain),
         ("optimized with partial rules vs every pool >= 5 x 5 separable (by hand: what the cost model leaves)", vs_forced),
-    )
+    ]
+    if calibrated is not None:
+        rows.append((f"original vs optimized with partial rules and the calibrated profile (pools {', '.join(pools_calibrated)})", calibrated))
     for name, c in rows:
         lines.append(f"| {name} | {c.baseline_ms:.3f} | {c.candidate_ms:.3f} | {c.ratio:.3f} | [{c.ci_low:.3f}, {c.ci_high:.3f}] | {c.verdict} |")
     return lines
@@ -139,6 +152,7 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-example", action="store_true", help="skip the spp_block example")
+    parser.add_argument("--cost-profile", type=Path, default=None, help="also optimize the example with this profile (`onnxsat calibrate -o FILE`)")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
     rows = [run_case(r, args.rounds, args.threads) for r in MODELS if args.only in r]
@@ -159,7 +173,7 @@ def main() -> None:
             f" {c.baseline_ms:.3f} | {c.candidate_ms:.3f} | {c.ratio:.3f} | [{c.ci_low:.3f}, {c.ci_high:.3f}] | {c.verdict} |"  # type: ignore[attr-defined]
         )
     if not args.no_example:
-        lines += run_example(args.rounds, args.threads)
+        lines += run_example(args.rounds, args.threads, args.cost_profile)
     print(write_results(lines, args.out, load_start))
 
 

@@ -4,8 +4,10 @@ Each sample is a single-node ONNX model (MatMul, Gemm, Conv, Relu/Add/Mul, Reduc
 Transpose/Concat, MaxPool/GlobalAveragePool, Reshape) timed in onnxruntime; the time of a
 trivial model (one Identity on one element) is the fixed cost of an inference call and is
 subtracted, so what is fitted is the node's own time. Per op class, the constants of
-time = overhead + max(FLOPs / peak, bytes / bandwidth) are fitted by weighted least squares
-(relative error; a grid over the machine balance peak/bandwidth makes the max linear).
+time = overhead + max(FLOPs / peak, bytes / bandwidth or spill bandwidth) + the terms onnxruntime
+adds around a kernel (NCHWc reorders and unblocked convs, Split's extra outputs; see
+``ClassConstants``) are fitted by non-negative weighted least squares (relative error; a grid
+over the machine balance, the spill factor and the cache size makes the model linear).
 Samples marked ``held_out`` are never used in the fit: the error reported on them is the
 model's prediction error on shapes it has not seen.
 """

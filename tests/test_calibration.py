@@ -384,7 +384,7 @@ def _two_matmuls(m: int, k: int, n: int) -> onnx.ModelProto:
 
 
 def test_a_merge_that_does_not_pay_on_this_cpu_is_not_selected(tmp_path: Path) -> None:
-    """8x64 @ 64x2048 twice: merged + Split measured 12% slower here (x0.877, 95% CI [0.786, 0.982],
+    """8x64 @ 64x2048 twice: merged + Split measured 14% slower here (x0.857, 95% CI [0.819, 0.922],
     benchmarks/results/calibration.md).
 
     The exact extractor is used: only it sees that the two outputs share the merged MatMul

@@ -447,6 +447,8 @@ def save_model_atomic(
     """
     out = check_output_path(path, input_path)
     _reject_external_refs(model)
+    if any(_same_file(out, src) for src in lazy_weights.source_files(model)):
+        raise BadInputError(f"output path {out} holds the input model's weights")
     use_external = external_data or serialized_size(model) > MAX_PROTO_BYTES
     sidecar = out.with_name(out.name + ".data")
     if use_external:

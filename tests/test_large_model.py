@@ -102,6 +102,8 @@ def test_lazy_weights_read_like_onnx_and_are_never_overwritten(
     # Writing large.onnx (+ large.onnx.data) would replace the weight file being streamed from.
     with pytest.raises(BadInputError, match="holds the input model's weights"):
         modelio.save_model_atomic(lazy, src, external_data=True, input_path=alias)
+    with pytest.raises(BadInputError, match="holds the input model's weights"):
+        modelio.save_model_atomic(lazy, tmp_path / "large.onnx.data", input_path=alias)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == files_before
     moved = tmp_path / "elsewhere"
     moved.mkdir()

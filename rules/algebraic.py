@@ -96,7 +96,8 @@ _add(
 )
 # ---------------------------------------------------------------- factoring and negation
 # x*a + x*b => x*(a+b): one multiply instead of two.
-_add("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)))
+# Reassociates (a+b is rounded once more), so not on float16/bfloat16 like the constant folds.
+_add("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)), L.dtype(x) == dt, *_NOT_LOW_PRECISION)
 # x + (-y) => x - y, and x - (-y) => x + y: one op instead of two.
 _add("add-neg", L.add(x, L.neg(y)), L.sub(x, y))
 _add("add-neg", L.add(L.neg(y), x), L.sub(x, y), variant="left")
@@ -136,7 +137,8 @@ _add(
     *_NOT_LOW_PRECISION,
 )
 # x@a + x@b => x@(a+b) (distributivity): one matmul instead of two.
-# (Guarded so that the sum does not broadcast: both products have the result's shape.)
+# (Guarded so that the sum does not broadcast: both products have the result's shape; not on
+# float16/bfloat16, where summing the weights first rounds differently.)
 _add(
     "matmul-factor-right",
     L.add(L.matmul(x, a), L.matmul(x, b)),
@@ -146,6 +148,8 @@ _add(
     L.shape(L.matmul(x, b)) == sc,
     L.shape(a) == sa,
     L.shape(b) == sa,
+    L.dtype(x) == dt,
+    *_NOT_LOW_PRECISION,
 )
 # a@x + b@x => (a+b)@x.
 _add(
@@ -157,6 +161,8 @@ _add(
     L.shape(L.matmul(b, x)) == sc,
     L.shape(a) == sa,
     L.shape(b) == sa,
+    L.dtype(x) == dt,
+    *_NOT_LOW_PRECISION,
 )
 # B^T @ A^T => (A @ B)^T for matrices: one transpose instead of two.
 _T = Vec(i64(1), i64(0))
@@ -292,6 +298,7 @@ _add(
 )
 
 # Conv bilinearity: conv(x, W1) + conv(x, W2) => conv(x, W1 + W2) (TASO): one conv instead of two.
+# Like every reassociating rule here, not on float16/bfloat16.
 _add(
     "conv-weight-sum",
     L.add(
@@ -301,6 +308,8 @@ _add(
     L.conv(x, L.add(w, w2), L.Tensor.none(), strides, pads, dil, group),
     L.shape(w) == ws,
     L.shape(w2) == ws,
+    L.dtype(x) == dt,
+    *_NOT_LOW_PRECISION,
 )
 _add(
     "conv-weight-sum",
@@ -310,6 +319,8 @@ _add(
     L.shape(w2) == ws,
     L.shape(bias) == sb,
     L.shape(bias2) == sb,
+    L.dtype(x) == dt,
+    *_NOT_LOW_PRECISION,
     variant="bias",
 )
 # conv(x1, W) + conv(x2, W) => conv(x1 + x2, W) without bias (TASO): one conv instead of two.
@@ -322,6 +333,8 @@ _add(
     L.conv(L.add(x, y), w, L.Tensor.none(), strides, pads, dil, group),
     L.shape(x) == sa,
     L.shape(y) == sa,
+    L.dtype(x) == dt,
+    *_NOT_LOW_PRECISION,
 )
 
 RULE_NAMES = list(RULES.families[FAMILY])

@@ -1,4 +1,5 @@
-"""Guards that keep sound rules from doing harm: reassociating constant folds stay off float16 and
+"""Guards that keep sound rules from doing harm: reassociating constant folds (and distributivity,
+checked here on mul-factor) stay off float16 and
 bfloat16, and multi-pattern merges never merge an op with itself after weight tying."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ FOLDS = {
     "sub-sub-const": lambda x, a, b: (L.sub(L.sub(x, a), b), L.sub(x, L.add(a, b))),
     "div-div-const": lambda x, a, b: (L.div(L.div(x, a), b), L.div(x, L.mul(a, b))),
     "mul-add-const-distribute": lambda x, a, b: (L.mul(L.add(x, a), b), L.add(L.mul(x, b), L.mul(a, b))),
+    "mul-factor": lambda x, a, b: (L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b))),
 }
 FOLDS_ON = {F: set(FOLDS), D: set(FOLDS), I64: set(FOLDS) - {"div-div-const"}, F16: set(), BF16: set()}
 """Per input type, the folds that must fire (integer Add/Mul/Sub wrap exactly; integer Div truncates;

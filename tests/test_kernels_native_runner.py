@@ -121,9 +121,8 @@ def test_independent_steps_share_a_phase_and_dependent_ones_do_not() -> None:
 def test_running_a_model_leaves_the_callers_blas_threads_alone() -> None:
     """The runtime makes BLAS single-threaded on its threads while it runs, and gives the calling
     thread its setting back (numpy matmuls after a compiled call stay multithreaded)."""
-    import pytest
+    import threadpoolctl
 
-    threadpoolctl = pytest.importorskip("threadpoolctl")
     with threadpoolctl.threadpool_limits(2, user_api="blas"):
         before = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
         model, feeds = _mlp(512)  # big enough to split over helper threads

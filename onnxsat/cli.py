@@ -629,7 +629,12 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from onnxsat.modelio import check_output_path, load_model, save_model_atomic
+    from onnxsat.modelio import (
+        check_output_path,
+        check_weights_not_overwritten,
+        load_model,
+        save_model_atomic,
+    )
 
     options = options_from_args(args)
     out_path = check_output_path(_output_path(args), args.input)
@@ -646,6 +651,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
     model = load_model(args.input, lazy_external_data=not options.measure)
+    check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
 
     from onnxsat.pipeline import optimize

@@ -431,6 +431,19 @@ def check_output_path(out: str | Path, inp: str | Path | None = None) -> Path:
     return o
 
 
+def check_weights_not_overwritten(model: ModelProto, out: Path, *, external_data: bool) -> None:
+    """Refuse an output (or its ``.data`` sidecar) that is the file the lazy weights are read from.
+
+    Called before optimizing too, so the refusal comes in seconds, not after the work.
+    """
+    sources = lazy_weights.source_files(model)
+    if any(_same_file(out, src) for src in sources):
+        raise BadInputError(f"output path {out} holds the input model's weights")
+    sidecar = out.with_name(out.name + ".data")
+    if external_data and any(_same_file(sidecar, src) for src in sources):
+        raise BadInputError(f"external data path {sidecar} holds the input model's weights")
+
+
 def save_model_atomic(
     model: ModelProto,
     path: str | Path,
@@ -447,17 +460,14 @@ def save_model_atomic(
     """
     out = check_output_path(path, input_path)
     _reject_external_refs(model)
-    if any(_same_file(out, src) for src in lazy_weights.source_files(model)):
-        raise BadInputError(f"output path {out} holds the input model's weights")
     use_external = external_data or serialized_size(model) > MAX_PROTO_BYTES
     sidecar = out.with_name(out.name + ".data")
+    check_weights_not_overwritten(model, out, external_data=use_external)
     if use_external:
         if sidecar.is_dir():
             raise BadInputError(f"external data path {sidecar} is a directory")
         if input_path is not None and _same_file(sidecar, Path(input_path)):
             raise BadInputError(f"external data path {sidecar} is the input model")
-        if any(_same_file(sidecar, src) for src in lazy_weights.source_files(model)):
-            raise BadInputError(f"external data path {sidecar} holds the input model's weights")
     elif lazy_weights.lazy_initializers(model):
         model = _inlined_copy(model)  # under 2 GiB in all: one proto holds it
 

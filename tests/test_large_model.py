@@ -111,3 +111,21 @@ def test_lazy_weights_read_like_onnx_and_are_never_overwritten(
     again = modelio.load_model(moved / "copy.onnx")
     for a, b in zip(again.graph.initializer, eager.graph.initializer, strict=True):
         np.testing.assert_array_equal(numpy_helper.to_array(a), numpy_helper.to_array(b))
+
+
+def test_cli_refuses_an_output_on_the_weight_file_before_optimizing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnxsat.pipeline
+
+    src = tmp_path / "large.onnx"
+    _benchmark_module().build_large_model(src, hidden=32, layers=2)
+    monkeypatch.setattr(lazy_weights, "LAZY_MIN_BYTES", 1024)
+    alias = tmp_path / "alias.onnx"  # reads large.onnx.data
+    alias.write_bytes(src.read_bytes())
+    weights = tmp_path / "large.onnx.data"
+    before = weights.read_bytes()
+    monkeypatch.setattr(onnxsat.pipeline, "optimize", lambda *a, **k: pytest.fail("optimized before refusing"))
+    assert cli.main(["optimize", str(alias), "-o", str(weights), "--quiet"]) == 2
+    assert "holds the input model's weights" in capsys.readouterr().err
+    assert weights.read_bytes() == before

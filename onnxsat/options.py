@@ -33,7 +33,7 @@ class Budgets:
     """egglog back-off scheduler: matches per rule per iteration before the rule is banned."""
     ban_length: int = 3
     k_multi: int = 1
-    """Iterations of multi-pattern rules (TENSAT's k_multi), run before the single-pattern ones."""
+    """Iterations of multi-pattern rules (TENSAT's k_multi): the multi phase runs after the algebra and layout phases."""
     phases: tuple[tuple[str, PhaseBudget], ...] = ()
     """Own limits per schedule phase name (algebra, layout, partial, multi, fusion, plugin:FAMILY;
     ``--phase-budget``); a phase named twice in the schedule (algebra, layout) has them each time.

@@ -177,7 +177,9 @@ class _FunctionBuilder:
             if op == "recip":
                 return b.fdiv(ir.Constant(ty, 1.0), a)
             if op == "exp" and dt == "f32":
-                return mathlib.exp_f32(b, a, self.intrinsic("floor", ty))
+                return mathlib.exp_f32(b, a)
+            if op == "sigmoid" and dt == "f32":
+                return mathlib.sigmoid_f32(b, a)
             if op == "erf" and dt == "f32":
                 return mathlib.erf_f32(b, a)
             if op == "erf":

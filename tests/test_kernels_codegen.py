@@ -99,8 +99,14 @@ def test_fusion_makes_one_kernel_per_chain() -> None:
 
 @pytest.mark.parametrize("op", ["exp", "erf", "tanh", "sigmoid"])
 def test_math_library_accuracy(op: str) -> None:
-    """The vectorizable float32 exp/erf/tanh against float64 references, over their whole range."""
-    x = np.concatenate([np.linspace(-12, 12, 4001), np.linspace(-1e-3, 1e-3, 101), [-100.0, 100.0, 0.0]]).astype(np.float32)
+    """The vectorizable float32 exp/sigmoid/erf/tanh against float64 references, over their whole
+    range (the ends of exp's clamp included): below 5e-7 relative (measured: 1.8e-7 exp, 2.5e-7
+    sigmoid, 2.9e-7 tanh, 3.3e-7 erf), results below the smallest normal float flushed or tiny,
+    overflow to inf, and NaN in gives NaN out."""
+    x = np.concatenate(
+        [np.linspace(-12, 12, 4001), np.linspace(-1e-3, 1e-3, 101), np.linspace(-110, 110, 2001), np.linspace(88.3, 88.8, 501),
+         np.linspace(-87.5, -86.5, 501), [-100.0, 100.0, 0.0, np.inf, -np.inf, np.nan]]
+    ).astype(np.float32)
     src = Buffer("x", "f32", x.shape)
     dst = Buffer("y", "f32", x.shape)
     p = Var("p")
@@ -110,7 +116,7 @@ def test_math_library_accuracy(op: str) -> None:
     x64 = x.astype(np.float64)
     ref = {
         "exp": np.exp(x64),
-        "erf": np.array([math.erf(v) for v in x64]),
+        "erf": np.array([math.erf(v) if not math.isnan(v) else v for v in x64]),
         "tanh": np.tanh(x64),
         "sigmoid": 1.0 / (1.0 + np.exp(-x64)),
     }[op]
@@ -118,9 +124,10 @@ def test_math_library_accuracy(op: str) -> None:
         ref32 = ref.astype(np.float32)  # exp(100) is inf in float32
         rel = np.abs(got - ref) / np.maximum(np.abs(ref), 1e-30)
     normal = np.isfinite(ref32) & (np.abs(ref) >= np.finfo(np.float32).tiny)
-    assert np.max(rel[normal]) < 2e-6, f"{op}: worst relative error {np.max(rel[normal]):.2e}"
+    assert np.max(rel[normal]) < 5e-7, f"{op}: worst relative error {np.max(rel[normal]):.2e}"
     assert np.all(np.abs(got[~normal & np.isfinite(ref32)]) < 2 * np.finfo(np.float32).tiny)
     assert np.array_equal(np.isinf(got), np.isinf(ref32))
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
 
 
 def _one_kernel_program(kernel: Kernel):  # type: ignore[no-untyped-def]

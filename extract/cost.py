@@ -183,6 +183,17 @@ def nchwc_unblocked(op: str, in_shapes: list[tuple[int, ...] | None]) -> bool:
     return in_shapes[0][1] % NCHWC_BLOCK != 0
 
 
+def col2im_us(op: str, in_shapes: list[tuple[int, ...] | None], consts: ClassConstants) -> float:
+    """onnxruntime runs a ConvTranspose as a GEMM into a ``C_out*prod(k)`` x ``prod(input spatial)``
+    column buffer, then a col2im scatter that reads it back: a second pass over the column buffer
+    (written and read) after the GEMM's roofline, at the class bandwidth. 0 for other ops."""
+    if op != "conv_transpose" or len(in_shapes) < 2 or in_shapes[0] is None or in_shapes[1] is None:
+        return 0.0
+    x, w = in_shapes[0], in_shapes[1]
+    column = numel(w[1:]) * numel(x[:1]) * numel(x[2:])
+    return 2.0 * column * 4 / (consts.bandwidth_gbs * 1e3)
+
+
 def node_work(
     op: str,
     in_shapes: list[tuple[int, ...] | None],
@@ -243,7 +254,9 @@ class RooflineCost:
             out_bytes = numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
             whole = bytes_moved + out_bytes * (parts - 1)
             return consts.time_us(flops, whole, outputs=parts) / parts
-        return consts.time_us(flops, bytes_moved, reorder_bytes, 1 + reorders, unblocked_flops=unblocked)
+        return consts.time_us(flops, bytes_moved, reorder_bytes, 1 + reorders, unblocked_flops=unblocked) + col2im_us(
+            op, ctx.in_shapes, consts
+        )
 
     def _folded_operand_us(self, ctx: NodeCtx, cls: str) -> float:
         """Reading the constant operands ORT folds into the producer's weights/bias at run time.

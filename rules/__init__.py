@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (each module registers its family)
     linear,
     multi,
     partial_families,  # PET partial rules: a verified pass, off by default
+    partial_subpixel,
     reduce,
     shape_fold,
     transpose,

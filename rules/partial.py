@@ -337,7 +337,7 @@ def find_sites(enabled: Sequence[str], eg: SerializedEGraph) -> list[Site]:
     names = [n for n in enabled if n in PARTIAL_RULES]
     if not names:
         return []
-    calls = calls_of(eg, frozenset({"conv", "average_pool", "max_pool", "matmul"}))
+    calls = calls_of(eg, frozenset({"conv", "conv_transpose", "average_pool", "max_pool", "matmul"}))
     return [site for name in names for site in PARTIAL_RULES[name].find(calls, eg)]
 
 

@@ -485,5 +485,6 @@ RULE_NAMES = [
     "conv-concat-width",
     "dilated-conv-to-batch",
     "matmul-batch-to-gemm",
+    "conv-transpose-subpixel",  # registered by partial_subpixel.py
     "pool-separable",
 ]

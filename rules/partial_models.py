@@ -6,7 +6,7 @@ two cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -96,6 +96,37 @@ def spp_block(channels: int = 64, size: int = 20, seed_scale: float = 0.1) -> on
     )
 
 
+def _conv_transpose(n: int, c: int, hw: int, k: int, kernel: int, scale: float) -> onnx.ModelProto:
+    """A stride-2 ConvTranspose (kernel 4: pads 1; kernel 3: pads 1, output_padding 1): twice the size."""
+    extra: dict[str, Any] = {"output_padding": [1, 1]} if kernel == 3 else {}
+    return site_model(
+        [helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[kernel] * 2, strides=[2, 2], pads=[1] * 4, **extra)],
+        {"x": [n, c, hw, hw]}, {"y": [n, k, 2 * hw, 2 * hw]}, {"w": (c, k, kernel, kernel), "b": (k,)}, weight_scale=scale,
+    )
+
+
+def decoder_block(channels: int = 128, size: int = 28, seed_scale: float = 0.05) -> onnx.ModelProto:
+    """A DCGAN/U-Net-style decoder: two ConvTranspose (kernel 4, stride 2, pads 1) + Relu upsamplings
+    halving the channels, then a 3x3 Conv to 3 channels: where sub-pixel convolution pays."""
+    half, quarter = channels // 2, channels // 4
+    up: dict[str, Any] = {"kernel_shape": [4, 4], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("ConvTranspose", ["x", "w1", "b1"], ["u1"], **up),
+        helper.make_node("Relu", ["u1"], ["r1"]),
+        helper.make_node("ConvTranspose", ["r1", "w2", "b2"], ["u2"], **up),
+        helper.make_node("Relu", ["u2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    return site_model(
+        nodes,
+        {"x": [1, channels, size, size]},
+        {"y": [1, 3, 4 * size, 4 * size]},
+        {"w1": (channels, half, 4, 4), "b1": (half,), "w2": (half, quarter, 4, 4), "b2": (quarter,), "w3": (3, quarter, 3, 3), "b3": (3,)},
+        weight_scale=seed_scale,
+        name="decoder-block",
+    )
+
+
 MODELS: dict[str, dict[Scale, Callable[[], onnx.ModelProto]]] = {
     "conv-spatial-to-batch": {
         "small": lambda: _conv(1, 3, (16, 12), 4, 1.0),
@@ -116,6 +147,10 @@ MODELS: dict[str, dict[Scale, Callable[[], onnx.ModelProto]]] = {
     "matmul-batch-to-gemm": {
         "small": lambda: _matmul([2, 5, 8], 6, 1.0),
         "bench": lambda: _matmul([8, 64, 256], 256, 0.1),
+    },
+    "conv-transpose-subpixel": {
+        "small": lambda: _conv_transpose(1, 3, 5, 4, 4, 1.0),
+        "bench": lambda: _conv_transpose(1, 64, 56, 32, 4, 0.1),
     },
     "pool-separable": {
         "small": lambda: _pool("AveragePool", [1, 3, 12, 12], 5, 1, 2),

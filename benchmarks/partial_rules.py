@@ -34,8 +34,8 @@ from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.serialized import serialize
 from onnxsat.latency import compare_models, ort_session
 from onnxsat.rules.partial import find_sites
-from onnxsat.rules.partial_families import MIN_SEPARABLE_WINDOW
 from onnxsat.rules.partial_models import MODELS
+from onnxsat.rules.pooling import MIN_SEPARABLE_WINDOW
 from onnxsat.rules.verify_partial import composite_model
 
 

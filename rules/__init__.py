@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (each module registers its family)
     multi,
     partial_families,  # PET partial rules: a verified pass, off by default
     partial_subpixel,
+    pooling,
     reduce,
     shape_fold,
     transpose,

@@ -252,11 +252,15 @@ def _s_pool(average: bool) -> Sampler:
     def sample(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
         xs = _shape(g, k, "X", lo=3, hi=5)
         n = len(xs) - 2
-        kernel = _attr(k, "kernel", lambda: tuple(g.pick([1, 2, 3]) for _ in range(n)))
+        # Now and then a large window (rules guarded on window size, e.g. pool-separable's k >= 5).
+        sizes = [5, 6, 7] if g.chance(0.3) else [1, 2, 3]
+        kernel = _attr(k, "kernel", lambda: tuple(g.pick(sizes) for _ in range(n)))
         if not isinstance(k.get("X"), Known):
             xs = (*xs[:2], *(max(s, kk + 1) for s, kk in zip(xs[2:], kernel, strict=False)))
         out = {"X": Want(xs), "kernel": kernel, "strides": tuple(g.pick([1, 2]) for _ in range(n))}
-        out.update(pads=tuple(g.between(0, kk) for kk in kernel) * 2, ceil_mode=g.pick([0, 0, 1]))
+        pads = tuple(g.between(0, kk) for kk in kernel)
+        pads = (*pads, *(pads if g.chance(0.5) else (g.between(0, kk) for kk in kernel)))  # begin != end too
+        out.update(pads=pads, ceil_mode=g.pick([0, 0, 1]))
         return {**out, "count_include_pad": g.pick([0, 1])} if average else {**out, "dilations": (1,) * n}
 
     return sample

@@ -425,60 +425,6 @@ register(
 )
 
 
-# ---------------------------------------------------------------- 6: large pooling windows made separable
-MIN_SEPARABLE_WINDOW = 5
-"""Measured on this CPU (onnxruntime, ORT_ENABLE_ALL, benchmarks/results/partial_rules.md): the
-two 1-D passes beat one k x k pool from k = 5 on (x1.2-1.5; x1.9 at 7, x5.6 at 13) and lose at 3."""
-
-
-def separable_pool_site(rule: str, call: OpCall) -> Site | None:
-    """A k_h x k_w pool as a k_h x 1 pool (height stride and pads) then a 1 x k_w pool (width ones):
-    max, and averages over the window's in-bounds rectangle, factor over its rows and columns, so
-    PET's check finds no differing box and no correction is needed (k x k work becomes k + k)."""
-    parts = _windowed(call)
-    if parts is None or call.op not in ("average_pool", "max_pool"):
-        return None
-    op, (win_h, win_w), params, leaves = parts
-    named = op.named
-    kh, kw = named["kernel"]
-    if min(kh, kw) < MIN_SEPARABLE_WINDOW or any(d != 1 for d in named.get("dilations") or (1, 1)):
-        return None
-    (sh, sw), (ph0, pw0, ph1, pw1) = named["strides"], named["pads"]
-    first, second = dict(named), dict(named)
-    first.update(kernel=(kh, 1), strides=(sh, 1), pads=(ph0, 0, ph1, 0))
-    second.update(kernel=(1, kw), strides=(1, sw), pads=(0, pw0, 0, pw1))
-    x = leaf("x")
-    mutant = WindowedOp(op.op, tuple(second.values())).apply(WindowedOp(op.op, tuple(first.values())).apply(x, params), params)
-    cuts = full_cuts(call.out_shape)
-    cuts[2] = win_h.cuts([0, call.in_shapes[0][2]], call.out_shape[2])  # type: ignore[index]
-    cuts[3] = win_w.cuts([0, call.in_shapes[0][3]], call.out_shape[3])  # type: ignore[index]
-    return exact_site(rule, call, leaves, op.apply(x, params), mutant, cuts, multilinear=call.op != "max_pool")
-
-
-register(
-    PartialRule(
-        "pool-separable",
-        "AveragePool/MaxPool with a window of at least 5 x 5: a column pool then a row pool"
-        " (k + k instead of k * k reads per output; PET's check finds no differing box).",
-        lambda calls, eg: [s for s in (separable_pool_site("pool-separable", c) for c in calls) if s],
-        lambda: [
-            _pool_sample("average_pool", 1, 2, 9, 8, 5, 1, (2, 2, 2, 2), tag="s0"),
-            _pool_sample("average_pool", 2, 1, 13, 11, 7, 2, (3, 1, 2, 3), tag="s1"),
-            _pool_sample("max_pool", 1, 3, 10, 10, 5, 1, (2, 2, 2, 2), tag="s2"),
-            _pool_sample("max_pool", 1, 2, 14, 9, 13, 1, (6, 6, 6, 6), tag="s3"),
-            _separable_cip_sample(),
-        ],
-        "average_pool/max_pool(x) on NCHW, kernel >= 5 x 5, dilations 1, ceil_mode 0",
-    )
-)
-
-
-def _separable_cip_sample() -> OpCall:
-    """An AveragePool counting the padding (divisor k_h * k_w everywhere), with unequal kernel dims."""
-    win_h, win_w = Window(5, 1, 2, 2), Window(6, 2, 1, 2)
-    out = (1, 2, win_h.out_size(8), win_w.out_size(12))
-    return OpCall("average_pool", "s4y", ("s4x",), ((5, 6), (1, 2), (2, 1, 2, 2), 0, 1), ((1, 2, 8, 12),), out, 1)
-
 RULE_NAMES = [
     "conv-spatial-to-batch",
     "pool-spatial-to-batch",
@@ -486,5 +432,4 @@ RULE_NAMES = [
     "dilated-conv-to-batch",
     "matmul-batch-to-gemm",
     "conv-transpose-subpixel",  # registered by partial_subpixel.py
-    "pool-separable",
 ]

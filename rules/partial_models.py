@@ -152,10 +152,6 @@ MODELS: dict[str, dict[Scale, Callable[[], onnx.ModelProto]]] = {
         "small": lambda: _conv_transpose(1, 3, 5, 4, 4, 1.0),
         "bench": lambda: _conv_transpose(1, 64, 56, 32, 4, 0.1),
     },
-    "pool-separable": {
-        "small": lambda: _pool("AveragePool", [1, 3, 12, 12], 5, 1, 2),
-        "bench": lambda: _pool("MaxPool", [1, 128, 20, 20], 13, 1, 6),
-    },
 }
 """Rule -> scale -> a model with exactly one site of that rule."""
 

@@ -19,9 +19,8 @@ from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules import RULES
 from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules
-from onnxsat.rules.partial_families import RULE_NAMES, separable_pool_site, spatial_to_batch_site
+from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
 from onnxsat.rules.partial_models import all_sites_model, site_model
-from onnxsat.rules.rule_instances import _Node
 from onnxsat.rules.schedule import select_rules
 from onnxsat.rules.verify_partial import composite_model, verify_partial_rule, verify_site
 
@@ -73,18 +72,6 @@ def test_wrong_corrections_are_caught() -> None:
     good.composites = list(good.mutants)
     verdict = verify_site(good)
     assert not verdict.ok and "mutant + correction != original" in verdict.detail
-
-
-def test_wrong_separable_pool_is_caught() -> None:
-    """A mutant that keeps only the separable pool's first (column) pass differs almost everywhere."""
-    call = PARTIAL_RULES["pool-separable"].samples()[2]  # MaxPool: boxes by random tests
-    site = separable_pool_site("pool-separable", call)
-    assert site is not None and verify_site(site).ok
-    first_pass = site.mutants[0].args[0]
-    assert isinstance(first_pass, _Node) and first_pass.op == "max_pool"
-    site.mutants = site.composites = [first_pass]
-    verdict = verify_site(site)
-    assert not verdict.ok and "outside the corrected regions" in verdict.detail, verdict.detail
 
 
 POOL_CASES = [
@@ -186,16 +173,6 @@ def test_prove_dilated_conv_to_batch() -> None:
     _prove(start, goal, {"x": (1, 2, 8, 8), "w": (3, 2, 3, 3)}, ("w",), "dilated-conv-to-batch")
 
 
-def test_prove_pool_separable() -> None:
-    x = L.Tensor.input("x")
-
-    def pool(t: L.Tensor, kernel: list[int], pads: list[int]) -> L.Tensor:
-        return L.max_pool(t, L.ivec(kernel), L.ivec([1, 1]), L.ivec(pads), L.ivec([1, 1]), 0)
-
-    goal = pool(pool(x, [5, 1], [2, 0, 2, 0]), [1, 5], [0, 2, 0, 2])
-    _prove(pool(x, [5, 5], [2, 2, 2, 2]), goal, {"x": (1, 2, 7, 6)}, (), "pool-separable")
-
-
 def test_prove_matmul_batch_to_gemm() -> None:
     a, b = L.Tensor.input("a"), L.Tensor.weight("b")
     goal = L.reshape(L.matmul(L.reshape(a, _ints([6, 4]), 0), b), _ints([2, 3, 5]), 0)
@@ -238,8 +215,8 @@ def test_numeric_every_site_on_onnxruntime() -> None:
 
 def test_optimize_runs_the_partial_pass_and_reports_it() -> None:
     """With ``enable_rules=("partial",)`` every site is PET-verified and added, the result verifies, and
-    the report says whether extraction used each: the 13 x 13 MaxPool's separable form is chosen
-    (cheaper by the built-in cost model), and the optimized model computes it that way."""
+    the report says whether extraction used each. Separable pooling is an exact layout rule now, not
+    a partial one: with the core rules only, the 13 x 13 MaxPool stays whole."""
     model = site_model(
         [
             helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
@@ -254,11 +231,10 @@ def test_optimize_runs_the_partial_pass_and_reports_it() -> None:
     out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=("partial",)))
     assert report.verification.status == "passed"
     emitted = {p["rule"] for p in report.partial if p["status"] == "emitted"}
-    assert {"conv-spatial-to-batch", "dilated-conv-to-batch", "matmul-batch-to-gemm", "pool-separable"} <= emitted, report.partial
-    used = {p["rule"] for p in report.partial if p["used"]}
-    assert "pool-separable" in used, report.partial
+    assert {"conv-spatial-to-batch", "dilated-conv-to-batch", "matmul-batch-to-gemm"} <= emitted, report.partial
+    assert all(isinstance(p["used"], bool) for p in report.partial), report.partial
     kernels = [tuple(a.ints) for n in out.graph.node if n.op_type == "MaxPool" for a in n.attribute if a.name == "kernel_shape"]
-    assert sorted(kernels) == [(1, 13), (13, 1)], kernels
+    assert kernels == [(13, 13)], kernels
     assert "partial rules" in report.render()
     _, plain = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), verify=False))
     assert plain.partial == []  # off by default

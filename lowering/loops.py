@@ -91,6 +91,8 @@ def nest(shape: tuple[int, ...], pvar: str = "p", split_inner: bool = True) -> N
 
 def materialize_kernel(name: str, x: Lazy, out: Buffer) -> Kernel:
     """A kernel that stores ``x`` into the contiguous buffer ``out``."""
+    if x.fine is not None:  # same row-major order, affine: no div/mod per element
+        x = x.fine
     shape = x.shape
     out_strides = contiguous_strides(shape)
     if x.leaves is not None:

@@ -20,11 +20,11 @@ from onnx import helper, numpy_helper
 from onnxsat.errors import OnnxsatError
 
 from .kernel_ir import Buffer, dtype_of_numpy
-from .loops import materialize_kernel
+from .loops import buffers_of, materialize_kernel
 from .partition import PNode, partition
 from .program import FallbackStep, KernelProgram, KernelStep, Step
 from .table import LOWERINGS, NotLowered, kind_of, load_rules
-from .values import Lazy, of_buffer, scalar
+from .values import Lazy, contiguous_strides, of_buffer, scalar
 
 MAX_FUSED_SIZE = 64
 """Expression nodes above which an inlined tensor is stored instead (bounded kernel size)."""
@@ -155,6 +155,10 @@ class Lowerer:
         self.output_buffers: dict[str, Buffer] = {}
         self.fallbacks: dict[str, int] = {}
         self.native: dict[str, int] = {}
+        self.position = 0
+        """Index of the node being lowered."""
+        self.last_use: dict[str, int] = {}
+        """Tensor -> index of the last node that reads it (graph outputs: past the end)."""
 
     # ------------------------------------------------------------ buffers and values
     def buffer(self, hint: str, shape: tuple[int, ...], dtype: str) -> Buffer:
@@ -208,6 +212,34 @@ class Lowerer:
             self.emit_kernel(materialize_kernel(f"k{next(self.counter)}_{buf.name}", x, buf))
         return of_buffer(buf)
 
+    def overwritable(self, x: Lazy) -> Buffer | None:
+        """The intermediate buffer ``x`` reads element for element (same shape, contiguous, one
+        leaf) when no node after the current one reads it: a row-wise kernel may write its result
+        there (in place: no second buffer, no write-allocate traffic for the output)."""
+        if x.leaves is None:
+            return None
+        dense = contiguous_strides(x.shape)
+        full = [
+            v
+            for v in x.leaves
+            if v.buffer.shape == x.shape
+            and v.buffer.dtype == x.dtype
+            and v.offset == 0
+            and all(s == c for s, c, d in zip(v.strides, dense, x.shape, strict=True) if d != 1)
+        ]
+        if len(full) != 1:
+            return None
+        buf = full[0].buffer
+        if sum(v.buffer.name == buf.name for v in x.leaves) != 1:
+            return None
+        fixed = {b.name for _, b in self.inputs} | {b.name for b in self.output_buffers.values()} | set(self.constants)
+        if buf.name in fixed:
+            return None
+        for tensor, lazy in self.lazies.items():
+            if self.last_use.get(tensor, -1) > self.position and any(b.name == buf.name for b in buffers_of(lazy)):
+                return None
+        return buf
+
     def emit_kernel(self, kernel: Any) -> None:
         self.steps.append(KernelStep(kernel))
 
@@ -221,7 +253,13 @@ class Lowerer:
             PNode(f"n{i}", kind_of(n.op_type), tuple(n.input), tuple(n.output)) for i, n in enumerate(nodes)
         ]
         parts = partition(pnodes, self.output_names, is_free=lambda t: t in self.consts)
-        for node in nodes:
+        for i, node in enumerate(nodes):
+            for t in [*node.input, *_outer_references(node)]:
+                self.last_use[t] = i
+        for t in self.output_names:
+            self.last_use[t] = len(nodes)
+        for i, node in enumerate(nodes):
+            self.position = i
             self._lower_node(node, parts.roots)
         outputs: list[tuple[str, Buffer]] = []
         for name in self.output_names:

@@ -123,7 +123,11 @@ def _softmax(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     axis = int(nv.attr("axis", default)) % max(rank, 1)
     axes = list(range(axis, rank)) if nv.opset < 13 else [axis]
     outer_axes, red_axes, outer_shape, red_shape = _row_split(x, axes)
-    out = cx.out_buffer(nv.outputs[0], x.shape, x.dtype)
+    # each row is read whole (max) before any of it is written, and every later read is at the
+    # index just written: a dead input buffer can take the result (the attention scores at
+    # sequence 512 are 12 MB: no second buffer, no write-allocate traffic)
+    in_place = cx.overwritable(x) if nv.outputs[0] not in cx.output_names else None
+    out = in_place or cx.out_buffer(nv.outputs[0], x.shape, x.dtype)
     if x.numel == 0:
         return [of_buffer(out)]
     dt = x.dtype

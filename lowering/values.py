@@ -10,10 +10,11 @@ stay strided views (a transposed weight is a view, not a copy).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from .kernel_ir import Buffer, Const, Expr, Load, add, flat_index, i64, mul, unflatten
+from .kernel_ir import Buffer, Const, Expr, Load, add, flat_index, floordiv, i64, mod, mul, unflatten
 
 Index = list[Expr]
 
@@ -62,6 +63,10 @@ class Lazy:
     combine: Callable[[list[Expr]], Expr] | None = None
     general: Callable[[Index], Expr] | None = None
     size: int = 1
+    fine: Lazy | None = None
+    """The same values over a finer shape (each dim of ``shape`` split into consecutive dims of
+    ``fine.shape``; equal row-major order) where no index needs div/mod, when this form needs
+    them (a reshape that merges dims): a kernel that stores this tensor loops over ``fine``."""
 
     def gen(self, idx: Index) -> Expr:
         if self.leaves is not None:
@@ -254,10 +259,14 @@ def _reshape_strides(old_shape: tuple[int, ...], old_strides: tuple[int, ...], n
 
 def reshape(x: Lazy, shape: tuple[int, ...]) -> Lazy:
     """``x`` in a new shape with the same row-major order: views stay views when numpy's no-copy
-    rule allows, else the index goes through a flat position (div/mod)."""
+    rule allows; else, when both shapes split into a common finer shape, only merged dims are
+    split by div/mod (and kernels that store it loop over the finer shape); else the index goes
+    through a flat position (div/mod)."""
     shape = tuple(shape)
     if shape == x.shape:
         return x
+    if x.leaves is None and x.fine is not None:
+        return reshape(x.fine, shape)
     mapped = _map_leaves(
         x,
         shape,
@@ -267,9 +276,91 @@ def reshape(x: Lazy, shape: tuple[int, ...]) -> Lazy:
     )
     if mapped is not None:
         return mapped
+    fine_shape = common_refinement(x.shape, shape)
+    if fine_shape is not None:
+        fine = _split(x, fine_shape)
+        return fine if fine_shape == shape else _merged(fine, shape)
     src = x.shape
 
     def fn(idx: Index) -> Expr:
         return x.gen(unflatten(flat_index(idx, shape), src))
 
     return general(shape, x.dtype, fn, x.size + 4 * len(src))
+
+
+def _split(x: Lazy, fine_shape: tuple[int, ...]) -> Lazy:
+    """``x`` with each dim split into consecutive dims of ``fine_shape`` (size-1 dims dropped): its
+    index is affine in the fine index, so views stay views and general forms need no div/mod."""
+    if fine_shape == x.shape:
+        return x
+
+    def split_view(v: View) -> View | None:
+        strides = _reshape_strides(x.shape, v.strides, fine_shape)
+        return None if strides is None else View(v.buffer, strides, v.offset)
+
+    mapped = _map_leaves(x, fine_shape, split_view)
+    if mapped is not None:
+        return mapped
+    groups = _groups(fine_shape, x.shape)
+
+    def fn(idx: Index) -> Expr:
+        coarse, pos = [], 0
+        for group in groups:
+            coarse.append(flat_index(list(idx[pos : pos + len(group)]), group))
+            pos += len(group)
+        return x.gen(coarse)
+
+    return general(fine_shape, x.dtype, fn, x.size + 2 * len(fine_shape))
+
+
+def _groups(fine_shape: tuple[int, ...], shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The consecutive dims of ``fine_shape`` that make up each dim of ``shape`` (none for size 1)."""
+    groups, pos = [], 0
+    for d in shape:
+        group: list[int] = []
+        acc = 1
+        while acc < d:
+            group.append(fine_shape[pos])
+            acc *= fine_shape[pos]
+            pos += 1
+        groups.append(tuple(group))
+    return groups
+
+
+def common_refinement(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The coarsest shape whose dims split both ``a`` and ``b`` into consecutive groups (row-major
+    order kept), e.g. (512, 12, 64) for (512, 768) and (512, 12, 64); None when there is none."""
+    if math.prod(a) != math.prod(b) or math.prod(a) == 0:
+        return None
+    cuts: set[int] = set()
+    for shape in (a, b):
+        acc = 1
+        for d in shape:
+            acc *= d
+            cuts.add(acc)
+    dims, prev = [], 1
+    for c in sorted(cuts):
+        if c % prev:
+            return None
+        if c != prev:
+            dims.append(c // prev)
+        prev = c
+    return tuple(dims)
+
+
+def _merged(fine: Lazy, shape: tuple[int, ...]) -> Lazy:
+    """``fine`` seen in the coarser ``shape`` (dims merged): each merged dim's index is split by
+    div/mod of its own group only; kernels that store the result loop over ``fine``."""
+    groups = _groups(fine.shape, shape)
+
+    def fn(idx: Index) -> Expr:
+        fine_idx: list[Expr] = []
+        for i, group in zip(idx, groups, strict=True):
+            rest = math.prod(group)
+            for k, g in enumerate(group):
+                rest //= g
+                part = floordiv(i, rest) if rest > 1 else i
+                fine_idx.append(part if k == 0 else mod(part, g))
+        return fine.gen(fine_idx)
+
+    return Lazy(shape, fine.dtype, None, None, fn, fine.size + 2 * len(fine.shape), fine)

@@ -218,6 +218,8 @@ class _FunctionBuilder:
                 # NaN-propagating (numpy's maximum/minimum), and a form the loop vectorizer
                 # turns into vector reductions (a select on fcmp stays scalar without nnan)
                 return b.call(self.intrinsic("maximum" if op == "max" else "minimum", LL_TYPES[dt], 2), [a, c])
+            if op == "maxsel":
+                return b.select(b.fcmp_ordered(">", a, c), a, c)
             if op == "pow":
                 return b.call(self.intrinsic("pow", LL_TYPES[dt], 2), [a, c])
             if op == "mod":
@@ -234,9 +236,9 @@ class _FunctionBuilder:
             return b.sdiv(a, c) if signed else b.udiv(a, c)
         if op == "mod":
             return b.srem(a, c) if signed else b.urem(a, c)
-        if op in ("max", "min"):
+        if op in ("max", "min", "maxsel"):
             cmp = b.icmp_signed if signed else b.icmp_unsigned
-            return b.select(cmp(">" if op == "max" else "<", a, c), a, c)
+            return b.select(cmp("<" if op == "min" else ">", a, c), a, c)
         if op == "and":
             return b.and_(a, c)
         if op == "or":

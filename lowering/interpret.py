@@ -88,6 +88,8 @@ def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
             return a if (a >= b or a != a) else b
         if op == "min":
             return a if (a <= b or a != a) else b
+        if op == "maxsel":
+            return a if a > b else b
         if op == "pow":
             return np.power(a, b) if is_float(dtype) else NUMPY_DTYPES[dtype].type(int(a) ** int(b))
         if op == "and":

@@ -75,7 +75,9 @@ class Buffer:
 UNARY_OPS = frozenset(
     {"neg", "abs", "exp", "log", "sqrt", "recip", "erf", "tanh", "sigmoid", "floor", "ceil", "not", "round"}
 )
-BINARY_OPS = frozenset({"add", "sub", "mul", "div", "mod", "max", "min", "pow", "and", "or"})
+BINARY_OPS = frozenset({"add", "sub", "mul", "div", "mod", "max", "min", "maxsel", "pow", "and", "or"})
+"""``max``/``min`` propagate NaN (numpy's maximum/minimum); ``maxsel`` is ``a if a > b else b``, one
+vector max instruction, for windows where speed matters more than which NaN wins (pools)."""
 COMPARE_OPS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 
 

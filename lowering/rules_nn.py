@@ -14,7 +14,7 @@ from typing import Any
 from .kernel_ir import Binary, Compare, Const, Expr, Select, Stmt, Store, Var, add, i64, is_float, mod, mul
 from .loops import buffers_of, for_nest, outer_kernel
 from .program import MatMulStep, StridedOperand
-from .rules_reduce import pool_geometry
+from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
 from .values import Index, Lazy, View, broadcast_shape, elementwise, general, of_buffer, reshape, transpose
 
@@ -118,7 +118,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # every index is affine in the loop variables with no bounds checks, so the innermost
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
-        src = _zero_padded(cx, x, begin, need) if any(begin) or any(need) else x
+        src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
@@ -135,25 +135,6 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
-
-
-def _zero_padded(cx: Any, x: Lazy, begin: list[int], end: list[int]) -> Lazy:
-    """``x`` stored with ``begin``/``end`` zeros around its spatial dims."""
-    spatial = x.shape[2:]
-    shape = x.shape[:2] + tuple(d + b + e for d, b, e in zip(spatial, begin, end, strict=True))
-
-    def fn(idx: Index) -> Expr:
-        src: list[Expr] = list(idx[:2])
-        ok: Expr | None = None
-        for i, b, d in zip(idx[2:], begin, spatial, strict=True):
-            j = add(i, i64(-b))
-            valid = Binary("and", Compare("ge", j, i64(0)), Compare("lt", j, i64(d)))
-            ok = valid if ok is None else Binary("and", ok, valid)
-            src.append(Binary("min", Binary("max", j, i64(0)), i64(d - 1)))
-        v = x.gen(src)
-        return v if ok is None else Select(ok, v, Const(0.0, x.dtype))
-
-    return cx.materialize(general(shape, x.dtype, fn, x.size + 4 * len(spatial)), "padded")
 
 
 class _NoCeil:

@@ -1,4 +1,4 @@
-"""Lowering rules of reductions: ReduceSum/Mean/Max, Softmax, LayerNorm, pools, LRN.
+"""Lowering rules of reductions: ReduceSum/Mean/Max, Softmax, LayerNorm, global pools, LRN.
 
 Each emits one kernel, parallel over the kept (outer) positions; its input is a ``Lazy`` tensor,
 so the elementwise chain that produces it (the prologue) is computed inside the same kernel.
@@ -31,7 +31,6 @@ from .kernel_ir import (
     flat_index,
     i64,
     is_float,
-    mul,
 )
 from .loops import buffers_of, for_nest, outer_kernel, reduction_kernel
 from .table import NotLowered, lowering
@@ -204,125 +203,6 @@ def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     inputs = buffers_of(x) + buffers_of(scale_b) + (buffers_of(bias_b) if bias_b is not None else [])
     if x.numel:
         cx.emit_kernel(outer_kernel(f"layernorm_{out.name}", inputs, outs, outer_shape, body, float(x.numel * (3 * x.size + 8))))
-    return [of_buffer(b) for b in outs]
-
-
-# ---------------------------------------------------------------- pooling
-def pool_geometry(nv: Any, in_spatial: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int]):  # type: ignore[no-untyped-def]
-    """Output sizes and begin pads of a pool/conv window (auto_pad, pads and ceil_mode applied)."""
-    n = len(kernel)
-    auto_pad = nv.attr("auto_pad", "NOTSET") or "NOTSET"
-    pads = list(nv.attr("pads") or [0] * (2 * n))
-    ceil_mode = int(nv.attr("ceil_mode", 0))
-    out, begin = [], []
-    for i in range(n):
-        d, k, s, dil = in_spatial[i], kernel[i], strides[i], dilations[i]
-        ext = (k - 1) * dil + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            o = -(-d // s)
-            total = max(0, (o - 1) * s + ext - d)
-            b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-        elif auto_pad == "VALID":
-            o = (d - ext) // s + 1 if not ceil_mode else -(-(d - ext) // s) + 1
-            b = 0
-        else:
-            b, e = pads[i], pads[i + n]
-            span = d + b + e - ext
-            o = (-(-span // s) if ceil_mode else span // s) + 1
-            if ceil_mode and (o - 1) * s >= d + b:
-                o -= 1
-        out.append(max(o, 0))
-        begin.append(b)
-    return out, begin, pads
-
-
-def _window(o_sp: Index, r: Index, strides: list[int], dilations: list[int], begin: list[int], in_sp: tuple[int, ...]):  # type: ignore[no-untyped-def]
-    """Input positions of window offsets ``r`` at output position ``o_sp``, and their validity."""
-    pos, ok = [], None
-    for o, k, s, dil, b, d in zip(o_sp, r, strides, dilations, begin, in_sp, strict=True):
-        q = add(add(mul(o, i64(s)), i64(-b)), mul(k, i64(dil)))
-        valid = Binary("and", Compare("ge", q, i64(0)), Compare("lt", q, i64(d)))
-        ok = valid if ok is None else Binary("and", ok, valid)
-        pos.append(q)
-    return pos, ok
-
-
-@lowering("MaxPool", "AveragePool", kind="reduce")
-def _pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
-    x = xs[0]
-    assert x is not None
-    kernel = [int(k) for k in nv.attr("kernel_shape")]
-    n = len(kernel)
-    strides = [int(s) for s in (nv.attr("strides") or [1] * n)]
-    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n)]
-    in_sp = x.shape[2:]
-    out_sp, begin, pads = pool_geometry(nv, in_sp, kernel, strides, dilations)
-    out_shape = x.shape[:2] + tuple(out_sp)
-    dt = x.dtype
-    is_max = nv.op_type == "MaxPool"
-    if not is_max and not is_float(dt):
-        raise NotLowered("AveragePool on integers")
-    out = cx.out_buffer(nv.outputs[0], out_shape, dt)
-    want_idx = is_max and len(nv.outputs) > 1 and nv.outputs[1]
-    idx_buf = cx.out_buffer(nv.outputs[1], out_shape, "i64") if want_idx else None
-    storage_order = int(nv.attr("storage_order", 0))
-    count_pad = int(nv.attr("count_include_pad", 0))
-    names = [f"k{i}" for i in range(n)]
-    kv: list[Expr] = [Var(v) for v in names]
-    padded = [d + begin[i] + (pads[i + n] if nv.attr("auto_pad", "NOTSET") in ("NOTSET", "") else begin[i]) for i, d in enumerate(in_sp)]
-
-    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
-        pos, ok = _window(o[2:], kv, strides, dilations, begin, in_sp)
-        safe = [Binary("min", Binary("max", q, i64(0)), i64(d - 1)) for q, d in zip(pos, in_sp, strict=True)]
-        value = x.gen([o[0], o[1], *safe])
-        acc = Local("acc", dt)
-        if is_max:
-            better = Binary("and", ok, Compare("gt", value, acc)) if ok is not None else Compare("gt", value, acc)
-            inner: list[Stmt] = []
-            if idx_buf is not None:
-                if storage_order:
-                    flat: Expr = i64(0)
-                    mult = 1
-                    for q, d in zip(safe, in_sp, strict=True):
-                        flat = add(flat, mul(q, i64(mult)))
-                        mult *= d
-                    flat = add(flat, mul(add(mul(o[0], i64(x.shape[1])), o[1]), i64(mult)))
-                else:
-                    flat = flat_index([o[0], o[1], *safe], x.shape)
-                inner.append(Assign("arg", Select(better, flat, Local("arg", "i64"))))
-            inner.append(Assign("acc", Select(better, value, acc)))
-            stmts: list[Stmt] = [Decl("acc", dt, _lowest(dt))]
-            if idx_buf is not None:
-                stmts.append(Decl("arg", "i64", i64(0)))
-            stmts += [*for_nest(names, tuple(kernel), tuple(inner)), Store(out, p, acc)]
-            if idx_buf is not None:
-                stmts.append(Store(idx_buf, p, Local("arg", "i64")))
-            return tuple(stmts)
-        zero = Const(0.0, dt)
-        if count_pad:
-            in_pad: Expr | None = None
-            for q, b, pd in zip(pos, begin, padded, strict=True):
-                inside = Compare("lt", add(q, i64(b)), i64(pd))
-                in_pad = inside if in_pad is None else Binary("and", in_pad, inside)
-            counted = in_pad
-        else:
-            counted = ok
-        one = Const(1.0, dt)
-        sums: tuple[Stmt, ...] = (
-            Assign("acc", Binary("add", acc, Select(ok, value, zero) if ok is not None else value)),
-            Assign("cnt", Binary("add", Local("cnt", dt), Select(counted, one, zero) if counted is not None else one)),
-        )
-        return (
-            Decl("acc", dt, zero),
-            Decl("cnt", dt, zero),
-            *for_nest(names, tuple(kernel), sums),
-            Store(out, p, Binary("div", acc, Local("cnt", dt))),
-        )
-
-    outs = [b for b in (out, idx_buf) if b is not None]
-    if math.prod(out_shape):
-        cost = float(math.prod(out_shape) * math.prod(kernel) * (x.size + 4))
-        cx.emit_kernel(outer_kernel(f"pool_{out.name}", buffers_of(x), outs, out_shape, body, cost))
     return [of_buffer(b) for b in outs]
 
 

@@ -219,26 +219,21 @@ class Lowerer:
         if x.leaves is None:
             return None
         dense = contiguous_strides(x.shape)
-        full = [
-            v
-            for v in x.leaves
-            if v.buffer.shape == x.shape
-            and v.buffer.dtype == x.dtype
-            and v.offset == 0
-            and all(s == c for s, c, d in zip(v.strides, dense, x.shape, strict=True) if d != 1)
-        ]
-        if len(full) != 1:
-            return None
-        buf = full[0].buffer
-        if sum(v.buffer.name == buf.name for v in x.leaves) != 1:
-            return None
         fixed = {b.name for _, b in self.inputs} | {b.name for b in self.output_buffers.values()} | set(self.constants)
-        if buf.name in fixed:
-            return None
-        for tensor, lazy in self.lazies.items():
-            if self.last_use.get(tensor, -1) > self.position and any(b.name == buf.name for b in buffers_of(lazy)):
-                return None
-        return buf
+        live = {b.name for t, lazy in self.lazies.items() if self.last_use.get(t, -1) > self.position for b in buffers_of(lazy)}
+        for v in x.leaves:
+            buf = v.buffer
+            if (
+                buf.shape == x.shape
+                and buf.dtype == x.dtype
+                and v.offset == 0
+                and all(s == c for s, c, d in zip(v.strides, dense, x.shape, strict=True) if d != 1)
+                and sum(w.buffer.name == buf.name for w in x.leaves) == 1
+                and buf.name not in fixed
+                and buf.name not in live
+            ):
+                return buf
+        return None
 
     def emit_kernel(self, kernel: Any) -> None:
         self.steps.append(KernelStep(kernel))

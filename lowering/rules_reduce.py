@@ -166,7 +166,9 @@ def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     dt = x.dtype
     scale_b = broadcast_to(scale, red_shape) if scale.shape != red_shape else scale
     bias_b = (broadcast_to(bias, red_shape) if bias.shape != red_shape else bias) if bias is not None else None
-    out = cx.out_buffer(nv.outputs[0], x.shape, dt)
+    # rows are read whole (twice) before the last pass writes them at the index it reads
+    in_place = cx.overwritable(x) if nv.outputs[0] not in cx.output_names else None
+    out = in_place or cx.out_buffer(nv.outputs[0], x.shape, dt)
     stat_shape = tuple(x.shape[:axis]) + (1,) * (rank - axis)
     want_mean = len(nv.outputs) > 1 and nv.outputs[1]
     want_inv = len(nv.outputs) > 2 and nv.outputs[2]

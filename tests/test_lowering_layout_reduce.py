@@ -120,6 +120,22 @@ CASES = {
         {},
         lambda a, b: _softmax(a @ b) + a @ b,
     ),
+    # post-LN residual block: the normalization overwrites the product (the residual input stays)
+    "layernorm-in-place": (
+        [
+            n("MatMul", ["a", "w"], ["o"]),
+            n("Add", ["o", "a"], ["r"]),
+            n("LayerNormalization", ["r", "g", "be"], ["h"], axis=-1, epsilon=1e-12),
+            n("Neg", ["h"], ["y"]),
+        ],
+        {"a": [2, 3, 40]},
+        {
+            "w": np.eye(40, dtype=np.float32)[::-1].copy(),
+            "g": np.linspace(0.5, 1.5, 40, dtype=np.float32),
+            "be": np.linspace(-1, 1, 40, dtype=np.float32),
+        },
+        lambda a: -_layer_norm(a[..., ::-1] + a, np.linspace(0.5, 1.5, 40), np.linspace(-1, 1, 40)),
+    ),
     "residual-layernorm-3d": (
         [n("Add", ["x", "r"], ["a"]), n("LayerNormalization", ["a", "g", "be"], ["y"], axis=-1, epsilon=1e-12)],
         {"x": [2, 3, 40], "r": [2, 3, 40]},
@@ -231,12 +247,20 @@ def test_common_refinement(a: tuple[int, ...], b: tuple[int, ...], want: tuple[i
 
 @pytest.mark.parametrize(
     ("name", "in_place"),
-    [("softmax-in-place", True), ("softmax-in-place-axis-1", True), ("softmax-input-read-later", False)],
+    [
+        ("softmax-in-place", True),
+        ("softmax-in-place-axis-1", True),
+        ("softmax-input-read-later", False),
+        ("layernorm-in-place", True),
+    ],
 )
-def test_softmax_overwrites_a_dead_input_only(name: str, in_place: bool, compiled: dict[str, tuple[object, object]]) -> None:
+def test_row_kernels_overwrite_a_dead_input_only(
+    name: str, in_place: bool, compiled: dict[str, tuple[object, object]]
+) -> None:
+    """Softmax and LayerNorm write over the product they normalize when nothing reads it later."""
     program, _ = compiled[name]
-    (softmax,) = [k for k in _kernels(program) if k.name.startswith("softmax")]
-    reads = {b.name for b in softmax.params if b.name not in softmax.outputs}
+    (kernel,) = [k for k in _kernels(program) if k.name.startswith(("softmax", "layernorm"))]
+    reads = {b.name for b in kernel.params if b.name not in kernel.outputs}
     matmul_out = program.steps[0].out.name  # type: ignore[attr-defined]
-    assert (softmax.outputs == (matmul_out,)) is in_place
+    assert (kernel.outputs[0] == matmul_out) is in_place
     assert (matmul_out in reads) is not in_place

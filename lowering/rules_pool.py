@@ -29,6 +29,7 @@ from .kernel_ir import (
     Decl,
     Expr,
     Local,
+    Loop,
     Select,
     Stmt,
     Store,
@@ -78,23 +79,40 @@ def pool_geometry(nv: Any, in_spatial: tuple[int, ...], kernel: list[int], strid
 
 
 def padded_input(cx: Any, x: Lazy, begin: list[int], end: list[int], fill: Const) -> Lazy:
-    """``x`` stored with ``begin``/``end`` cells of ``fill`` around its spatial dims (one kernel,
-    into which the producer of ``x`` fuses); windows over it need no bounds checks."""
+    """``x`` stored with ``begin``/``end`` cells of ``fill`` around its spatial dims, so windows over
+    it need no bounds checks. One kernel (the producer of ``x`` fuses into it), parallel over
+    padded rows: a row outside the input is all ``fill`` (a loop-invariant select), a row inside
+    is a fill loop, a unit-stride copy loop and a fill loop (a clamped column index would make
+    every load a gather)."""
     spatial = x.shape[2:]
     shape = x.shape[:2] + tuple(d + b + e for d, b, e in zip(spatial, begin, end, strict=True))
+    out = cx.buffer("padded", shape, x.dtype)
+    if not math.prod(shape):
+        return of_buffer(out)
+    width, lead, inner = shape[-1], begin[-1], spatial[-1]
+    w = Var("w")
 
-    def fn(idx: Index) -> Expr:
-        src: list[Expr] = list(idx[:2])
+    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
+        src: list[Expr] = list(o[:2])
         ok: Expr | None = None
-        for i, b, d in zip(idx[2:], begin, spatial, strict=True):
+        for i, b, d in zip(o[2:], begin[:-1], spatial[:-1], strict=True):
             j = add(i, i64(-b))
             valid = Binary("and", Compare("ge", j, i64(0)), Compare("lt", j, i64(d)))
             ok = valid if ok is None else Binary("and", ok, valid)
             src.append(Binary("min", Binary("max", j, i64(0)), i64(d - 1)))
-        v = x.gen(src)
-        return v if ok is None else Select(ok, v, fill)
+        value = x.gen([*src, w])
+        row = mul(p, i64(width))
+        stmts: list[Stmt] = []
+        if lead:
+            stmts.append(Loop(w.name, i64(lead), (Store(out, add(row, w), fill),)))
+        stmts.append(Loop(w.name, i64(inner), (Store(out, add(add(row, i64(lead)), w), value if ok is None else Select(ok, value, fill)),)))
+        if width > lead + inner:
+            stmts.append(Loop(w.name, i64(width), (Store(out, add(row, w), fill),), i64(lead + inner)))
+        return tuple(stmts)
 
-    return cx.materialize(general(shape, x.dtype, fn, x.size + 4 * len(spatial)), "padded")
+    cost = float(math.prod(shape) * (x.size + 2))
+    cx.emit_kernel(outer_kernel(f"pad_{out.name}", buffers_of(x), [out], shape[:-1], body, cost))
+    return of_buffer(out)
 
 
 def _window_count(o: Expr, stride: int, taps: int, dilation: int, lo: int, hi: int) -> Expr:

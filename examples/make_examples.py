@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsat.rules.partial_models import spp_block
+from onnxsat.rules.partial_models import decoder_block, spp_block
 
 IR_VERSION = 8
 PRODUCER = "onnxsat-examples"
@@ -411,6 +411,7 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "inception_block": inception_block,
     "control_flow": control_flow,
     "spp_block": spp_block,  # separable pooling pays here (issue 6, PET partial rules)
+    "decoder_block": decoder_block,  # ConvTranspose as sub-pixel convolution (issue 6, PET partial rules)
 }
 
 

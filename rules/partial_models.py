@@ -105,7 +105,7 @@ def _conv_transpose(n: int, c: int, hw: int, k: int, kernel: int, scale: float) 
     )
 
 
-def decoder_block(channels: int = 128, size: int = 28, seed_scale: float = 0.05) -> onnx.ModelProto:
+def decoder_block(channels: int = 64, size: int = 28, seed_scale: float = 0.05) -> onnx.ModelProto:
     """A DCGAN/U-Net-style decoder: two ConvTranspose (kernel 4, stride 2, pads 1) + Relu upsamplings
     halving the channels, then a 3x3 Conv to 3 channels: where sub-pixel convolution pays."""
     half, quarter = channels // 2, channels // 4

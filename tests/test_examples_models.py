@@ -22,6 +22,7 @@ MODEL_NAMES = [
     "inception_block",
     "control_flow",
     "spp_block",
+    "decoder_block",
 ]
 RUNNABLE = [n for n in MODEL_NAMES if n != "custom_op"]
 SYMBOLIC_DIMS = {"batch": 2, "seq": 7, "height": 5, "width": 6}

@@ -9,14 +9,18 @@ loss below 0.98; anything else is a tie.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from onnxsat import lazy_weights, modelio
 
 WIN, LOSS = 1.02, 0.98
 Verdict = Literal["win", "loss", "tie"]
@@ -111,14 +115,34 @@ def compare_latency(
     )
 
 
-def ort_session(model: onnx.ModelProto, *, level: Level = "all", threads: int | None = None) -> ort.InferenceSession:
-    """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op threads)."""
+def ort_session(
+    model: onnx.ModelProto, *, level: Level = "all", threads: int | None = None, prepacking: bool = True
+) -> ort.InferenceSession:
+    """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op threads).
+
+    Weights still in their file (``onnxsat.lazy_weights``) are mapped by onnxruntime from their
+    folder, never read into the process; a model past protobuf's 2 GiB goes through a temporary
+    file with external data. ``prepacking=False`` keeps onnxruntime from copying weights into
+    prepacked buffers (a second copy of a large model's weights).
+    """
     so = ort.SessionOptions()
     so.graph_optimization_level = _LEVELS[level]
     if threads is not None:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    if not prepacking:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    providers = ["CPUExecutionProvider"]
+    if lazy_weights.lazy_initializers(model):
+        shell, folder = lazy_weights.ort_model(model)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+        return ort.InferenceSession(shell, so, providers=providers)
+    if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
+        with tempfile.TemporaryDirectory(prefix="onnxsat-latency-") as tmp:
+            path = Path(tmp) / "model.onnx"
+            modelio.save_model_atomic(model, path, external_data=True)
+            return ort.InferenceSession(str(path), so, providers=providers)  # weights read at creation
+    return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
 
 
 def compare_models(
@@ -132,8 +156,10 @@ def compare_models(
     calls_per_round: int = 5,
     seed: int = 0,
 ) -> LatencyComparison:
-    """Latency of two ONNX models on the same inputs in onnxruntime (same level and threads on both sides)."""
-    sessions = [ort_session(m, level=level, threads=threads) for m in (baseline, candidate)]
+    """Latency of two ONNX models on the same inputs in onnxruntime (same level and threads on both
+    sides; when either keeps its weights in their file, neither prepacks them, so both hold one copy)."""
+    prepacking = not any(lazy_weights.lazy_initializers(m) for m in (baseline, candidate))
+    sessions = [ort_session(m, level=level, threads=threads, prepacking=prepacking) for m in (baseline, candidate)]
     runs = []
     for sess in sessions:
         names = {i.name for i in sess.get_inputs()}

@@ -129,3 +129,46 @@ def test_cli_refuses_an_output_on_the_weight_file_before_optimizing(
     assert cli.main(["optimize", str(alias), "-o", str(weights), "--quiet"]) == 2
     assert "holds the input model's weights" in capsys.readouterr().err
     assert weights.read_bytes() == before
+
+
+def test_latency_sessions_and_regionwise_check_keep_weights_in_their_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--measure``'s sessions (``onnxsat.latency``) run a model whose weights stay in their file
+    (onnxruntime maps them from their folder) or that is past the protobuf limit (a temporary
+    external-data copy), computing what the loaded model computes; a model with a custom-domain
+    node is checked region by region with its weights in their file."""
+    from onnxsat.latency import compare_models, ort_session
+    from onnxsat.regions import compare_by_regions
+
+    src = tmp_path / "large.onnx"
+    _benchmark_module().build_large_model(src, hidden=64, layers=2)
+    eager = modelio.load_model(src)
+    monkeypatch.setattr(lazy_weights, "LAZY_MIN_BYTES", 4096)
+    model = modelio.load_model(src, lazy_external_data=True)
+    assert [t.name for t in lazy_weights.lazy_initializers(model)] == ["w0", "w1"]
+    feeds = {"x": np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)}
+    (want,) = ort_session(eager, level="disable").run(None, feeds)
+    (got,) = ort_session(model).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(modelio, "MAX_PROTO_BYTES", 10_000)
+    (got,) = ort_session(eager, prepacking=False).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    timed = compare_models(model, eager, feeds, rounds=2, calls_per_round=1)
+    assert timed.baseline_ms > 0 and timed.candidate_ms > 0
+
+    # A custom op between the layers: onnxruntime cannot run the model, so each region is checked.
+    custom = onnx.ModelProto()
+    custom.CopyFrom(model)
+    nodes = list(custom.graph.node)
+    for node in nodes:
+        node.input[:] = ["h0c" if name == "h0" else name for name in node.input]
+    at = 1 + next(i for i, n in enumerate(nodes) if "h0" in n.output)
+    nodes.insert(at, onnx.helper.make_node("Opaque", ["h0"], ["h0c"], domain="test.custom"))
+    del custom.graph.node[:]
+    custom.graph.node.extend(nodes)
+    custom.opset_import.append(onnx.helper.make_opsetid("test.custom", 1))
+    custom.graph.value_info.append(onnx.helper.make_tensor_value_info("h0c", onnx.TensorProto.FLOAT, ["batch", 64]))
+    wrong = onnx.ModelProto()
+    wrong.CopyFrom(custom)
+    wrong.graph.node[-1].op_type = "Sigmoid"  # the last Relu: the region after the custom op differs
+    assert compare_by_regions(custom, custom).ok
+    assert not compare_by_regions(custom, wrong).ok

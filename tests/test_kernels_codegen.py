@@ -56,6 +56,17 @@ FUSION_CASES = {
         [helper.make_node("Tanh", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Exp", ["s"], ["y"])],
         {"x": [7, 9]},
     ),
+    "bias-erf-gelu": (  # GELU as torch exports it: the biased tensor f is read twice in one kernel
+        [
+            helper.make_node("Add", ["x", "b"], ["f"]),
+            helper.make_node("Div", ["f", "c"], ["d"]),
+            helper.make_node("Erf", ["d"], ["e"]),
+            helper.make_node("Add", ["e", "c"], ["e1"]),
+            helper.make_node("Mul", ["f", "e1"], ["g"]),
+            helper.make_node("Mul", ["g", "c"], ["y"]),
+        ],
+        {"x": [3, 5, 40], "b": [40], "c": [1]},
+    ),
 }
 
 
@@ -165,6 +176,24 @@ def test_partition_groups_chains_and_stores_shared_tensors() -> None:
     assert parts.roots == {"b", "c", "d"}  # b has two consumers; c is a reduction; d is the output
     assert parts.groups["b"] == ["n0", "n1"]
     assert parts.order.index("b") < parts.order.index("c") < parts.order.index("d")
+
+
+def test_partition_inlines_a_tensor_shared_only_inside_one_kernel() -> None:
+    """f is read by two elementwise nodes of g's kernel: inlined (LLVM computes it once). Read
+    by two kernels, it is stored."""
+    chain = [
+        PNode("n0", "elementwise", ("x", "b"), ("f",)),
+        PNode("n1", "elementwise", ("f",), ("d",)),
+        PNode("n2", "elementwise", ("d",), ("e",)),
+        PNode("n3", "elementwise", ("f", "e"), ("g",)),
+    ]
+    parts = partition(chain, ["g"])
+    assert parts.roots == {"g"} and sorted(parts.groups["g"]) == ["n0", "n1", "n2", "n3"]
+    parts = partition([*chain, PNode("n4", "elementwise", ("f",), ("h",))], ["g", "h"])
+    assert parts.roots == {"f", "g", "h"}
+    nodes, inputs = FUSION_CASES["bias-erf-gelu"]
+    program = lower(_model(nodes, inputs, ["y"]), {n: tuple(s) for n, s in inputs.items()})
+    assert sum(isinstance(s, KernelStep) for s in program.steps) == 1
 
 
 def test_compiled_kernels_are_cached_on_disk(tmp_path: Path) -> None:

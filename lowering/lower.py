@@ -159,6 +159,8 @@ class Lowerer:
         """Index of the node being lowered."""
         self.last_use: dict[str, int] = {}
         """Tensor -> index of the last node that reads it (graph outputs: past the end)."""
+        self._reads: dict[str, set[str]] = {}
+        """Tensor -> names of the buffers its value reads (memo for ``overwritable``)."""
 
     # ------------------------------------------------------------ buffers and values
     def buffer(self, hint: str, shape: tuple[int, ...], dtype: str) -> Buffer:
@@ -220,7 +222,11 @@ class Lowerer:
             return None
         dense = contiguous_strides(x.shape)
         fixed = {b.name for _, b in self.inputs} | {b.name for b in self.output_buffers.values()} | set(self.constants)
-        live = {b.name for t, lazy in self.lazies.items() if self.last_use.get(t, -1) > self.position for b in buffers_of(lazy)}
+        later = [t for t in self.lazies if self.last_use.get(t, -1) > self.position]
+        for t in later:
+            if t not in self._reads:
+                self._reads[t] = {b.name for b in buffers_of(self.lazies[t])}
+        live = set().union(*(self._reads[t] for t in later))
         for v in x.leaves:
             buf = v.buffer
             if (

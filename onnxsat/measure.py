@@ -35,14 +35,21 @@ EXACT_FAMILY = "core"
 class MeasuredLatency:
     """What ``--measure`` found and which model it shipped."""
 
-    optimized: dict[str, Any]
-    """Original vs optimized: medians (ms), ratio, 95% CI, rounds, verdict."""
+    optimized: dict[str, Any] | None
+    """Original vs optimized: medians (ms), ratio, 95% CI, rounds, verdict (None: not timed)."""
     shipped: str
     """``optimized``, ``cleaned-original`` or ``original``."""
     cleaned: dict[str, Any] | None = None
     """Original vs cleaned-up original, when the optimized model did not win."""
+    unmeasured: str | None = None
+    """Why nothing could be timed (onnxruntime cannot run the original, e.g. custom-domain ops)."""
 
     def describe(self) -> str:
+        if self.optimized is None:
+            return (
+                f"cannot time on onnxruntime ({self.unmeasured}): wrote the original with exact"
+                f" simplifications only ({EXACT_FAMILY} rules)"
+            )
         line = f"original -> optimized {_fmt(self.optimized)}"
         if self.cleaned is not None:
             line += f"; original -> cleaned-up original {_fmt(self.cleaned)}"
@@ -75,19 +82,39 @@ def _compare(original: onnx.ModelProto, candidate: onnx.ModelProto, options: Opt
 def keep_if_faster(
     original: onnx.ModelProto, optimized: onnx.ModelProto, options: Options, report: Report
 ) -> onnx.ModelProto:
-    """The model to write under the rule in the module docstring; records the evidence in ``report``."""
+    """The model to write under the rule in the module docstring; records the evidence in ``report``.
+
+    A model onnxruntime cannot run (custom-domain ops) cannot be timed, so it cannot be measurably
+    faster: the cleaned-up original ships, as when the optimized model does not win.
+    """
+    from onnxsat.pipeline import optimize
+
+    exact = dataclasses.replace(options, rules_only=(EXACT_FAMILY,), measure=False)
+    reason = _why_not_runnable(original)
+    if reason is not None:
+        _record(report, MeasuredLatency(None, "cleaned-original", unmeasured=reason))
+        return optimize(original, exact)[0]
     first = _compare(original, optimized, options)
     if first.verdict == "win":
         _record(report, MeasuredLatency(first.to_dict(), "optimized"))
         return optimized
-    from onnxsat.pipeline import optimize
-
-    exact = dataclasses.replace(options, rules_only=(EXACT_FAMILY,), measure=False)
     cleaned, _ = optimize(original, exact)
     second = _compare(original, cleaned, options)
     shipped = "original" if second.verdict == "loss" else "cleaned-original"
     _record(report, MeasuredLatency(first.to_dict(), shipped, second.to_dict()))
     return original if shipped == "original" else cleaned
+
+
+def _why_not_runnable(model: onnx.ModelProto) -> str | None:
+    """onnxruntime's one-line reason for refusing ``model``, or None when it builds a session."""
+    from onnxsat.errors import one_line
+    from onnxsat.latency import ort_session
+
+    try:
+        ort_session(model, level="disable")
+    except Exception as exc:  # onnxruntime's errors derive from Exception only (Fail, InvalidGraph, ...)
+        return one_line(exc)
+    return None
 
 
 def _record(report: Report, result: MeasuredLatency) -> None:

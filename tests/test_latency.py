@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
 from onnxsat.latency import LatencyComparison, bootstrap_ratio_ci, compare_latency, compare_models
@@ -39,3 +40,25 @@ def test_compare_models_times_both_sessions() -> None:
     feeds = {"x": np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)}
     result = compare_models(model, model, feeds, rounds=4, calls_per_round=2, threads=1)
     assert result.rounds == 4 and result.baseline_ms > 0 and result.candidate_ms > 0 and result.ci_low <= result.ci_high
+
+
+def test_measure_ships_the_cleaned_original_when_onnxruntime_cannot_run_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A custom-domain op onnxruntime lacks: nothing can be timed, so nothing is measurably faster."""
+    from onnxsat import measure, pipeline
+    from onnxsat.options import Options
+    from onnxsat.report import Report
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    node = helper.make_node("MyOp", ["x"], ["y"], domain="com.example")
+    graph = helper.make_graph([node], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.example", 1)])
+    cleaned = onnx.ModelProto()
+    calls: list[Options] = []
+    monkeypatch.setattr(pipeline, "optimize", lambda m, o: (calls.append(o), (cleaned, None))[1])
+    report = Report(model_name="g")
+    assert measure.keep_if_faster(model, onnx.ModelProto(), Options(measure=True), report) is cleaned
+    assert [o.rules_only for o in calls] == [("core",)]
+    assert report.measured is not None and report.measured["shipped"] == "cleaned-original"
+    assert "MyOp" in report.measured["unmeasured"] and "cannot time" in report.measured["summary"]
+    assert any("--measure" in w for w in report.warnings)

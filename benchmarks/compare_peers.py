@@ -514,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--merge: {json_path} has tools {sorted(old_tools)}, this run {tools}", file=sys.stderr)
             return 2
         header["settings"] += f"; rows merged with the run of {old['header']['date']} (see each row's date)"
+        for row in previous:  # rows older than per-row stamps: from the run the old file merged with
+            row.measured = row.measured or f"in the run of {_merged_from(old['header'])}"
     results: list[ModelResult] = []
     markdown = ""
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -529,6 +531,13 @@ def main(argv: list[str] | None = None) -> int:
             markdown = write_results(rows, tools, header, args.out)
     print(markdown)
     return 0
+
+
+def _merged_from(header: dict[str, str]) -> str:
+    """The run a results file's unstamped rows come from: the one it was merged with, else its own."""
+    marker = "rows merged with the run of "
+    settings = header.get("settings", "")
+    return settings.split(marker, 1)[1].split(" (", 1)[0] if marker in settings else header["date"]
 
 
 def write_results(results: list[ModelResult], tools: list[str], header: dict[str, str], out: Path) -> str:

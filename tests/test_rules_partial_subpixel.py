@@ -100,7 +100,7 @@ def test_prove_conv_transpose_subpixel() -> None:
 def test_decoder_uses_subpixel_and_matches_onnxruntime() -> None:
     """A decoder's stride-2 ConvTransposes: PET-verified, chosen by the built-in cost model (ORT's
     col2im pass priced), exported as Conv + transposes, numerically the original on onnxruntime."""
-    model = decoder_block(channels=64, size=14)
+    model = decoder_block(channels=16, size=16)
     out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=(RULE,)))
     assert report.verification.status == "passed"
     records = [p for p in report.partial if p["rule"] == RULE]
@@ -108,6 +108,6 @@ def test_decoder_uses_subpixel_and_matches_onnxruntime() -> None:
     assert any(p["used"] for p in records), records
     ops = [n.op_type for n in out.graph.node]
     assert ops.count("ConvTranspose") < 2 and ops.count("Conv") > 1, ops
-    x = np.random.default_rng(2).standard_normal((1, 64, 14, 14)).astype(np.float32)
+    x = np.random.default_rng(2).standard_normal((1, 16, 16, 16)).astype(np.float32)
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0] for m in (model, out))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -183,7 +183,7 @@ def _pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     fill = _lowest(x.dtype) if is_max else Const(0.0, x.dtype)
     op = "maxsel" if is_max else "add"
     windowed = [i for i, k in enumerate(kernel) if k > 1] or [n - 1]
-    if windowed == [0, 1] and (strides[0] > 1 or not (begin[0] or end[0])):
+    if n == 2 and windowed == [0, 1] and (strides[0] > 1 or not (begin[0] or end[0])):
         # 2-D window: the padding kernel computes the column pass too, where that saves work: a
         # strided column pass pads only the rows it keeps, and without row padding it needs no
         # selects (a select per tap made a 13x13 stride-1 pass 10-20% slower than pad + pass;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
 from onnxsat.kernels.compiled import CompiledModel
@@ -25,17 +26,24 @@ POOLS = {
 }
 
 
-def _model() -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 15, 18])
-    outs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in POOLS]
-    nodes = [helper.make_node("Relu", ["x"], ["r"]), *POOLS.values()]
+POOLS_3D = {
+    "max331": helper.make_node("MaxPool", ["r"], ["max331"], kernel_shape=[3, 3, 1], strides=[2, 1, 1], pads=[1, 1, 0, 1, 1, 0]),
+    "avg232": helper.make_node("AveragePool", ["r"], ["avg232"], kernel_shape=[2, 3, 2], strides=[2, 2, 2], ceil_mode=1),
+}
+
+
+def _model(pools: dict[str, onnx.NodeProto], shape: list[int]) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    outs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in pools]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), *pools.values()]
     return helper.make_model(helper.make_graph(nodes, "pools", [x], outs), opset_imports=[helper.make_opsetid("", 19)])
 
 
-def test_pools_match_onnxruntime() -> None:
-    model = _model()
-    x = np.random.default_rng(0).standard_normal((2, 3, 15, 18)).astype(np.float32)
-    want = dict(zip(POOLS, ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}), strict=True))
+@pytest.mark.parametrize("pools, shape", [(POOLS, [2, 3, 15, 18]), (POOLS_3D, [1, 2, 7, 6, 5])], ids=["2d", "3d"])
+def test_pools_match_onnxruntime(pools: dict[str, onnx.NodeProto], shape: list[int]) -> None:
+    model = _model(pools, shape)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = dict(zip(pools, ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}), strict=True))
     got = CompiledModel(model, threads=2, cache_dir=None)(x=x)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name

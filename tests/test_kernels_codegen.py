@@ -271,6 +271,25 @@ def test_llvm_and_blas_gemm_paths_agree() -> None:
     np.testing.assert_allclose(llvm, np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
 
 
+def test_blas_product_with_few_rows_is_split_by_columns() -> None:
+    """A product whose A has fewer rows than two per thread runs as column blocks of B and C (B
+    plain and transposed, with Gemm's bias through beta), against numpy."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 150)).astype(np.float32)
+    y = rng.standard_normal((150, 9000)).astype(np.float32)
+    c = rng.standard_normal((9000,)).astype(np.float32)
+    plain = _model([helper.make_node("MatMul", ["x", "y"], ["z"])], {"x": [3, 150], "y": [150, 9000]}, ["z"])
+    gemm = _model([helper.make_node("Gemm", ["x", "yt", "c"], ["z"], transB=1, beta=0.5)], {"x": [3, 150], "yt": [9000, 150], "c": [9000]}, ["z"])
+    for model, feeds, want in (
+        (plain, {"x": x, "y": y}, x @ y),
+        (gemm, {"x": x, "yt": np.ascontiguousarray(y.T), "c": c}, x @ y + 0.5 * c),
+    ):
+        compiled = CompiledModel(model, threads=2, cache_dir=None)
+        native = compiled.executable_for(feeds).native
+        assert native is not None and len(native.tasks) > 2  # one call (plus Gemm's bias fill) without the split
+        np.testing.assert_allclose(compiled(feeds)["z"], want, rtol=1e-4, atol=1e-3)
+
+
 def test_wrong_input_dtype_is_a_clear_error() -> None:
     from onnxsat.errors import BadInputError
 

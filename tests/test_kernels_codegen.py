@@ -254,6 +254,7 @@ def test_packed_gemm_micro_kernel(shape: tuple[int, int, int]) -> None:
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = np.full((m, n + 3), np.nan, np.float32)  # ldc > n: the columns past n must stay untouched
     bp = pack_b(b)
+    assert bp.ctypes.data % 64 == 0
     sgemm_function()(a.ctypes.data, k, bp.ctypes.data, k, c.ctypes.data, n + 3, m, n, 0, bp.shape[0])
     np.testing.assert_allclose(c[:, :n], a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4 * k)
     assert np.all(np.isnan(c[:, n:]))

@@ -185,13 +185,15 @@ def nchwc_unblocked(op: str, in_shapes: list[tuple[int, ...] | None]) -> bool:
 
 def col2im_us(op: str, in_shapes: list[tuple[int, ...] | None], consts: ClassConstants) -> float:
     """onnxruntime runs a ConvTranspose as a GEMM into a ``C_out*prod(k)`` x ``prod(input spatial)``
-    column buffer, then a col2im scatter that reads it back: a second pass over the column buffer
-    (written and read) after the GEMM's roofline, at the class bandwidth. 0 for other ops."""
+    column buffer, then a col2im that adds each column element into the output (``im[...] +=
+    col[...]``): per column element the GEMM writes it, col2im reads it and reads and writes an
+    output element, four float accesses after the GEMM's roofline, at the class bandwidth. 0 for
+    other ops."""
     if op != "conv_transpose" or len(in_shapes) < 2 or in_shapes[0] is None or in_shapes[1] is None:
         return 0.0
     x, w = in_shapes[0], in_shapes[1]
     column = numel(w[1:]) * numel(x[:1]) * numel(x[2:])
-    return 2.0 * column * 4 / (consts.bandwidth_gbs * 1e3)
+    return 4.0 * column * 4 / (consts.bandwidth_gbs * 1e3)
 
 
 def node_work(

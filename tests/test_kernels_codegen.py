@@ -245,7 +245,7 @@ def test_max_reductions_vectorize_and_propagate_nan() -> None:
     "shape", [(1, 1, 1), (13, 7, 45), (6, 64, 32), (65, 33, 100), (128, 96, 64), (400, 300, 70), (11, 20, 31), (130, 40, 64), (100, 17, 40), (15, 9, 33)]
 )
 def test_packed_gemm_micro_kernel(shape: tuple[int, int, int]) -> None:
-    """Every row-tail height (M % 8), column tails (N % 32), several row and K blocks, against float64 numpy."""
+    """Every row-tail height (M % 8), column tails (N % 48), several row and K blocks, against float64 numpy."""
     from onnxsat.kernels.gemm import pack_b, sgemm_function
 
     m, k, n = shape

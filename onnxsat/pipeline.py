@@ -22,9 +22,7 @@ from onnxsat.extract.serialized import serialize
 from onnxsat.modelio import check_model_full, serialized_size
 from onnxsat.options import Options
 from onnxsat.report import Report, VerificationSummary
-from onnxsat.rules import RULES
-from onnxsat.rules.partial import FAMILY as PARTIAL_FAMILY
-from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used
+from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, saturate, select_rules
 from onnxsat.verification import VerificationResult
@@ -83,9 +81,10 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
         roots = [before.roots[i] for i in range(len(program.outputs))]
         report.cost_before = extract_greedy(before, cost, roots).cost
     partial: list[PartialRecord] = []
-    if any(RULES.family_of(n) == PARTIAL_FAMILY for n in enabled):
+    on_sites = site_rules(enabled, before)  # per-site rules (PET-verified), only where their ops occur
+    if on_sites:
         with _stage(report, "partial", progress):
-            partial = apply_partial_rules(program, before, enabled)
+            partial = apply_partial_rules(program, before, on_sites)
     with _stage(report, "saturate", progress, total=options.budgets.iterations) as step:
         report.saturation = saturate(program, options.budgets, enabled, on_iteration=lambda _: step())
     with _stage(report, "extract", progress):

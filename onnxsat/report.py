@@ -101,8 +101,9 @@ class Report:
     pinned_dims: dict[str, dict[str, int]] = field(default_factory=dict)
     """``--input-shape``: per input, the dims that were not fixed in the model (symbol or "dim K") -> value."""
     partial: list[dict[str, Any]] = field(default_factory=list)
-    """PET partial rules: each site found (rule, shapes, emitted/rejected/too-large, boxes, and whether
-    the extracted program uses its mutant + correction)."""
+    """Per-site rules (PET partial rules, and exact ones such as the sub-pixel ConvTranspose): each site
+    found (rule, shapes, emitted/rejected/too-large, boxes, and whether the extracted program uses its
+    mutant + correction)."""
     measured: dict[str, Any] | None = None
     """``--measure``: onnxruntime latency before/after (medians, 95% CI, verdict) and what shipped."""
 
@@ -159,7 +160,7 @@ class Report:
             used = [p["rule"] for p in emitted if p["used"]]
             skipped = len(self.partial) - len(emitted)
             lines.append(
-                f"  partial rules    {len(emitted)} site(s) PET-verified and added"
+                f"  site rules       {len(emitted)} site(s) PET-verified and added"
                 + (f" ({', '.join(sorted(set(p['rule'] for p in emitted)))})" if emitted else "")
                 + (f", {skipped} not added (verification failed or correction too large)" if skipped else "")
                 + f"; extracted program uses: {', '.join(sorted(set(used))) or 'none'}"

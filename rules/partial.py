@@ -14,6 +14,10 @@ How a partial rule runs (``apply_partial_rules``, called by the pipeline after i
    unverified is ever in the e-graph and extraction needs no special case: the cost model prices
    the mutant and the correction like any other ops and decides.
 
+Site rules whose mutant needs no correction (``PartialRule.exact``, e.g. the sub-pixel ConvTranspose)
+are exact rewrites: they run by default, listed in the ``layout`` family, through the same per-site
+verification; the corrected partial families stay opt-in (``--enable-rules partial``).
+
 Terms are built once, as ``rule_instances`` nodes over named leaves: the verifier exports and
 evaluates exactly those terms, and the pass turns the same terms into egglog expressions with
 each leaf bound to its e-class (``tensor_ref``), so what is verified is what is unioned.
@@ -250,18 +254,26 @@ class PartialRule:
     samples: Callable[[], list[OpCall]]
     pattern: str
     """The matched op and guards, as text for ``onnxsat rules list``."""
+    ops: frozenset[str] = frozenset({"conv", "conv_transpose", "average_pool", "max_pool", "matmul"})
+    """The ops whose applications ``find`` looks at (no such op in a model: the rule does no work)."""
+    exact: bool = False
+    """The mutant needs no correction (PET's check must find no differing box). Exact site rules join
+    the default-on ``EXACT_FAMILY``; rules with a correction stay in the opt-in ``partial`` family."""
 
 
 PARTIAL_RULES: dict[str, PartialRule] = {}
+EXACT_FAMILY = "layout"
+"""Where exact site rules are listed and enabled (by default), next to the exact pool-separable rule."""
 
 
 def register(rule: PartialRule) -> None:
-    """Add a partial rule to the rule table (family ``partial``, verified by PET's method)."""
+    """Add a site rule to the rule table, verified by PET's method: a partial rule to the opt-in family
+    ``partial``, an exact one to the default-on ``EXACT_FAMILY``."""
     from .registry import RULES
     from .verify_partial import verify_partial_rule
 
     PARTIAL_RULES[rule.name] = rule
-    RULES.add_custom(FAMILY, rule.name, verify_partial_rule, rule.pattern)
+    RULES.add_custom(EXACT_FAMILY if rule.exact else FAMILY, rule.name, verify_partial_rule, rule.pattern)
     RULES.default_off.add(FAMILY)  # a verification pass at the model's shapes: opt-in (--enable-rules partial)
 
 
@@ -333,11 +345,20 @@ def verify_site_cached(site: Site) -> tuple[Any, bool]:
     return verdict, False
 
 
-def find_sites(enabled: Sequence[str], eg: SerializedEGraph) -> list[Site]:
+def site_rules(enabled: Sequence[str], eg: SerializedEGraph) -> list[str]:
+    """The enabled site rules whose ops occur in ``eg`` (none: the pass has nothing to do)."""
     names = [n for n in enabled if n in PARTIAL_RULES]
     if not names:
         return []
-    calls = calls_of(eg, frozenset({"conv", "conv_transpose", "average_pool", "max_pool", "matmul"}))
+    present = {node.op for nodes in eg.classes.values() for node in nodes}
+    return [n for n in names if PARTIAL_RULES[n].ops & present]
+
+
+def find_sites(enabled: Sequence[str], eg: SerializedEGraph) -> list[Site]:
+    names = site_rules(enabled, eg)
+    if not names:
+        return []
+    calls = calls_of(eg, frozenset().union(*(PARTIAL_RULES[n].ops for n in names)))
     return [site for name in names for site in PARTIAL_RULES[name].find(calls, eg)]
 
 

@@ -8,8 +8,10 @@ Output row ``o`` of a stride-``s`` ConvTranspose reads input rows ``i`` with ``o
 the same few input rows ``q - j``), phase ``b`` is a plain correlation over rows ``q - j_max ..
 q - j_min`` with taps ``s*j + b - r + p`` (zero where out of the kernel): the Conv's zero padding
 is the ConvTranspose's missing contributions, so PET's check finds no differing box at any border
-and the composite needs no correction. onnxruntime runs ConvTranspose as a GEMM into a
-``C_out*k*k``-row column buffer plus a col2im scatter; the Conv form skips both.
+and the composite needs no correction: an exact site rule, on by default (family ``layout``), each
+site still PET-verified at its own shapes before it enters the e-graph. onnxruntime runs
+ConvTranspose as a GEMM into a ``C_out*k*k``-row column buffer plus a col2im scatter; the Conv
+form skips both.
 """
 
 from __future__ import annotations
@@ -195,6 +197,9 @@ register(
             conv_transpose_sample(1, 2, (3, 4), 2, (3, 2), (3, 2), (0, 1, 0, 0), (2, 1), tag="t3"),
             conv_transpose_sample(1, 2, (4, 3), 3, (2, 2), (2, 2), (0, 0, 0, 0), tag="t4"),
         ],
-        "conv_transpose(x, w, b) on NCHW, group 1, dilations 1, a stride >= 2",
+        "exact, PET-verified at each site's shapes: conv_transpose(x, w, b) on NCHW, group 1, dilations 1,"
+        " a stride >= 2",
+        ops=frozenset({"conv_transpose"}),
+        exact=True,
     )
 )

@@ -198,7 +198,8 @@ def describe_rule(table: RuleTable, name: str) -> dict[str, Any]:
     """Family, and per egglog rule its left-hand side(s), right-hand side(s) and guards as text."""
     variants = []
     if name in table.custom:
-        variants.append({"egg_name": name, "lhs": [], "rhs": [], "guards": [table.custom[name][1]], "note": "PET partial rule"})
+        kind = "PET partial rule" if table.family_of(name) == "partial" else "exact site rule, PET-verified per site"
+        variants.append({"egg_name": name, "lhs": [], "rhs": [], "guards": [table.custom[name][1]], "note": kind})
     for egg_name, built in table.egg_rules[name]:
         try:
             p = parse_rule(egg_name, built)

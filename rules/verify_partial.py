@@ -307,9 +307,8 @@ def verify_partial_rule(name: str) -> Any:
         result.detail = "no site found on the rule's samples"
     else:
         result.ok = True
-        result.detail = (
-            f"PET-verified at {len(sites)} sample shapes: {differing} of {boxes} boxes differ, all corrected"
-        )
+        found = f"{differing} of {boxes} boxes differ, all corrected" if differing else f"none of {boxes} boxes differs (exact)"
+        result.detail = f"PET-verified at {len(sites)} sample shapes: {found}"
     return result
 
 

@@ -18,7 +18,7 @@ from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules import RULES
-from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules
+from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules, site_rules
 from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
 from onnxsat.rules.partial_models import all_sites_model, site_model
 from onnxsat.rules.schedule import select_rules
@@ -47,9 +47,13 @@ def _conv(x: L.Tensor, w: L.Tensor, pads: list[int], dil: int = 1) -> L.Tensor:
 
 # ---------------------------------------------------------------- rule table and verification
 def test_partial_family_is_listed_and_off_by_default() -> None:
-    assert set(RULE_NAMES) == set(RULES.families["partial"]) == set(PARTIAL_RULES)
-    assert not set(RULE_NAMES) & set(select_rules())
+    """Rules with a correction are the opt-in ``partial`` family; exact site rules run by default."""
+    corrected = {n for n in RULE_NAMES if not PARTIAL_RULES[n].exact}
+    assert set(RULE_NAMES) == set(PARTIAL_RULES) and corrected == set(RULES.families["partial"])
+    assert not corrected & set(select_rules())
     assert set(RULE_NAMES) <= set(select_rules(enable=("partial",)))
+    exact = set(RULE_NAMES) - corrected
+    assert exact == {"conv-transpose-subpixel"} and exact <= set(RULES.families["layout"]) & set(select_rules())
 
 
 @pytest.mark.parametrize("name", RULE_NAMES)
@@ -193,6 +197,7 @@ def test_numeric_every_site_on_onnxruntime() -> None:
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32) for i in model.graph.input}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    assert site_rules(select_rules(), eg) == ["conv-transpose-subpixel"]  # the default rules' only site rule
     for name in RULE_NAMES:
         sites = find_sites([name], eg)
         assert any(program.names[eg.origins[o]].startswith(f"{name}/") for s in sites for o in s.outputs), (name, sites)
@@ -235,6 +240,8 @@ def test_optimize_runs_the_partial_pass_and_reports_it() -> None:
     assert all(isinstance(p["used"], bool) for p in report.partial), report.partial
     kernels = [tuple(a.ints) for n in out.graph.node if n.op_type == "MaxPool" for a in n.attribute if a.name == "kernel_shape"]
     assert kernels == [(13, 13)], kernels
-    assert "partial rules" in report.render()
-    _, plain = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), verify=False))
-    assert plain.partial == []  # off by default
+    assert "site rules" in report.render()
+    others = tuple(n for n in select_rules() if RULES.family_of(n) != "core" and n not in PARTIAL_RULES)
+    _, plain = onnxsat.optimize(model, onnxsat.Options(disable_rules=others, verify=False))
+    # by default only exact site rules run, and this model has no ConvTranspose: no per-site pass
+    assert plain.partial == [] and "partial" not in plain.stage_seconds

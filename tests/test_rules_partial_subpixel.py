@@ -1,5 +1,6 @@
-"""ConvTranspose as a sub-pixel convolution (rules/partial_subpixel.py): the numpy ConvTranspose PET's
-check evaluates with, a wrong phase kernel caught, the prove test, and a decoder optimized with it."""
+"""ConvTranspose as a sub-pixel convolution (rules/partial_subpixel.py), an exact site rule on by
+default: the numpy ConvTranspose PET's check evaluates with, a wrong phase kernel caught, the prove
+test, the default selection, and a decoder optimized with it."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ import onnxsat
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
-from onnxsat.rules import partial_subpixel
+from onnxsat.rules import RULES, partial_subpixel
 from onnxsat.rules.partial import apply_partial_rules
 from onnxsat.rules.partial_models import decoder_block, site_model
 from onnxsat.rules.partial_subpixel import RULE, conv_transpose_sample, subpixel_site
+from onnxsat.rules.rule_pattern import describe_rule
+from onnxsat.rules.schedule import select_rules
 from onnxsat.rules.verify_partial import conv_transpose_reference, verify_site
 
 from .prove import _egraph
@@ -97,11 +100,20 @@ def test_prove_conv_transpose_subpixel() -> None:
         eg.check(eq(start).to(goal))
 
 
+def test_on_by_default_as_an_exact_rule() -> None:
+    """Listed in the default-on layout family as an exact site rule (the partial family stays opt-in;
+    test_rules_partial checks a model without ConvTranspose gets no per-site pass)."""
+    assert RULE in select_rules() and RULES.family_of(RULE) == "layout" and "exact" in RULES.custom[RULE][1]
+    assert describe_rule(RULES, RULE)["variants"][0]["note"].startswith("exact site rule")
+
+
 def test_decoder_uses_subpixel_and_matches_onnxruntime() -> None:
-    """A decoder's stride-2 ConvTransposes: PET-verified, chosen by the built-in cost model (ORT's
-    col2im pass priced), exported as Conv + transposes, numerically the original on onnxruntime."""
+    """A decoder's stride-2 ConvTransposes with the default rule selection (all but the core rules
+    disabled, to keep saturation short): PET-verified, chosen by the built-in cost model (ORT's col2im
+    pass priced), exported as Conv + transposes, numerically the original on onnxruntime."""
     model = decoder_block(channels=16, size=16)
-    out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=(RULE,)))
+    others = tuple(n for n in select_rules() if RULES.family_of(n) != "core" and n != RULE)
+    out, report = onnxsat.optimize(model, onnxsat.Options(disable_rules=others))
     assert report.verification.status == "passed"
     records = [p for p in report.partial if p["rule"] == RULE]
     assert len(records) == 2 and all(p["status"] == "emitted" and p["differing_boxes"] == 0 for p in records), records

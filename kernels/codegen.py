@@ -4,13 +4,14 @@ Every kernel becomes ``void name(i8** args, i64 begin, i64 end)``: ``args`` hold
 pointers in ``Kernel.params`` order; the body runs for the parallel variable in ``[begin, end)``.
 Loop variables and scalar locals are stack slots that ``mem2reg`` promotes, so O3 sees plain
 SSA loops it can vectorize. Float adds/multiplies carry ``reassoc contract`` so reductions vectorize.
+Large elementwise outputs get explicit vector loops with non-temporal stores (kernels/streaming.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from llvmlite import ir
+from llvmlite import binding, ir
 
 from onnxsat.lowering.kernel_ir import (
     Assign,
@@ -35,7 +36,7 @@ from onnxsat.lowering.kernel_ir import (
     is_signed,
 )
 
-from . import mathlib
+from . import mathlib, streaming
 
 I1, I8, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(64)
 LL_TYPES: dict[str, ir.Type] = {
@@ -76,11 +77,14 @@ class _FunctionBuilder:
         self.ptrs: dict[str, ir.Value] = {}
         self.scopes: list[dict[Expr, ir.Value]] = [{}]
         self.written = set(kernel.outputs)
+        self.lanes: int | None = None
+        self.vector_var = ""
+        """Set while emitting a streaming vector loop: expressions then yield ``<lanes x float>``."""
+        self.streamed = False
 
     # ------------------------------------------------------------ helpers
     def intrinsic(self, name: str, ty: ir.Type, nargs: int = 1) -> ir.Function:
-        suffix = {"float": "f32", "double": "f64", "half": "f16"}[str(ty)]
-        full = f"llvm.{name}.{suffix}"
+        full = f"llvm.{name}.{mathlib.intrinsic_suffix(ty)}"
         existing = self.module.globals.get(full)
         if existing is not None:
             return existing
@@ -132,6 +136,8 @@ class _FunctionBuilder:
         b = self.b
         if isinstance(e, Const):
             ty = LL_TYPES[e.dtype]
+            if self.lanes is not None:  # streaming.py admits float32 constants only
+                return mathlib.splat(ir.VectorType(ty, self.lanes), float(e.value))
             if e.dtype == "bool":
                 return ir.Constant(I1, int(bool(e.value)))
             if is_float(e.dtype):
@@ -143,6 +149,8 @@ class _FunctionBuilder:
             return b.load(self.slots[e.name], typ=I64)
         if isinstance(e, Local):
             return b.load(self.slots[e.name], typ=LL_TYPES[e.dtype])
+        if isinstance(e, Load) and self.lanes is not None:
+            return self._vector_load(e)
         if isinstance(e, Load):
             st = storage_type(e.buffer.dtype)
             ptr = b.gep(self.pointer(e.buffer), [self.expr(e.index)], inbounds=True, source_etype=st)
@@ -175,7 +183,7 @@ class _FunctionBuilder:
             if op == "neg":
                 return b.fneg(a)
             if op == "recip":
-                return b.fdiv(ir.Constant(ty, 1.0), a)
+                return b.fdiv(mathlib.splat(a.type, 1.0), a)
             if op == "exp" and dt == "f32":
                 return mathlib.exp_f32(b, a)
             if op == "sigmoid" and dt == "f32":
@@ -194,7 +202,7 @@ class _FunctionBuilder:
                 one = ir.Constant(ty, 1.0)
                 return b.fdiv(b.fsub(one, e), b.fadd(one, e))
             name = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil", "round": "roundeven"}[op]
-            return b.call(self.intrinsic(name, ty), [a])
+            return b.call(self.intrinsic(name, a.type), [a])
         if op == "neg":
             return b.neg(a)
         if op == "abs":
@@ -217,7 +225,7 @@ class _FunctionBuilder:
             if op in ("max", "min"):
                 # NaN-propagating (numpy's maximum/minimum), and a form the loop vectorizer
                 # turns into vector reductions (a select on fcmp stays scalar without nnan)
-                return b.call(self.intrinsic("maximum" if op == "max" else "minimum", LL_TYPES[dt], 2), [a, c])
+                return b.call(self.intrinsic("maximum" if op == "max" else "minimum", a.type, 2), [a, c])
             if op == "maxsel":
                 return b.select(b.fcmp_ordered(">", a, c), a, c)
             if op == "pow":
@@ -269,7 +277,11 @@ class _FunctionBuilder:
     def stmts(self, body: tuple[Stmt, ...]) -> None:
         for s in body:
             if isinstance(s, Loop):
-                self.loop(s)
+                store = streaming.streamed_store(s, frozenset(self.written))
+                if store is not None:
+                    self.streaming_loop(s, store)
+                else:
+                    self.loop(s)
             elif isinstance(s, Store):
                 st = storage_type(s.buffer.dtype)
                 value = self.expr(s.value)
@@ -304,6 +316,81 @@ class _FunctionBuilder:
         b.branch(header)
         b.position_at_end(exit_)
 
+    def _vector_load(self, e: Load) -> ir.Value:
+        """``lanes`` floats of ``e`` from the current chunk start: consecutive, or one broadcast."""
+        assert self.lanes is not None
+        b, vty = self.b, ir.VectorType(LL_TYPES["f32"], self.lanes)
+        lanes, self.lanes = self.lanes, None  # the index is scalar i64 arithmetic
+        ptr = b.gep(self.pointer(e.buffer), [self.expr(e.index)], inbounds=True, source_etype=LL_TYPES["f32"])
+        self.lanes = lanes
+        if streaming.stride_of(e.index, self.vector_var) == 1:
+            return b.load(b.bitcast(ptr, vty.as_pointer()), typ=vty, align=4)
+        one = b.insert_element(ir.Constant(vty, ir.Undefined), b.load(ptr, typ=LL_TYPES["f32"]), ir.Constant(ir.IntType(32), 0))
+        return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+    def streaming_loop(self, s: Loop, store: Store) -> None:
+        """``s`` as a scalar head up to a 64-byte boundary of the output, a vector loop of
+        non-temporal stores, and a scalar tail (the whole range stays scalar when it is short or
+        the output is not float-aligned)."""
+        b, lanes = self.b, streaming.LANES
+        start, stop = self.expr(s.start), self.expr(s.stop)
+        self.scopes.append({})  # the index at the loop start must not be reused inside the loops
+        b.store(start, self.slot(s.var, I64))
+        first = b.gep(self.pointer(store.buffer), [self.expr(store.index)], inbounds=True, source_etype=LL_TYPES["f32"])
+        self.scopes.pop()
+        addr = b.ptrtoint(first, I64)
+        count = b.sub(stop, start)
+        to_line = b.and_(b.lshr(b.sub(ir.Constant(I64, 0), addr), ir.Constant(I64, 2)), ir.Constant(I64, lanes - 1))
+        scalar_only = b.or_(
+            b.icmp_signed("<", count, ir.Constant(I64, streaming.MIN_STREAM_ELEMENTS)),
+            b.icmp_unsigned("!=", b.and_(addr, ir.Constant(I64, 3)), ir.Constant(I64, 0)),
+        )
+        head_end = b.select(scalar_only, stop, b.add(start, to_line))
+        vector_end = b.add(head_end, b.and_(b.sub(stop, head_end), ir.Constant(I64, -lanes)))
+        # fresh names: a loaded Var is cached in its scope, and sibling loops may share ``s.var``
+        head_var, vector_var = f"{s.var}.head_end{len(self.slots)}", f"{s.var}.vector_end{len(self.slots)}"
+        b.store(head_end, self.slot(head_var, I64))
+        b.store(vector_end, self.slot(vector_var, I64))
+        self.loop(Loop(s.var, Var(head_var), s.body, s.start))
+        self._vector_loop(s.var, Var(head_var), Var(vector_var), store)
+        self.loop(Loop(s.var, s.stop, s.body, Var(vector_var)))
+        self.streamed = True
+
+    def _vector_loop(self, var: str, start: Var, stop: Var, store: Store) -> None:
+        b, lanes = self.b, streaming.LANES
+        slot = self.slot(var, I64)
+        b.store(self.expr(start), slot)
+        end = self.expr(stop)
+        header = self.fn.append_basic_block(f"{var}.vheader")
+        body = self.fn.append_basic_block(f"{var}.vbody")
+        exit_ = self.fn.append_basic_block(f"{var}.vexit")
+        b.branch(header)
+        b.position_at_end(header)
+        b.cbranch(b.icmp_signed("<", b.load(slot, typ=I64), end), body, exit_)
+        b.position_at_end(body)
+        saved, self.scopes = self.scopes, [{}]  # values of the scalar code are not vectors
+        self.lanes, self.vector_var = lanes, var
+        value = self.expr(store.value)
+        self.lanes = None
+        ptr = b.gep(self.pointer(store.buffer), [self.expr(store.index)], inbounds=True, source_etype=LL_TYPES["f32"])
+        vty = ir.VectorType(LL_TYPES["f32"], lanes)
+        instr = b.store(value, b.bitcast(ptr, vty.as_pointer()), align=4 * lanes)
+        instr.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        self.scopes = saved
+        b.store(b.add(b.load(slot, typ=I64), ir.Constant(I64, lanes), flags=["nsw"]), slot)
+        b.branch(header)
+        b.position_at_end(exit_)
+
+    def store_fence(self) -> None:
+        """Orders the non-temporal stores before anything the caller does next (``sfence`` on x86;
+        a full fence elsewhere)."""
+        if binding.get_process_triple().startswith(("x86_64", "i386", "i686")):
+            name = "llvm.x86.sse.sfence"
+            fn = self.module.globals.get(name) or ir.Function(self.module, ir.FunctionType(ir.VoidType(), []), name=name)
+            self.b.call(fn, [])
+        else:
+            self.b.fence("seq_cst")
+
     def build(self) -> None:
         b = self.b
         for k, buf in enumerate(self.kernel.params):
@@ -312,7 +399,9 @@ class _FunctionBuilder:
         outer = Loop(self.kernel.parallel_var, Var("__end"), self.kernel.body, Var("__begin"))
         b.store(self.fn.args[1], self.slot("__begin", I64))
         b.store(self.fn.args[2], self.slot("__end", I64))
-        self.loop(outer)
+        self.stmts((outer,))
+        if self.streamed:
+            self.store_fence()
         b.ret_void()
 
 

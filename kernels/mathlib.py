@@ -11,6 +11,9 @@ float->int conversion), clamps pass NaN through instead of a select per special 
 divisions of sigmoid/erf/tanh, whose operands are finite by construction, carry ``arcp ninf`` so
 the backend emits a reciprocal estimate plus one Newton step (``vrcp14ps`` on AVX-512, ``rcpps``
 elsewhere) instead of a vector divide.
+
+Every function works on a scalar ``float`` or on a ``<N x float>`` vector (the explicit vector loops
+of kernels/streaming.py): constants and integer types follow the type of the argument.
 """
 
 from __future__ import annotations
@@ -42,54 +45,74 @@ ESTIMATE = ("arcp", "ninf")
 """Flags of a division whose operands are finite: a reciprocal estimate and a Newton step may replace it."""
 
 
-def _c(value: float) -> ir.Constant:
-    return ir.Constant(F32, value)
+def splat(ty: ir.Type, value: float | int) -> ir.Constant:
+    """A constant of ``ty``: the scalar itself, or every lane of a vector type."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [value] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def _c(like: ir.Value, value: float) -> ir.Constant:
+    return splat(like.type, value)
+
+
+def _int_like(x: ir.Value) -> ir.Type:
+    """i32, or <N x i32> for a vector ``x``: the type its float bits are bitcast to."""
+    return ir.VectorType(I32, x.type.count) if isinstance(x.type, ir.VectorType) else I32
+
+
+def intrinsic_suffix(ty: ir.Type) -> str:
+    """LLVM's overload suffix of a float type: ``f32``, or ``v16f32`` for a vector."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{intrinsic_suffix(ty.element)}"
+    return {"float": "f32", "double": "f64", "half": "f16"}[str(ty)]
 
 
 def _clamp(b: ir.IRBuilder, x: ir.Value, lo: float, hi: float) -> ir.Value:
     """``min(max(x, lo), hi)`` that passes NaN through (each select keeps ``x`` when unordered)."""
-    x = b.select(b.fcmp_ordered(">", x, _c(hi)), _c(hi), x)
-    return b.select(b.fcmp_ordered("<", x, _c(lo)), _c(lo), x)
+    x = b.select(b.fcmp_ordered(">", x, _c(x, hi)), _c(x, hi), x)
+    return b.select(b.fcmp_ordered("<", x, _c(x, lo)), _c(x, lo), x)
 
 
 def _horner(b: ir.IRBuilder, x: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
-    acc = _c(coeffs[0])
+    acc: ir.Value = _c(x, coeffs[0])
     for c in coeffs[1:]:
         # contract: each step becomes one FMA (half the instructions, one rounding instead of two)
-        acc = b.fadd(b.fmul(acc, x, flags=CONTRACT), _c(c), flags=CONTRACT)
+        acc = b.fadd(b.fmul(acc, x, flags=CONTRACT), _c(x, c), flags=CONTRACT)
     return acc
 
 
 def _floor(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    name = "llvm.floor.f32"
-    fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(F32, [F32]), name=name)
+    name = f"llvm.floor.{intrinsic_suffix(x.type)}"
+    fn = b.module.globals.get(name) or ir.Function(b.module, ir.FunctionType(x.type, [x.type]), name=name)
     return b.call(fn, [x])
 
 
 def _exp_in_range(b: ir.IRBuilder, xc: ir.Value) -> ir.Value:
     """e**xc for ``xc`` in [EXP_LO, EXP_HI] (or NaN, which stays NaN): 2**n * e**r with
     n = floor(xc * log2(e)), r in [0, ln2); about 13 vector instructions, no float->int conversion."""
-    n = _floor(b, b.fmul(xc, _c(LOG2E)))
-    r = b.fsub(xc, b.fmul(n, _c(EXP_C1), flags=CONTRACT), flags=CONTRACT)
-    r = b.fsub(r, b.fmul(n, _c(EXP_C2), flags=CONTRACT), flags=CONTRACT)
-    y = b.fadd(b.fmul(r, _horner(b, r, EXP_Q), flags=CONTRACT), _c(1.0), flags=CONTRACT)
-    bits = b.bitcast(b.fadd(n, _c(ROUND_MAGIC)), I32)
-    scale = b.add(b.shl(bits, ir.Constant(I32, 23)), ir.Constant(I32, 127 << 23))
-    return b.fmul(y, b.bitcast(scale, F32))
+    n = _floor(b, b.fmul(xc, _c(xc, LOG2E)))
+    r = b.fsub(xc, b.fmul(n, _c(xc, EXP_C1), flags=CONTRACT), flags=CONTRACT)
+    r = b.fsub(r, b.fmul(n, _c(xc, EXP_C2), flags=CONTRACT), flags=CONTRACT)
+    y = b.fadd(b.fmul(r, _horner(b, r, EXP_Q), flags=CONTRACT), _c(xc, 1.0), flags=CONTRACT)
+    ity = _int_like(xc)
+    bits = b.bitcast(b.fadd(n, _c(xc, ROUND_MAGIC)), ity)
+    scale = b.add(b.shl(bits, splat(ity, 23)), splat(ity, 127 << 23))
+    return b.fmul(y, b.bitcast(scale, xc.type))
 
 
 def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """e**x: range reduction to [0, ln2), a degree-5 polynomial, scale by 2**n via bits."""
     y = _exp_in_range(b, _clamp(b, x, EXP_LO, EXP_HI))
-    y = b.select(b.fcmp_ordered(">", x, _c(88.7228391)), _c(float("inf")), y)
-    return b.select(b.fcmp_ordered("<", x, _c(EXP_LO)), _c(0.0), y)  # flush results below the smallest normal
+    y = b.select(b.fcmp_ordered(">", x, _c(x, 88.7228391)), _c(x, float("inf")), y)
+    return b.select(b.fcmp_ordered("<", x, _c(x, EXP_LO)), _c(x, 0.0), y)  # flush results below the smallest normal
 
 
 def sigmoid_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """1 / (1 + e**-x). The clamp keeps 1 + e**-x finite (below -87 the result is already below
     the smallest normal float), so the division may be a reciprocal estimate."""
     e = _exp_in_range(b, _clamp(b, b.fneg(x), EXP_LO, EXP_HI))
-    return b.fdiv(_c(1.0), b.fadd(e, _c(1.0)), flags=ESTIMATE)
+    return b.fdiv(_c(x, 1.0), b.fadd(e, _c(x, 1.0)), flags=ESTIMATE)
 
 
 def erf_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

@@ -267,10 +267,9 @@ def verify_site(site: Any, seeds: int = SEEDS) -> PetVerdict:
             if not ok:
                 return _fail(verdict, start, f"output {o}: mutant + correction != original ({reason}, max abs error {err:.3g}, seed {seed})")
     verdict.seconds = round(time.perf_counter() - start, 3)
-    verdict.detail = (
-        f"{kind}: {verdict.differing_boxes} of {verdict.boxes} boxes differ, all corrected;"
-        f" composite = original on {seeds} seeds"
-    )
+    differ = verdict.differing_boxes
+    found = f"{differ} of {verdict.boxes} boxes differ, all corrected" if differ else f"none of {verdict.boxes} boxes differs (exact)"
+    verdict.detail = f"{kind}: {found}; composite = original on {seeds} seeds"
     return verdict
 
 

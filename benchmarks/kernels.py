@@ -5,7 +5,9 @@
    second, against ``np.copyto`` moving the same number of bytes. Floor: >= 70% of that copy.
    A reference row per size, ``np.multiply(x, s)`` (one thread), shows what a one-in one-out loop
    with ordinary stores reaches: each store first reads its cache line (write-allocate), which a
-   large ``np.copyto`` avoids, so at 16M floats such a loop moves 3 lines per 2 counted.
+   large ``np.copyto`` avoids, so at 16M floats such a loop moves 3 lines per 2 counted. Outputs of
+   8 MiB and more are written with non-temporal stores (kernels/streaming.py); at 16M each chain
+   also runs compiled with ordinary stores, in the same interleaved rounds, to show what that buys.
 2. GEMM 1024x1024x1024 float32: the compiled model's BLAS step against ``np.matmul`` on the
    same threads (which BLAS numpy uses is logged via threadpoolctl). Floor: >= 80% of numpy.
 3. Pools (SPP-style MaxPool 5/9/13 at stride 1, AveragePool 3x3 stride 2): the whole compiled
@@ -15,7 +17,7 @@
 Timings are medians over interleaved rounds (kernel, reference, kernel, ...), so machine load
 hits both sides alike.
 
-    python benchmarks/kernels.py [--rounds 30] [--threads 2] [--out benchmarks/results/kernels.md]
+    python benchmarks/kernels.py [--rounds 30] [--threads 2] [--only elementwise] [--out benchmarks/results/kernels.md]
 """
 
 from __future__ import annotations
@@ -74,7 +76,23 @@ def _kernel_call(compiled: object, feeds: dict[str, np.ndarray]) -> Callable[[],
     return call
 
 
+def _ordinary_stores(model: onnx.ModelProto, threads: int) -> object:
+    """The model compiled with streaming stores switched off (for comparison only)."""
+    from onnxsat.kernels import streaming
+    from onnxsat.kernels.compiled import CompiledModel
+
+    saved = streaming.STREAM_MIN_BYTES
+    streaming.STREAM_MIN_BYTES = 1 << 62
+    try:
+        compiled = CompiledModel(model, threads=threads)
+        compiled.executable_for({i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32) for i in model.graph.input})
+        return compiled
+    finally:
+        streaming.STREAM_MIN_BYTES = saved
+
+
 def elementwise(n: int, rounds: int, threads: int) -> list[str]:
+    from onnxsat.kernels import streaming
     from onnxsat.kernels.compiled import CompiledModel
 
     rng = np.random.default_rng(0)
@@ -99,10 +117,15 @@ def elementwise(n: int, rounds: int, threads: int) -> list[str]:
         moved = 4 * n * (len(ins) + 1)
         src = np.ones(moved // 8, np.float32)
         dst = np.empty_like(src)
-        t_kernel, t_copy = _interleaved([kernel, lambda: np.copyto(dst, src)], rounds)  # noqa: B023
+        fns = [kernel, lambda: np.copyto(dst, src)]  # noqa: B023
+        if 4 * n >= streaming.STREAM_MIN_BYTES:
+            fns.append(_kernel_call(_ordinary_stores(model, threads), feeds))
+        t_kernel, t_copy, *t_plain = _interleaved(fns, rounds)
         bw_k, bw_c = moved / t_kernel / 1e9, moved / t_copy / 1e9
         ok = bw_k >= 0.7 * bw_c
         rows.append(f"| {name} | {n:,} | {t_kernel * 1e3:.3f} | {bw_k:.2f} | {bw_c:.2f} | {bw_k / bw_c:.0%} | {'PASS' if ok else 'FAIL'} |")
+        for t in t_plain:
+            rows.append(f"| {name}, ordinary stores (reference) | {n:,} | {t * 1e3:.3f} | {moved / t / 1e9:.2f} | {bw_c:.2f} | {t_copy / t:.0%} | - |")
     x, y, scale = rng.standard_normal(n).astype(np.float32), np.empty(n, np.float32), np.float32(1.7)
     src, dst = np.ones(n, np.float32), np.empty(n, np.float32)
     t_mul, t_copy = _interleaved([lambda: np.multiply(x, scale, out=y), lambda: np.copyto(dst, src)], rounds)
@@ -171,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--only", choices=["elementwise"], default=None, help="run the elementwise rows alone")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     lines = [
@@ -181,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for n in (1 << 20, 1 << 24):
         lines += elementwise(n, args.rounds, args.threads)
+    if args.only == "elementwise":
+        print("\n".join(lines))
+        return 0 if "FAIL" not in "\n".join(lines) else 1
     row, info = gemm(1024, args.rounds, args.threads)
     lines += [
         "",

@@ -116,17 +116,25 @@ def compare_latency(
 
 
 def ort_session(
-    model: onnx.ModelProto, *, level: Level = "all", threads: int | None = None, prepacking: bool = True
+    model: onnx.ModelProto,
+    *,
+    level: Level = "all",
+    threads: int | None = None,
+    prepacking: bool = True,
+    quiet: bool = False,
 ) -> ort.InferenceSession:
     """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op threads).
 
     Weights still in their file (``onnxsat.lazy_weights``) are mapped by onnxruntime from their
     folder, never read into the process; a model past protobuf's 2 GiB goes through a temporary
     file with external data. ``prepacking=False`` keeps onnxruntime from copying weights into
-    prepacked buffers (a second copy of a large model's weights).
+    prepacked buffers (a second copy of a large model's weights). ``quiet`` logs fatal errors only
+    (callers that report failures as exceptions in one line).
     """
     so = ort.SessionOptions()
     so.graph_optimization_level = _LEVELS[level]
+    if quiet:
+        so.log_severity_level = 4
     if threads is not None:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

@@ -9,7 +9,6 @@ was rewritten.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +30,10 @@ class _Cut:
     boundary_outputs: list[str]  # custom node inputs, now graph outputs (in pairing order)
 
 
-def _runner(model: onnx.ModelProto, stack: contextlib.ExitStack) -> Callable[[dict[str, np.ndarray]], dict[str, Any]]:
+def _runner(model: onnx.ModelProto) -> Callable[[dict[str, np.ndarray]], dict[str, Any]]:
     """onnxruntime for a region model, or onnx's numpy reference when onnxruntime lacks an op."""
     try:
-        session = stack.enter_context(_session(model, "disable_all"))
+        session = _session(model, "disable_all")
         return lambda feeds: run_session(session, feeds)
     except Exception:
         reference = ReferenceEvaluator(model)
@@ -113,24 +112,23 @@ def compare_by_regions(
     a_cut, b_cut = _cut(original, orig_types), _cut(optimized, opt_types)
     names = [o.name for o in original.graph.output]
     worst: dict[str, OutputCheck] = {}
-    with contextlib.ExitStack() as stack:
-        run_a, run_b = _runner(a_cut.model, stack), _runner(b_cut.model, stack)
-        for seed in seeds:
-            feeds = make_inputs(a_cut.model, seed)
-            other = dict(feeds)
-            for a, b in zip(a_cut.boundary_inputs, b_cut.boundary_inputs, strict=True):
-                other[b] = other.pop(a) if a != b else feeds[a]
-            ref, got = run_a(feeds), run_b(other)
-            pairs = [(n, n, n) for n in names]
-            pairs += [
-                (f"input of custom node ({a})", a, b)
-                for a, b in zip(a_cut.boundary_outputs, b_cut.boundary_outputs, strict=True)
-            ]
-            for label, a, b in pairs:
-                check = _compare_values(label, np.asarray(ref[a]), np.asarray(got[b]))
-                old = worst.get(label)
-                worst[label] = (
-                    check if old is None or (not check.ok or check.max_abs_err > old.max_abs_err) else old
-                )
+    run_a, run_b = _runner(a_cut.model), _runner(b_cut.model)
+    for seed in seeds:
+        feeds = make_inputs(a_cut.model, seed)
+        other = dict(feeds)
+        for a, b in zip(a_cut.boundary_inputs, b_cut.boundary_inputs, strict=True):
+            other[b] = other.pop(a) if a != b else feeds[a]
+        ref, got = run_a(feeds), run_b(other)
+        pairs = [(n, n, n) for n in names]
+        pairs += [
+            (f"input of custom node ({a})", a, b)
+            for a, b in zip(a_cut.boundary_outputs, b_cut.boundary_outputs, strict=True)
+        ]
+        for label, a, b in pairs:
+            check = _compare_values(label, np.asarray(ref[a]), np.asarray(got[b]))
+            old = worst.get(label)
+            worst[label] = (
+                check if old is None or (not check.ok or check.max_abs_err > old.max_abs_err) else old
+            )
     checks = list(worst.values())
     return VerificationResult(ok=all(c.ok for c in checks), outputs=checks)

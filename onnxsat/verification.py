@@ -7,19 +7,16 @@ inputs, and every output is compared by name with a per-dtype tolerance.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from onnxsat import lazy_weights, modelio
+from onnxsat import latency, lazy_weights, modelio
 from onnxsat.errors import VerificationError, one_line
 
 __all__ = [
@@ -32,11 +29,11 @@ __all__ = [
     "weakest_float_types",
 ]
 
-_OPT_LEVELS = {
-    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+_OPT_LEVELS: dict[str, latency.Level] = {
+    "disable_all": "disable",
+    "basic": "basic",
+    "extended": "extended",
+    "all": "all",
 }
 
 _FLOAT_TYPES: dict[int, type] = {
@@ -233,38 +230,23 @@ def run_ort(
     dropped an unused input runs on the original's feeds. Models over 2 GiB go through a temporary
     directory with external data.
     """
-    with _session(model, optimization_level) as session:
-        return _run(session, feeds)
+    return _run(_session(model, optimization_level), feeds)
 
 
-@contextlib.contextmanager
-def _session(model: ModelProto, optimization_level: str) -> Iterator[ort.InferenceSession]:
+def _session(model: ModelProto, optimization_level: str) -> ort.InferenceSession:
     if optimization_level not in _OPT_LEVELS:
         raise ValueError(
             f"optimization_level must be one of {sorted(_OPT_LEVELS)}, not {optimization_level!r}"
         )
-    options = ort.SessionOptions()
-    options.graph_optimization_level = _OPT_LEVELS[optimization_level]
-    # Fatal only: failures come back as exceptions that the caller reports in one line; warnings
-    # (e.g. about unused initializers) and error logs would only add noise to stderr.
-    options.log_severity_level = 4
-    providers = ["CPUExecutionProvider"]
-    if lazy_weights.lazy_initializers(model):
-        # Weights still in their file: onnxruntime maps them from there. Prepacking would copy
-        # every MatMul weight into a second buffer; results are compared between two sessions
-        # that both skip it.
-        shell, folder = lazy_weights.ort_model(model)
-        options.add_session_config_entry("session.disable_prepacking", "1")
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
-        yield ort.InferenceSession(shell, options, providers=providers)
-        return
-    if modelio.serialized_size(model) <= modelio.MAX_PROTO_BYTES:
-        yield ort.InferenceSession(model.SerializeToString(), options, providers=providers)
-        return
-    with tempfile.TemporaryDirectory(prefix="onnxsat-ort-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        modelio.save_model_atomic(model, path, external_data=True)
-        yield ort.InferenceSession(str(path), options, providers=providers)
+    # Fatal-only logging: failures come back as exceptions that the caller reports in one line.
+    # Weights still in their file skip prepacking (it would copy every MatMul weight into a second
+    # buffer); results are compared between two sessions that both skip it.
+    return latency.ort_session(
+        model,
+        level=_OPT_LEVELS[optimization_level],
+        prepacking=not lazy_weights.lazy_initializers(model),
+        quiet=True,
+    )
 
 
 def _run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -409,15 +391,15 @@ def compare_models(
             ok=False, skipped_reason=f"cannot generate inputs for the original model: {e}"
         )
     try:
-        with _session(original, "disable_all") as session:
-            references = [_run(session, feeds) for feeds in feeds_per_seed]
+        session = _session(original, "disable_all")
+        references = [_run(session, feeds) for feeds in feeds_per_seed]
     except Exception as e:
         return VerificationResult(
             ok=False, skipped_reason=f"onnxruntime cannot run the original model: {one_line(e)}"
         )
     try:
-        with _session(optimized, "disable_all") as session:
-            results = [_run(session, feeds) for feeds in feeds_per_seed]
+        session = _session(optimized, "disable_all")
+        results = [_run(session, feeds) for feeds in feeds_per_seed]
     except Exception as e:
         detail = f"onnxruntime cannot run the optimized model: {one_line(e)}"
         checks = [OutputCheck(name, math.inf, 0.0, False, detail) for name in names]

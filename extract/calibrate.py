@@ -20,7 +20,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +74,20 @@ class Sample:
     outputs: int = 1
     """Outputs of one kernel (Split); ``out_shape`` is then their concatenation along axis 1, which
     is what the cost model's per-output nodes add up to."""
+    dispatch: bool = False
+    """A kernel so small that its time is all dispatch (and per-output hand-over): these samples
+    pin the per-kernel and per-output costs, which the roofline fit then leaves alone."""
+    chain: int = 1
+    """Copies of the node run one after the other, each reading the previous one's output (a
+    dispatch sample: the time per extra copy is what one more kernel costs inside a model,
+    without the hand-over of a graph output that a single-node model also pays)."""
 
     @property
     def label(self) -> str:
         shapes = "x".join(",".join(map(str, s)) for s in self.inputs)
-        return f"{self.op_type}[{shapes}]"
+        window = self.attrs.get("kernel_shape") if self.cls == "pool" else None
+        label = f"{self.op_type}[{shapes}]" + (f"k{'x'.join(map(str, window))}" if window else "")
+        return label + (f"*{self.chain}" if self.chain > 1 else "")
 
     def work(self) -> tuple[float, float]:
         dtypes: list[int | None] = [_F32] * len(self.inputs)
@@ -87,7 +96,9 @@ class Sample:
     def reorders(self) -> tuple[int, float]:
         """(count, bytes) of the layout copies onnxruntime adds around this node alone (its
         input is a graph input)."""
-        return nchwc_reorders(self.op, list(self.inputs), self.out_shape, reorder_input=True)
+        return nchwc_reorders(
+            self.op, list(self.inputs), self.out_shape, reorder_input=True, reorder_output=True
+        )
 
     def model(self) -> onnx.ModelProto:
         rng = np.random.default_rng(0)
@@ -111,13 +122,29 @@ class Sample:
         else:  # equal parts along axis 1 (Split)
             part = (self.out_shape[0], self.out_shape[1] // self.outputs, *self.out_shape[2:])
             outs = [helper.make_tensor_value_info(f"out{i}", _F32, part) for i in range(self.outputs)]
-        node = helper.make_node(self.op_type, names, [o.name for o in outs], **self.attrs)
-        graph = helper.make_graph([node], f"calibrate_{self.op_type}", graph_inputs, outs, inits)
+        links = [names[0]] + [f"t{j}" for j in range(self.chain - 1)] + [o.name for o in outs][:1]
+        nodes = [
+            helper.make_node(self.op_type, [links[j], *names[1:]], [links[j + 1]], **self.attrs)
+            for j in range(self.chain - 1)
+        ]
+        nodes.append(
+            helper.make_node(self.op_type, [links[-2], *names[1:]], [o.name for o in outs], **self.attrs)
+        )
+        graph = helper.make_graph(nodes, f"calibrate_{self.op_type}", graph_inputs, outs, inits)
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
-def _matmul(m: int, k: int, n: int, held: bool = False) -> Sample:
-    return Sample("matmul", "MatMul", "matmul", ((m, k), (k, n)), frozenset({1}), (m, n), held_out=held)
+def _matmul(m: int, k: int, n: int, held: bool = False, dispatch: bool = False) -> Sample:
+    return Sample(
+        "matmul",
+        "MatMul",
+        "matmul",
+        ((m, k), (k, n)),
+        frozenset({1}),
+        (m, n),
+        held_out=held,
+        dispatch=dispatch,
+    )
 
 
 def _gemm(m: int, k: int, n: int, held: bool = False) -> Sample:
@@ -127,91 +154,143 @@ def _gemm(m: int, k: int, n: int, held: bool = False) -> Sample:
     )  # fmt: skip
 
 
-def _conv(c: int, hw: int, o: int, k: int, stride: int = 1, held: bool = False) -> Sample:
+def _conv(
+    c: int, hw: int, o: int, k: int, stride: int = 1, held: bool = False, dispatch: bool = False
+) -> Sample:
     pad = k // 2
     out = (hw + 2 * pad - k) // stride + 1
     attrs = {"kernel_shape": [k, k], "pads": [pad] * 4, "strides": [stride] * 2}
     return Sample(
         "conv", "Conv", "conv", ((1, c, hw, hw), (o, c, k, k), (o,)), frozenset({1, 2}), (1, o, out, out),
-        attrs, held_out=held,
+        attrs, held_out=held, dispatch=dispatch,
     )  # fmt: skip
 
 
-def _eltwise(op_type: str, op: str, shape: tuple[int, ...], arity: int, held: bool = False) -> Sample:
-    return Sample("elementwise", op_type, op, (shape,) * arity, frozenset(), shape, held_out=held)
-
-
-def _reduce(op_type: str, op: str, rows: int, cols: int, held: bool = False) -> Sample:
-    keep = op_type != "Softmax"
-    attrs: dict[str, Any] = {"axes": [1], "keepdims": 1} if keep else {"axis": 1}
-    out = (rows, 1) if keep else (rows, cols)
-    return Sample("reduce", op_type, op, ((rows, cols),), frozenset(), out, attrs, held_out=held)
-
-
-def _transpose(shape: tuple[int, ...], perm: tuple[int, ...], held: bool = False) -> Sample:
-    out = tuple(shape[p] for p in perm)
+def _eltwise(
+    op_type: str, op: str, shape: tuple[int, ...], arity: int, held: bool = False, dispatch: bool = False
+) -> Sample:
     return Sample(
-        "layout", "Transpose", "transpose", (shape,), frozenset(), out, {"perm": list(perm)}, held_out=held
+        "elementwise", op_type, op, (shape,) * arity, frozenset(), shape, held_out=held, dispatch=dispatch
     )
 
 
-def _concat(a: tuple[int, ...], b: tuple[int, ...], held: bool = False) -> Sample:
+def _reduce(
+    op_type: str, op: str, rows: int, cols: int, held: bool = False, dispatch: bool = False
+) -> Sample:
+    keep = op_type != "Softmax"
+    attrs: dict[str, Any] = {"axes": [1], "keepdims": 1} if keep else {"axis": 1}
+    out = (rows, 1) if keep else (rows, cols)
+    return Sample(
+        "reduce", op_type, op, ((rows, cols),), frozenset(), out, attrs, held_out=held, dispatch=dispatch
+    )
+
+
+def _transpose(
+    shape: tuple[int, ...], perm: tuple[int, ...], held: bool = False, dispatch: bool = False
+) -> Sample:
+    out = tuple(shape[p] for p in perm)
+    return Sample(
+        "transpose", "Transpose", "transpose", (shape,), frozenset(), out, {"perm": list(perm)},
+        held_out=held, dispatch=dispatch,
+    )  # fmt: skip
+
+
+def _concat(a: tuple[int, ...], b: tuple[int, ...], held: bool = False, dispatch: bool = False) -> Sample:
     out = (a[0], a[1] + b[1], *a[2:])
-    return Sample("layout", "Concat", "concat", (a, b), frozenset(), out, {"axis": 1}, held_out=held)
-
-
-def _split(rows: int, cols: int, parts: int, held: bool = False) -> Sample:
     return Sample(
-        "layout", "Split", "split", ((rows, cols), (parts,)), frozenset({1}), (rows, cols), {"axis": 1},
-        {"num_outputs": parts}, held_out=held, int_values={1: (cols // parts,) * parts}, outputs=parts,
+        "layout", "Concat", "concat", (a, b), frozenset(), out, {"axis": 1}, held_out=held, dispatch=dispatch
+    )
+
+
+def _split(shape: tuple[int, ...], parts: int, held: bool = False, dispatch: bool = False) -> Sample:
+    """Equal parts along axis 1 (the channels of a merged conv, the columns of a merged MatMul)."""
+    return Sample(
+        "split", "Split", "split", (shape, (parts,)), frozenset({1}), shape, {"axis": 1},
+        {"num_outputs": parts}, held_out=held, int_values={1: (shape[1] // parts,) * parts}, outputs=parts,
+        dispatch=dispatch,
     )  # fmt: skip
 
 
-def _maxpool(c: int, hw: int, held: bool = False) -> Sample:
-    out = (hw + 2 - 3) // 2 + 1
-    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+def _maxpool(
+    c: int,
+    hw: int,
+    kernel: tuple[int, int] = (3, 3),
+    stride: int = 2,
+    held: bool = False,
+    dispatch: bool = False,
+) -> Sample:
+    """A MaxPool with "same" pads; 3x3 stride 2 as in a CNN's stem, or a large stride-1 window as
+    in a spatial-pyramid block (and its separable passes, k x 1 and 1 x k)."""
+    kh, kw = kernel
+    pads = [kh // 2, kw // 2, kh // 2, kw // 2]
+    out_h, out_w = (hw + 2 * (kh // 2) - kh) // stride + 1, (hw + 2 * (kw // 2) - kw) // stride + 1
+    attrs = {"kernel_shape": [kh, kw], "strides": [stride] * 2, "pads": pads}
     return Sample(
-        "pool", "MaxPool", "max_pool", ((1, c, hw, hw),), frozenset(), (1, c, out, out), attrs,
-        {"kernel": (3, 3)}, held_out=held,
+        "pool", "MaxPool", "max_pool", ((1, c, hw, hw),), frozenset(), (1, c, out_h, out_w), attrs,
+        {"kernel": kernel}, held_out=held, dispatch=dispatch,
     )  # fmt: skip
 
 
-def _gap(c: int, hw: int, held: bool = False) -> Sample:
+def _gap(c: int, hw: int, held: bool = False, dispatch: bool = False) -> Sample:
     return Sample(
         "pool", "GlobalAveragePool", "global_average_pool", ((1, c, hw, hw),), frozenset(), (1, c, 1, 1),
-        held_out=held,
+        held_out=held, dispatch=dispatch,
     )  # fmt: skip
+
+
+CHAIN = 8
+"""Copies of a tiny node in a dispatch chain."""
+
+
+def _chain(sample: Sample) -> Sample:
+    """``CHAIN`` copies of a tiny shape-preserving node in a row (a dispatch sample)."""
+    return replace(sample, dispatch=True, chain=CHAIN)
 
 
 def samples(quick: bool = False) -> list[Sample]:
-    """The calibration set: per class several fit shapes and held-out shapes between them."""
+    """The calibration set: per class tiny dispatch-only kernels, several fit shapes and held-out
+    shapes between them."""
     full = [
+        _matmul(1, 16, 16, dispatch=True), _chain(_matmul(1, 16, 16)), _gemm(1, 16, 16), _matmul(1, 64, 64),
         _matmul(8, 64, 64), _matmul(1, 256, 256), _matmul(16, 512, 512), _matmul(64, 256, 1024),
         _matmul(256, 512, 256), _matmul(128, 1024, 512), _matmul(2, 1024, 1024), _matmul(1, 512, 2048), _gemm(64, 512, 512), _gemm(4, 128, 128),
         _matmul(32, 384, 768, True), _matmul(4, 1024, 512, True), _matmul(96, 128, 128, True),
         _gemm(16, 768, 256, True),
+        _conv(8, 2, 8, 1, dispatch=True), _conv(16, 2, 16, 1, dispatch=True), _chain(_conv(16, 2, 16, 1)),
         _conv(3, 64, 16, 3), _conv(32, 28, 32, 3), _conv(64, 14, 128, 1), _conv(128, 7, 128, 3),
         _conv(16, 56, 16, 1), _conv(64, 28, 64, 3, stride=2), _conv(64, 56, 64, 1), _conv(256, 14, 64, 1),
-        _conv(16, 28, 16, 1), _conv(8, 16, 8, 3), _conv(32, 14, 32, 1, held=True),
+        _conv(16, 28, 16, 1), _conv(8, 16, 8, 3), _conv(32, 28, 32, 1), _conv(32, 14, 32, 1, held=True),
         _conv(32, 56, 64, 1, held=True), _conv(64, 14, 64, 3, held=True), _conv(16, 32, 32, 3, held=True),
+        _eltwise("Relu", "relu", (16,), 1, dispatch=True), _eltwise("Add", "add", (16,), 2, dispatch=True),
+        _chain(_eltwise("Relu", "relu", (16,), 1)), _chain(_eltwise("Add", "add", (16,), 2)),
         _eltwise("Relu", "relu", (1000,), 1), _eltwise("Relu", "relu", (64, 256), 1),
         _eltwise("Relu", "relu", (256, 1024), 1), _eltwise("Relu", "relu", (1024, 1024), 1),
         _eltwise("Add", "add", (4, 1024), 2), _eltwise("Add", "add", (256, 256), 2),
         _eltwise("Add", "add", (512, 1024), 2), _eltwise("Mul", "mul", (128, 512), 2),
         _eltwise("Relu", "relu", (128, 512), 1, True), _eltwise("Add", "add", (64, 1024), 2, True),
         _eltwise("Mul", "mul", (1024, 1024), 2, True), _eltwise("Relu", "relu", (32, 64), 1, True),
+        _reduce("ReduceMean", "reduce_mean", 4, 16, dispatch=True),
         _reduce("ReduceMean", "reduce_mean", 64, 256), _reduce("ReduceMean", "reduce_mean", 512, 1024),
         _reduce("Softmax", "softmax", 128, 128), _reduce("Softmax", "softmax", 256, 1024),
         _reduce("ReduceMean", "reduce_mean", 256, 768, True), _reduce("Softmax", "softmax", 64, 512, True),
+        _transpose((4, 4), (1, 0), dispatch=True),
         _transpose((60, 60), (1, 0)), _transpose((1000, 1000), (1, 0)), _transpose((1, 64, 56, 56), (0, 2, 3, 1)),
-        _concat((1, 32, 28, 28), (1, 32, 28, 28)), _concat((64, 512), (64, 256)),
+        _transpose((200, 700), (1, 0)), _transpose((1, 16, 28, 28), (0, 2, 3, 1)),
         _transpose((500, 300), (1, 0), True), _transpose((1, 32, 28, 28), (0, 2, 3, 1), True),
+        _concat((1, 4), (1, 4), dispatch=True),
+        _concat((1, 32, 28, 28), (1, 32, 28, 28)), _concat((64, 512), (64, 256)),
+        _concat((1, 16, 56, 56), (1, 16, 56, 56)), _concat((256, 1024), (256, 1024)),
         _concat((1, 64, 14, 14), (1, 128, 14, 14), True),
+        _maxpool(4, 4, dispatch=True), _gap(4, 2, dispatch=True),
         _maxpool(64, 56), _maxpool(32, 28), _maxpool(128, 14), _gap(256, 7), _gap(1024, 7),
-        _maxpool(64, 28, True), _gap(512, 14, True),
+        _maxpool(32, 20, (5, 5), 1), _maxpool(32, 20, (9, 9), 1), _maxpool(32, 20, (1, 9), 1),
+        _maxpool(32, 20, (5, 1), 1), _maxpool(64, 28, held=True), _gap(512, 14, True),
+        _maxpool(32, 20, (13, 13), 1, True), _maxpool(32, 20, (1, 5), 1, True),
         # A graph output cannot alias a graph input, so ORT copies here: tiny tensors measure the dispatch.
-        _split(64, 256, 2), _split(256, 768, 3), _split(16, 1024, 4), _split(4, 384, 3), _split(1, 192, 3),
-        _split(128, 600, 3, True),
+        _split((1, 6), 2, dispatch=True), _split((1, 12), 4, dispatch=True),
+        _split((64, 256), 2), _split((256, 768), 3), _split((16, 1024), 4), _split((4, 384), 3), _split((1, 192), 3),
+        _split((1, 48, 28, 28), 3), _split((1, 128, 28, 28), 2), _split((1, 96, 7, 7), 3),
+        _split((128, 600), 3, True), _split((1, 64, 14, 14), 2, True),
         Sample("view", "Reshape", "reshape", ((4, 4), (1,)), frozenset({1}), (16,), int_values={1: (-1,)}),
         Sample("view", "Reshape", "reshape", ((8, 8), (1,)), frozenset({1}), (64,), int_values={1: (-1,)}),
     ]  # fmt: skip
@@ -219,11 +298,12 @@ def samples(quick: bool = False) -> list[Sample]:
         return full
     keep: dict[tuple[str, bool], int] = {}
     out = []
-    for s in full:  # per class: the first three fit samples and the first two held-out ones
+    # Per class: the dispatch samples, the first three fit samples and the first two held-out ones.
+    for s in full:
         n = keep.get((s.cls, s.held_out), 0)
-        if n < (2 if s.held_out else 3):
+        if s.dispatch or n < (2 if s.held_out else 3):
             out.append(s)
-            keep[(s.cls, s.held_out)] = n + 1
+            keep[(s.cls, s.held_out)] = n + (not s.dispatch)
     return out
 
 
@@ -288,13 +368,16 @@ class Measured:
 
     @property
     def kernels(self) -> int:
-        """Dispatches the node pays: its own and one per layout copy around it."""
-        return 1 + self.sample.reorders()[0]
+        """Dispatches the node pays: its own (one per copy in a chain) and one per layout copy
+        around it (a chain of convs stays blocked: one pair of reorders for all)."""
+        return self.sample.chain + self.sample.reorders()[0]
 
-    def predict(self, consts: ClassConstants) -> float:
-        return consts.time_us(
+    def predict(self, consts: ClassConstants, graph_output_us: float = 0.0) -> float:
+        """The node's predicted time as measured: its kernel(s) and handing back its outputs."""
+        kernel = consts.time_us(
             self.flops, self.bytes, self.reorder, self.kernels, self.sample.outputs, self.unblocked_flops
         )
+        return kernel + graph_output_us * self.sample.outputs
 
     @property
     def unblocked_flops(self) -> float:
@@ -324,7 +407,55 @@ MIN_NODE_US = 0.05
 """Floor of a node's own time (a node can measure at or below the empty model's time)."""
 
 
-def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConstants:
+@dataclass(frozen=True)
+class Dispatch:
+    """What a kernel costs beyond its roofline, measured by the dispatch samples (microseconds)."""
+
+    per_kernel: float
+    """One more kernel inside a model."""
+    per_output: float
+    """Each extra output of a multi-output kernel (Split), inside a model."""
+    per_graph_output: float
+    """Handing one output back to the caller (allocation and fetch): single-node samples pay it for
+    each of their outputs, a model for each of its outputs, and no choice of extraction changes it."""
+
+
+def dispatch_costs(rows: list[Measured]) -> Dispatch:
+    """Per-kernel, per-output and per-graph-output costs from the dispatch samples of all classes.
+
+    One set for every class (onnxruntime's per-kernel work hardly depends on the op, and one tiny
+    sample is within a microsecond of noise), each a median: a kernel is the time per extra copy of
+    a chain over its single-node sample; a graph output is what a single tiny node takes beyond its
+    kernels; a Split's extra output is what a tiny Split takes beyond its kernel and graph outputs.
+    """
+    singles = {r.sample.label: r for r in rows if r.sample.chain == 1}
+    steps = []
+    for r in rows:
+        one = singles.get(r.sample.label.rsplit("*", 1)[0]) if r.sample.chain > 1 else None
+        if one is not None:
+            steps.append((r.node_us - one.node_us) / (r.sample.chain - 1))
+    plain = [r for r in singles.values() if r.sample.outputs == 1]
+    chained = bool(steps)
+    if not chained:  # no chains: a single node's whole time counts as its dispatch
+        steps = [r.node_us / r.kernels for r in plain]
+    per_kernel = max(0.0, float(statistics.median(steps))) if steps else 0.0
+    handover = [r.node_us - per_kernel * r.kernels for r in plain] if chained else []
+    per_graph_output = max(0.0, float(statistics.median(handover))) if handover else 0.0
+    extra = [
+        (r.node_us - per_kernel * r.kernels - per_graph_output * r.sample.outputs) / (r.sample.outputs - 1)
+        for r in singles.values()
+        if r.sample.outputs > 1
+    ]
+    per_output = max(0.0, float(statistics.median(extra))) if extra else 0.0
+    return Dispatch(per_kernel, per_output, per_graph_output)
+
+
+def fit_class(
+    rows: list[Measured],
+    cache_bytes: float = math.inf,
+    dispatch: Dispatch | None = None,
+    kernel_spills: bool = True,
+) -> ClassConstants:
     """Weighted least squares (weights 1 / (time + noise)) of
     overhead * kernels + a * max(flops, r * bytes') + c * reorder bytes + d * (outputs - 1)
     + e * FLOPs of unblocked convs.
@@ -336,6 +467,10 @@ def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConst
     left out); the grid point with the smallest weighted residual wins. peak = 1/a, bandwidth =
     peak/r, spill bandwidth = bandwidth/q, reorder bandwidth = 1/c, cost per extra output = d,
     extra rate of unblocked convs = 1/e.
+
+    ``dispatch`` pins (overhead, d) to what dispatch-only samples measured (``dispatch_costs``):
+    left free, the intercept also absorbs how far the larger kernels fall off the roofline, which
+    overprices the kernels a merge saves (a tiny merge then looks faster than it measures).
     """
     t = np.array([r.node_us for r in rows])
     flops = np.array([r.flops for r in rows])
@@ -343,33 +478,46 @@ def fit_class(rows: list[Measured], cache_bytes: float = math.inf) -> ClassConst
     kernels = np.array([float(r.kernels) for r in rows])
     reorder = np.array([r.reorder for r in rows])
     extra_outputs = np.array([r.sample.outputs - 1.0 for r in rows])
+    if dispatch is not None:
+        t = t - dispatch.per_kernel * kernels - dispatch.per_output * extra_outputs
+        t = t - dispatch.per_graph_output * (extra_outputs + 1.0)
+        kernels, extra_outputs = np.zeros_like(kernels), np.zeros_like(extra_outputs)
     unblocked = np.array([r.unblocked_flops for r in rows])
-    w = 1.0 / (t + NOISE_US)
-    best: tuple[float, np.ndarray, float, float, float] | None = None  # residual, coef, r, q, cache
+    w = 1.0 / (np.array([r.node_us for r in rows]) + NOISE_US)  # relative error of the whole time
+    best: tuple[float, np.ndarray, float, float, float, float] | None = None  # resid, coef, r, q, q2, cache
     caches = [cache_bytes * f for f in _CACHE_FRACTIONS] if math.isfinite(cache_bytes) else [math.inf]
     for cache in caches:
-        spilled = nbytes > cache
-        if not (spilled.any() or np.any(reorder > cache)) and cache != caches[-1]:
+        spilled, reorder_spilled = nbytes > cache, reorder > cache
+        if not (spilled.any() or reorder_spilled.any()) and cache != caches[-1]:
             continue  # same as the largest cache size
-        for q in _SPILL_FACTORS if spilled.any() or np.any(reorder > cache) else (1.0,):
+        # The kernel and the layout copies around it spill apart: a blocked conv streams its input
+        # once from tiles that fit, while a reorder is a plain strided copy of the whole tensor.
+        for q in _SPILL_FACTORS if spilled.any() and kernel_spills else (1.0,):
             eff = np.where(spilled, q * nbytes, nbytes)
             x = np.maximum(flops[None, :], eff[None, :] * _BALANCES[:, None])  # one row per balance
-            reorder_eff = np.where(reorder > cache, q * reorder, reorder)
-            fixed = [np.broadcast_to(c, x.shape) for c in (kernels, reorder_eff, extra_outputs, unblocked)]
-            design = np.stack([fixed[0], x, *fixed[1:]], axis=2)
-            resid, coef = _nonneg_fit(design, t, w)
-            i = int(np.argmin(resid))
-            if best is None or resid[i] < best[0]:
-                best = (float(resid[i]), coef[i], float(_BALANCES[i]), float(q), float(cache))
+            for q2 in _SPILL_FACTORS if reorder_spilled.any() else (1.0,):
+                reorder_eff = np.where(reorder_spilled, q2 * reorder, reorder)
+                fixed = [
+                    np.broadcast_to(c, x.shape) for c in (kernels, reorder_eff, extra_outputs, unblocked)
+                ]
+                design = np.stack([fixed[0], x, *fixed[1:]], axis=2)
+                resid, coef = _nonneg_fit(design, t, w)
+                i = int(np.argmin(resid))
+                if best is None or resid[i] < best[0]:
+                    best = (float(resid[i]), coef[i], float(_BALANCES[i]), float(q), float(q2), float(cache))
     assert best is not None
-    _, (overhead, a, c, per_output, e), r, q, cache = best
+    _, (overhead, a, c, per_output, e), r, q, q2, cache = best
+    if dispatch is not None:  # the per-output cost belongs to multi-output kernels only
+        overhead = dispatch.per_kernel
+        per_output = dispatch.per_output if any(r.sample.outputs > 1 for r in rows) else 0.0
     extras = {
         "reorder_gbs": float(1.0 / (c * 1e3) if c > 0 else math.inf),
+        "reorder_spill": q2,
         "output_us": float(per_output),
         "unblocked_gflops": float(1.0 / (e * 1e3) if e > 0 else math.inf),
     }
     if a <= 0:
-        return ClassConstants(math.inf, math.inf, float(overhead), **extras)
+        return ClassConstants(math.inf, math.inf, float(overhead), cache_bytes=cache, **extras)
     peak = 1.0 / (a * 1e3)  # a is microseconds per FLOP; peak in GFLOP/s
     bandwidth = peak / r
     return ClassConstants(
@@ -511,16 +659,20 @@ def calibrate(
     cache = cache_bytes()
     baseline, measured = measure(samples(quick), threads=threads, seconds=seconds)
     classes: dict[str, ClassConstants] = {}
+    tiny = [m for m in measured if m.sample.dispatch and not m.sample.held_out]
+    pinned = dispatch_costs(tiny) if tiny else None
     for cls in OP_CLASSES:
         rows = [m for m in measured if m.sample.cls == cls and not m.sample.held_out]
         if not rows:
             continue
-        if cls == "view":
-            classes[cls] = ClassConstants(
-                math.inf, math.inf, float(statistics.median(r.node_us for r in rows))
-            )
-        else:
-            classes[cls] = fit_class(rows, cache)
+        if cls == "view":  # a metadata-only op: its whole time beyond handing back its output
+            handover = pinned.per_graph_output if pinned is not None else 0.0
+            view_us = max(0.0, float(statistics.median(r.node_us for r in rows)) - handover)
+            classes[cls] = ClassConstants(math.inf, math.inf, view_us)
+            continue
+        # A blocked conv streams tiles that fit the cache: only its layout copies spill.
+        fitted = [r for r in rows if not r.sample.dispatch] or rows
+        classes[cls] = fit_class(fitted, cache, pinned, kernel_spills=cls != "conv")
     default = classes.get("elementwise", base.default)
     cost = RooflineCost(
         name=target,
@@ -529,6 +681,7 @@ def calibrate(
         view_overhead_us=classes["view"].overhead_us if "view" in classes else base.view_overhead_us,
         fusion=base.fusion,
         run_overhead_us=baseline,
+        graph_output_us=pinned.per_graph_output if pinned is not None else 0.0,
         calibrated=True,
         source=(
             f"onnxsat calibrate on {platform.node() or 'this machine'} ({platform.machine()},"
@@ -537,7 +690,7 @@ def calibrate(
         ),
     )
     for m in measured:
-        m.predicted_us = m.predict(cost.constants(m.sample.cls))
+        m.predicted_us = m.predict(cost.constants(m.sample.cls), cost.graph_output_us)
     return Calibration(cost, measured, baseline, time.perf_counter() - start)
 
 
@@ -563,11 +716,38 @@ def predict_model_us(model: onnx.ModelProto, cost: RooflineCost) -> float:
     program = from_onnx(model)
     eg = serialize(program.egraph)
     roots = [eg.roots[i] for i in range(len(program.outputs))]
-    return float(extract_greedy(eg, cost, roots).cost) + cost.run_overhead_us
+    extracted = extract_greedy(eg, cost, roots)
+    handover = cost.graph_output_us * len(model.graph.output)
+    return (
+        float(extracted.cost)
+        + cost.run_overhead_us
+        + handover
+        + _output_reorders_us(eg, extracted.nodes, roots, cost)
+    )
+
+
+def _output_reorders_us(eg: Any, nodes: list[tuple[str, Any]], roots: list[str], cost: RooflineCost) -> float:
+    """The ReorderOutput onnxruntime puts after a conv whose result is a graph output (node costs
+    charge a conv's ReorderOutput to the consumer that needs it; a graph output has none)."""
+    if cost.fusion != "ort":
+        return 0.0
+    chosen = dict(nodes)
+    total = 0.0
+    for root in dict.fromkeys(roots):
+        node = chosen.get(root)
+        shape = eg.shapes.get(root)
+        if node is not None and node.op == "conv" and shape is not None and len(shape) == 4:
+            moved = math.prod(max(d, 1) for d in shape) * 4.0
+            total += cost.constants("conv").time_us(0.0, 0.0, moved, kernels=1)
+    return total
 
 
 def check_models(
-    models: dict[str, onnx.ModelProto], cost: RooflineCost, *, threads: int | None = None, seconds: float = 5.0
+    models: dict[str, onnx.ModelProto],
+    cost: RooflineCost,
+    *,
+    threads: int | None = None,
+    seconds: float = 5.0,
 ) -> list[ModelCheck]:
     """Whole-model error: every model timed (interleaved, low percentile as in calibration) and priced."""
     measured = time_runs([_runner(m, threads) for m in models.values()], seconds=seconds)

@@ -10,12 +10,13 @@ Weight-only nodes cost nothing (they are folded at export), and metadata-only la
 
 With ``fusion="ort"`` (the ``ort-cpu`` target) the model prices what onnxruntime will actually
 run: nodes that ORT's graph optimizer fuses into their producer (Conv+BatchNorm/Add/Mul/
-activation, MatMul+bias into Gemm, Gemm+activation, Transpose pairs, the Erf-Gelu tail) cost
-only a dispatch, because the fused kernel makes one memory pass where the producer already
-writes its output. Whether a producer is fusable is judged from the ops its input e-class
-holds (``NodeCtx.in_ops``), since per-node costs cannot see which node extraction picks there.
-The ``ort`` mode also prices the NCHWc layout ORT runs convs in: the ReorderOutput copy after a
-conv and the slower kernel of a conv whose channels do not fill the block.
+activation, MatMul+bias into Gemm, Gemm+activation, Transpose pairs, decomposed GELU and
+LayerNorm) run no kernel of their own (``FUSED_NODE_US``), because the fused kernel makes one
+memory pass where the producer already writes its output. Whether a producer is fusable is judged
+from the ops its input e-class holds (``NodeCtx.in_ops``), since per-node costs cannot see which
+node extraction picks there. The ``ort`` mode also prices the NCHWc layout ORT runs convs in: the
+ReorderOutput copy a consumer that cannot read the blocked layout needs, the ReorderInput of a
+conv reading a Split's part, and the slower kernel of a conv whose channels do not fill the block.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ from .serialized import ENode, Ref
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape_of"})
 
-OP_CLASSES = ("matmul", "conv", "elementwise", "reduce", "layout", "pool", "view")
+OP_CLASSES = ("matmul", "conv", "elementwise", "reduce", "layout", "split", "transpose", "pool", "view")
 """Op classes with their own constants; ops outside them (opaque) use ``default``."""
+
+PARENT_CLASS = {"split": "layout", "transpose": "layout"}
+"""Classes split off a broader one (a profile without them prices their ops as the broader class):
+Split hands over several outputs per kernel, and a strided Transpose runs slower per byte than
+the contiguous copies of Concat."""
 
 _FAMILY_CLASS = {
     "matmul": "matmul",
@@ -47,6 +53,8 @@ _FAMILY_CLASS = {
     "shape": "elementwise",
 }
 _OP_CLASS_OVERRIDES = {
+    "split": "split",
+    "transpose": "transpose",
     "softmax": "reduce",
     "layer_norm": "reduce",
     "lrn": "reduce",
@@ -55,7 +63,9 @@ _OP_CLASS_OVERRIDES = {
 
 # ORT graph-optimizer fusions (onnxruntime/core/optimizer): producer ops each consumer folds into.
 _ACTIVATIONS = frozenset({"relu", "leaky_relu", "clip", "sigmoid", "tanh"})
-_CONV_LIKE = frozenset({"conv"})
+_CONV_LIKE = frozenset({"conv", "batch_norm"})
+"""Producers that end in a conv kernel: ORT folds a BatchNorm into the conv before it fuses the
+activation or Add after it (Conv -> BatchNorm -> Relu runs as one kernel)."""
 _GEMM_LIKE = frozenset({"gemm"})
 _MATMUL_LIKE = frozenset({"matmul", "gemm"})
 
@@ -103,8 +113,9 @@ class ClassConstants:
     it runs from when called again) moves them at ``bandwidth_gbs``; a larger one streams all of
     them from the shared cache levels or DRAM at ``spill_gbs``. ``reorder_gbs`` prices the
     layout copies onnxruntime puts around a kernel (NCHWc reorders around a conv), which are not
-    part of its roofline (and slow down by the same factor past the cache); ``output_us`` is the extra cost of each output after the first (a
-    Split allocates and hands over every part); ``unblocked_gflops`` is the extra time per FLOP
+    part of its roofline (and slow down ``reorder_spill`` times past the cache); ``output_us`` is the
+    extra cost of each output after the first (a Split allocates and hands over every part);
+    ``unblocked_gflops`` is the extra time per FLOP
     of a conv onnxruntime cannot run blocked (input channels not a multiple of the NCHWc block,
     e.g. a network's first conv), several times slower than the blocked kernels.
     """
@@ -117,6 +128,7 @@ class ClassConstants:
     reorder_gbs: float = math.inf
     output_us: float = 0.0
     unblocked_gflops: float = math.inf
+    reorder_spill: float = 1.0
 
     def time_us(
         self,
@@ -135,20 +147,28 @@ class ClassConstants:
             self.overhead_us * kernels
             + self.output_us * (outputs - 1)
             + max(compute, memory)
-            + reorder_bytes * self.spill_factor(reorder_bytes) / (self.reorder_gbs * 1e3)
+            + reorder_bytes
+            * (self.reorder_spill if reorder_bytes > self.cache_bytes else 1.0)
+            / (self.reorder_gbs * 1e3)
             + unblocked_flops / (self.unblocked_gflops * 1e3)
         )
 
-    def spill_factor(self, nbytes: float) -> float:
-        """How much slower than in-cache ``nbytes`` move (1 while they fit in the cache)."""
-        if nbytes <= self.cache_bytes or not math.isfinite(self.spill_gbs):
-            return 1.0
-        return self.bandwidth_gbs / self.spill_gbs
 
+FUSED_NODE_US = 0.01
+"""A node onnxruntime fuses into its producer's kernel runs no kernel of its own (calibration's
+dispatch cost, ~1-2 us, would make a fused chain look as dear as separate kernels); not zero, so
+that of two programs otherwise equal the one with fewer nodes wins."""
 
 NCHWC_BLOCK = 16
 """Channel block of onnxruntime's NCHWc layout on AVX-512 (8 on AVX2): a conv whose input has a
 multiple of it as channels runs blocked and needs a ReorderInput unless its producer runs blocked."""
+
+NCHWC_CONSUMERS = frozenset(
+    {"conv", "max_pool", "average_pool", "global_average_pool", "concat", "add", "mul", "batch_norm"}
+    | _ACTIVATIONS
+)
+"""Ops onnxruntime's NCHWc transformer runs on a blocked tensor (or fuses into the conv that makes
+it); any other consumer of a conv's output reads it through a ReorderOutput copy."""
 
 
 def nchwc_reorders(
@@ -156,22 +176,41 @@ def nchwc_reorders(
     in_shapes: list[tuple[int, ...] | None],
     out_shape: tuple[int, ...] | None,
     reorder_input: bool,
+    reorder_output: bool = False,
     itemsize: int = 4,
 ) -> tuple[int, float]:
     """(count, bytes) of the layout copies onnxruntime's NCHWc transformer puts around a 2-D conv.
 
-    ReorderOutput of the result is charged always (per-node costs cannot see whether the
-    consumer runs blocked). ReorderInput of the activation (when its channels are a multiple of
-    the block) only with ``reorder_input``: in a model, ORT reorders a tensor once for all the
-    convs that read it, so charging it per conv would make k sibling convs look k - 1 reorders
-    dearer than their merge; calibration's single-node samples do pay it.
+    ``reorder_input``: the input is a plain NCHW tensor and is copied to blocked (when its
+    channels are a multiple of the block); ``reorder_output``: the result goes to a consumer that
+    cannot read the blocked layout (or is a graph output). Calibration's single-node samples pay
+    both. In a model, a conv's ReorderOutput is charged to the consumer that needs it
+    (``nchwc_output_reorders``: a conv feeding a conv, pool or fused activation pays none), and
+    its ReorderInput only when its input may be a Split output (each part is its own tensor): the
+    ReorderInput of a shared tensor is done once for all the convs that read it, so charging it
+    per conv would make k sibling convs look k - 1 reorders dearer than their merge.
     """
     if op != "conv" or not in_shapes or in_shapes[0] is None or len(in_shapes[0]) != 4 or out_shape is None:
         return 0, 0.0
-    count, moved = 1, float(numel(out_shape) * itemsize)
+    count, moved = 0, 0.0
+    if reorder_output:
+        count, moved = 1, float(numel(out_shape) * itemsize)
     channels = in_shapes[0][1]
     if reorder_input and channels > 0 and channels % NCHWC_BLOCK == 0:
-        count, moved = 2, moved + numel(in_shapes[0]) * itemsize
+        count, moved = count + 1, moved + numel(in_shapes[0]) * itemsize
+    return count, moved
+
+
+def nchwc_output_reorders(ctx: NodeCtx) -> tuple[int, float]:
+    """(count, bytes) of the ReorderOutput copies a node that cannot read the blocked layout needs
+    for its inputs that a conv may produce (4-D tensors from a class holding a conv)."""
+    if ctx.node.op in NCHWC_CONSUMERS or ctx.node.op in VIEW_OPS:
+        return 0, 0.0
+    count, moved = 0, 0.0
+    for i, (ops, shape) in enumerate(zip(ctx.in_ops, ctx.in_shapes, strict=False)):
+        if "conv" in ops and shape is not None and len(shape) == 4:
+            count += 1
+            moved += numel(shape) * _ITEMSIZE.get(ctx.in_dtypes[i] or 1, 4)
     return count, moved
 
 
@@ -222,16 +261,21 @@ class RooflineCost:
     classes: dict[str, ClassConstants] = field(default_factory=dict)
     """Per op class constants; a class missing here uses ``default``."""
     view_overhead_us: float = 0.2
-    """Cost of a metadata-only op (and of a node ORT fuses away): one cheap dispatch."""
+    """Cost of a metadata-only op: one cheap dispatch."""
     fusion: str = "none"
     """``ort``: price ORT's graph fusions (the ort-cpu target); ``none``: one kernel per node."""
     run_overhead_us: float = 0.0
     """Fixed cost of one inference call (not part of any node; added to whole-model estimates)."""
+    graph_output_us: float = 0.0
+    """Cost of handing one graph output back to the caller (per output; whole-model estimates)."""
     calibrated: bool = False
     source: str = "built-in defaults"
 
     def constants(self, cls: str) -> ClassConstants:
-        return self.classes.get(cls, self.default)
+        found = self.classes.get(cls)
+        if found is None and cls in PARENT_CLASS:
+            found = self.classes.get(PARENT_CLASS[cls])
+        return found if found is not None else self.default
 
     def node_cost(self, ctx: NodeCtx) -> float:
         op = ctx.node.op
@@ -241,23 +285,31 @@ class RooflineCost:
         if cls == "view":
             return self.classes["view"].overhead_us if "view" in self.classes else self.view_overhead_us
         if self.fusion == "ort" and ort_fuses_into_producer(ctx):
-            return self.view_overhead_us + self._folded_operand_us(ctx, cls)
+            return FUSED_NODE_US + self._folded_operand_us(ctx, cls)
         attrs = _named_attrs(ctx.node) if op in BY_CTOR else {}
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
         consts = self.constants(cls)
-        reorders, reorder_bytes, unblocked = 0, 0.0, 0.0
+        reorders, reorder_bytes, unblocked, copies = 0, 0.0, 0.0, 0.0
         if self.fusion == "ort":
-            reorders, reorder_bytes = nchwc_reorders(op, ctx.in_shapes, ctx.out_shape, reorder_input=False)
+            split_input = bool(ctx.in_ops) and "split" in ctx.in_ops[0]
+            reorders, reorder_bytes = nchwc_reorders(
+                op, ctx.in_shapes, ctx.out_shape, reorder_input=split_input
+            )
             unblocked = flops if nchwc_unblocked(op, ctx.in_shapes) else 0.0
+            count, moved = nchwc_output_reorders(ctx)
+            if count:  # a conv's layout copies are priced at the conv class's rates
+                copies = self.constants("conv").time_us(0.0, 0.0, moved, kernels=count)
         parts = _outputs_of_one_kernel(op, ctx.in_shapes, attrs)
         if parts > 1:
             # One e-node per output of a multi-output kernel (Split): the kernel reads its input
             # once, writes every output and pays for each extra output; each e-node pays its share.
             out_bytes = numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
             whole = bytes_moved + out_bytes * (parts - 1)
-            return consts.time_us(flops, whole, outputs=parts) / parts
-        return consts.time_us(flops, bytes_moved, reorder_bytes, 1 + reorders, unblocked_flops=unblocked) + col2im_us(
-            op, ctx.in_shapes, consts
+            return (consts.time_us(flops, whole, outputs=parts) + copies) / parts
+        return (
+            copies
+            + consts.time_us(flops, bytes_moved, reorder_bytes, 1 + reorders, unblocked_flops=unblocked)
+            + col2im_us(op, ctx.in_shapes, consts)
         )
 
     def _folded_operand_us(self, ctx: NodeCtx, cls: str) -> float:
@@ -283,14 +335,28 @@ def ort_fuses_into_producer(ctx: NodeCtx) -> bool:
     Modelled: ConvActivationFusion and GemmActivationFusion (Relu, LeakyRelu, Clip, Sigmoid,
     Tanh), ConvBNFusion, ConvAddFusion/ConvMulFusion with a constant operand, the NCHWc
     Conv+Add(sum) fusion, MatMulAddFusion (MatMul + constant bias -> Gemm), Transpose pairs
-    merged by the transpose optimizer, and the Add/Mul tail of the Erf-based GeluFusion.
-    Not modelled: LayerNorm fusion of the decomposed pattern, attention fusions.
+    merged by the transpose optimizer, the Erf-based GeluFusion (Erf after the Div, the Add/Mul
+    tail), QuickGeluFusion (x * Sigmoid), and LayerNormFusion of the decomposed pattern (each step
+    after the first ReduceMean, recognised by the op its input comes from; see
+    ``_in_decomposed_layer_norm``), so a decomposed block onnxruntime runs fused is not priced
+    as a dozen kernels against onnxsat's fused ops.
+    Not modelled: attention fusions.
     """
     op = ctx.node.op
+    # Judged from every op the input's class holds (per-node costs cannot see which node
+    # extraction picks there). Pricing a class that may be a merge's Split part as unfusable
+    # instead would price the original program above its own cost once saturation adds the merge
+    # (its fused activations turn unfused), so extraction could end above where it started.
     ins = ctx.in_ops
     if not ins:
         return False
     const = ctx.in_const if len(ctx.in_const) == len(ins) else (False,) * len(ins)
+    if _in_decomposed_layer_norm(op, ins, const):
+        return True
+    if op == "erf":
+        return "div" in ins[0]
+    if op == "mul" and len(ins) == 2 and any("sigmoid" in s for s in ins):
+        return True
     if op in _ACTIVATIONS:
         return bool(ins[0] & (_CONV_LIKE | _GEMM_LIKE))
     if op == "batch_norm":
@@ -305,6 +371,30 @@ def ort_fuses_into_producer(ctx: NodeCtx) -> bool:
             if op == "add" and ins[i] & _MATMUL_LIKE and const[other]:
                 return True
         return any("erf" in s for s in ins)
+    return False
+
+
+def _in_decomposed_layer_norm(op: str, ins: tuple[frozenset[str], ...], const: tuple[bool, ...]) -> bool:
+    """A step of mean/variance normalization after its first ReduceMean: x - mean, its square,
+    the mean of that, + eps, sqrt, the division, and the constant scale and shift after it.
+    onnxruntime's LayerNormFusion runs the whole chain as one LayerNormalization kernel."""
+    if op == "sub" and len(ins) == 2:
+        return "reduce_mean" in ins[1]
+    if op == "pow_":
+        return "sub" in ins[0] and len(const) > 1 and const[1]
+    if op == "reduce_mean":
+        return "pow_" in ins[0]
+    if op == "sqrt":
+        return "add" in ins[0]
+    if op == "div" and len(ins) == 2:
+        return "sqrt" in ins[1]
+    if op in ("add", "mul") and len(ins) == 2:
+        before = {"add": "reduce_mean", "mul": "div"}[
+            op
+        ]  # + eps after the variance, * gamma after the division
+        return any(before in ins[i] and const[1 - i] for i in (0, 1)) or (
+            op == "add" and any("mul" in ins[i] and "div" not in ins[i] and const[1 - i] for i in (0, 1))
+        )
     return False
 
 

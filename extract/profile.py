@@ -24,9 +24,17 @@ _RATES = ("peak_gflops", "bandwidth_gbs", "spill_gbs", "cache_bytes", "reorder_g
 _H200 = ClassConstants(peak_gflops=67_000.0, bandwidth_gbs=4_800.0, overhead_us=4.0)
 """NVIDIA H200 SXM datasheet: 67 TFLOP/s FP32 (CUDA cores), 4.8 TB/s HBM3e; ~4 us per launch."""
 
+_ORT_CPU_POOL = ClassConstants(peak_gflops=15.0, bandwidth_gbs=10.0, overhead_us=2.0)
+"""onnxruntime's pooling kernels compare window elements at ~15 GFLOP/s (one per element; fitted
+on 3x3 to 13x13 windows by ``onnxsat calibrate`` on the 2-core development machine), far below the
+default class's rate: without it a large window looks as cheap as its separable passes' bytes."""
+
 TARGETS: dict[str, RooflineCost] = {
     "ort-cpu": RooflineCost(
-        name="ort-cpu", fusion="ort", source="built-in defaults (run `onnxsat calibrate` to measure)"
+        name="ort-cpu",
+        classes={"pool": _ORT_CPU_POOL},
+        fusion="ort",
+        source="built-in defaults (run `onnxsat calibrate` to measure)",
     ),
     "onnxsat-cpu": RooflineCost(
         name="onnxsat-cpu", fusion="none", source="built-in defaults (onnxsat's CPU kernels, not measured)"
@@ -65,6 +73,7 @@ def profile_to_dict(cost: RooflineCost, extra: dict[str, Any] | None = None) -> 
             "reorder_gbs": _finite_or_none(c.reorder_gbs),
             "output_us": c.output_us,
             "unblocked_gflops": _finite_or_none(c.unblocked_gflops),
+            "reorder_spill": c.reorder_spill,
         }
 
     data: dict[str, Any] = {
@@ -74,6 +83,7 @@ def profile_to_dict(cost: RooflineCost, extra: dict[str, Any] | None = None) -> 
         "source": cost.source,
         "fusion": cost.fusion,
         "run_overhead_us": cost.run_overhead_us,
+        "graph_output_us": cost.graph_output_us,
         "view_overhead_us": cost.view_overhead_us,
         "default": consts(cost.default),
         "classes": {name: consts(c) for name, c in sorted(cost.classes.items())},
@@ -119,10 +129,17 @@ def profile_from_dict(data: dict[str, Any]) -> RooflineCost:
         over = float(raw["overhead_us"])
         per_output = float(raw.get("output_us", 0.0))
         rates = {k: _none_is_inf(raw.get(k)) for k in _RATES}
+        # Files from before the reorder copies spilled on their own: they spilled like the kernel.
+        old_spill = rates["bandwidth_gbs"] / rates["spill_gbs"] if math.isfinite(rates["spill_gbs"]) else 1.0
+        reorder_spill = float(raw.get("reorder_spill", old_spill))
         fixed = (over, per_output)
-        if any(not v > 0 for v in rates.values()) or not all(v >= 0 and math.isfinite(v) for v in fixed):
+        if (
+            any(not v > 0 for v in rates.values())
+            or not all(v >= 0 and math.isfinite(v) for v in fixed)
+            or not (reorder_spill >= 1.0 and math.isfinite(reorder_spill))
+        ):
             raise ValueError(f"constants must be positive: {raw}")
-        return ClassConstants(overhead_us=over, output_us=per_output, **rates)
+        return ClassConstants(overhead_us=over, output_us=per_output, reorder_spill=reorder_spill, **rates)
 
     classes = {str(k): consts(v) for k, v in dict(data["classes"]).items()}
     unknown = sorted(set(classes) - set(OP_CLASSES))
@@ -138,6 +155,7 @@ def profile_from_dict(data: dict[str, Any]) -> RooflineCost:
         view_overhead_us=float(data.get("view_overhead_us", 0.2)),
         fusion=fusion,
         run_overhead_us=float(data.get("run_overhead_us", 0.0)),
+        graph_output_us=float(data.get("graph_output_us", 0.0)),
         calibrated=bool(data.get("calibrated", False)),
         source=str(data.get("source", "")),
     )

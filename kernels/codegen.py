@@ -65,6 +65,15 @@ def storage_type(dtype: str) -> ir.Type:
 
 
 class _FunctionBuilder:
+    stream_stores = False
+    """Whether large elementwise loops become streaming vector loops: set by the CPU constructor
+    only, so a subclass for another target (kernels/cuda/nvvm.py) with its own constructor keeps
+    plain loops."""
+    lanes: int | None = None
+    """Set while emitting a streaming vector loop: expressions then yield ``<lanes x float>``."""
+    vector_var = ""
+    streamed = False
+
     def __init__(self, module: ir.Module, kernel: Kernel):
         self.module = module
         self.kernel = kernel
@@ -77,10 +86,7 @@ class _FunctionBuilder:
         self.ptrs: dict[str, ir.Value] = {}
         self.scopes: list[dict[Expr, ir.Value]] = [{}]
         self.written = set(kernel.outputs)
-        self.lanes: int | None = None
-        self.vector_var = ""
-        """Set while emitting a streaming vector loop: expressions then yield ``<lanes x float>``."""
-        self.streamed = False
+        self.stream_stores = True
 
     # ------------------------------------------------------------ helpers
     def intrinsic(self, name: str, ty: ir.Type, nargs: int = 1) -> ir.Function:
@@ -277,7 +283,7 @@ class _FunctionBuilder:
     def stmts(self, body: tuple[Stmt, ...]) -> None:
         for s in body:
             if isinstance(s, Loop):
-                store = streaming.streamed_store(s, frozenset(self.written))
+                store = streaming.streamed_store(s, frozenset(self.written)) if self.stream_stores else None
                 if store is not None:
                     self.streaming_loop(s, store)
                 else:

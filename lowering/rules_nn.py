@@ -3,16 +3,38 @@
 Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
 flag, not copied). Conv is im2col (a kernel that gathers windows, skipped for 1x1 convolutions)
 plus one batched GEMM whose output already has the NCHW layout; the bias add stays a ``Lazy``
-so it fuses with whatever activation follows. ConvTranspose is a direct reduction kernel.
+so it fuses with whatever activation follows. ConvTranspose is the adjoint: one GEMM per group
+(``W_g^T @ X_g``, every input pixel times every tap) and a col2im kernel that gathers each output's
+taps residue by residue, so its loads are unit stride and need no bounds checks.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
-from .kernel_ir import Binary, Compare, Const, Expr, Select, Stmt, Store, Var, add, i64, is_float, mod, mul
-from .loops import buffers_of, for_nest, outer_kernel
+from .kernel_ir import (
+    Binary,
+    Buffer,
+    Const,
+    Decl,
+    Expr,
+    Kernel,
+    Load,
+    Local,
+    Loop,
+    Stmt,
+    Store,
+    Var,
+    add,
+    flat_index,
+    i64,
+    is_float,
+    mod,
+    mul,
+)
+from .loops import buffers_of
 from .program import MatMulStep, StridedOperand
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
@@ -147,24 +169,44 @@ class _NoCeil:
         return default if name == "ceil_mode" else self.nv.attr(name, default)
 
 
-@lowering("ConvTranspose", kind="reduce")
+@lowering("ConvTranspose", kind="extern")
 def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    """One product per group, ``col = W_g^T @ X_g`` (every input pixel times every kernel tap),
+    then a col2im kernel that gathers each output from its taps (see ``_col2im``)."""
     x, w = xs[0], xs[1]
     assert x is not None and w is not None
     bias = xs[2] if len(xs) > 2 else None
-    if not is_float(x.dtype):
-        raise NotLowered("ConvTranspose on integers")
+    if not is_float(x.dtype) or x.dtype != w.dtype:
+        raise NotLowered("ConvTranspose on integers or mixed dtypes")
     n_sp = len(x.shape) - 2
     kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
     strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
     dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
     group = int(nv.attr("group", 1))
-    out_pad = [int(p) for p in (nv.attr("output_padding") or [0] * n_sp)]
-    in_sp = x.shape[2:]
+    begin, out_sp = _conv_transpose_geometry(nv, x.shape[2:], kernel, strides, dilations)
     batch, cin = x.shape[:2]
     mg = w.shape[1]
-    cout = mg * group
-    cg = cin // group
+    cout, cg, taps = mg * group, cin // group, math.prod(kernel)
+    out = cx.out_buffer(nv.outputs[0], (batch, cout, *out_sp), x.dtype)
+    if not math.prod(out.shape):
+        return [of_buffer(out)]
+    phases = [_phases(o, s, k, d, b) for o, s, k, d, b in zip(out_sp, strides, kernel, dilations, begin, strict=True)]
+    # Zero borders on the input give zero borders on col, so no gather needs a bounds check.
+    lo = [max([0, *(-c for _, taps_r in axis for _, c in taps_r)]) for axis in phases]
+    hi = [max([0, *(q - 1 + c - (d - 1) for q, taps_r in axis if q for _, c in taps_r)]) for axis, d in zip(phases, x.shape[2:], strict=True)]
+    src = padded_input(cx, x, lo, hi, Const(0.0, x.dtype)) if any(lo) or any(hi) else x
+    padded_sp = src.shape[2:]
+    xm = reshape(src, (batch, group, cg, math.prod(padded_sp)))
+    wm = transpose(reshape(w, (1, group, cg, mg * taps)), [0, 1, 3, 2])
+    col = matmul(cx, wm, xm, f"{nv.outputs[0]}_col")
+    cx.emit_kernel(_col2im(out, col.view.buffer, bias, kernel, padded_sp, lo, phases))
+    return [of_buffer(out)]
+
+
+def _conv_transpose_geometry(nv: Any, in_sp: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int]) -> tuple[list[int], list[int]]:
+    """Begin pads and output sizes of a ConvTranspose (pads, output_shape, auto_pad, output_padding)."""
+    n_sp = len(in_sp)
+    out_pad = [int(p) for p in (nv.attr("output_padding") or [0] * n_sp)]
     ext = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
     full = [s * (i - 1) + op + e for s, i, op, e in zip(strides, in_sp, out_pad, ext, strict=True)]
     output_shape = nv.attr("output_shape")
@@ -172,53 +214,93 @@ def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     explicit = nv.attr("pads")
     if explicit is not None:
         pads = [int(p) for p in explicit]
-        begin = pads[:n_sp]
         out_sp = [f - pads[i] - pads[i + n_sp] for i, f in enumerate(full)]
         if output_shape is not None:
             out_sp = [int(v) for v in output_shape][-n_sp:]
-    elif output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return pads[:n_sp], out_sp
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         # onnx's rule: total padding = full size - wanted size, split toward the end unless SAME_UPPER
         out_sp = [int(v) for v in output_shape][-n_sp:] if output_shape is not None else [i * s for i, s in zip(in_sp, strides, strict=True)]
         totals = [f - o for f, o in zip(full, out_sp, strict=True)]
-        begin = [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals]
-    else:
-        begin = [0] * n_sp
-        out_sp = list(full)
-    out_shape = (batch, cout, *out_sp)
-    dt = x.dtype
-    out = cx.out_buffer(nv.outputs[0], out_shape, dt)
-    names = ["ci", *(f"k{i}" for i in range(n_sp))]
-    ci, kv = Var("ci"), [Var(f"k{i}") for i in range(n_sp)]
+        return [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals], out_sp
+    return [0] * n_sp, full
 
-    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
-        n, oc = o[0], o[1]
-        g = Binary("div", oc, i64(mg))
-        m = Binary("sub", oc, mul(g, i64(mg)))
-        ch = add(mul(g, i64(cg)), ci)
-        ok: Expr | None = None
-        src: list[Expr] = [n, ch]
-        for op_, k, s, dil, b, d in zip(o[2:], kv, strides, dilations, begin, in_sp, strict=True):
-            num = Binary("sub", add(op_, i64(b)), mul(k, i64(dil)))
-            q = Binary("div", Binary("max", num, i64(0)), i64(s)) if s > 1 else num
-            valid = Binary("and", Compare("ge", num, i64(0)), Compare("lt", q, i64(d)))
-            if s > 1:
-                valid = Binary("and", valid, Compare("eq", mod(Binary("max", num, i64(0)), s), i64(0)))
-            ok = valid if ok is None else Binary("and", ok, valid)
-            src.append(Binary("min", Binary("max", q, i64(0)), i64(d - 1)))
-        wv = w.gen([ch, m, *kv])
-        term = Binary("mul", x.gen(src), wv)
-        init: Expr = bias.gen([oc]) if bias is not None else Const(0.0, dt)
-        from .kernel_ir import Assign, Decl, Local
 
-        acc = Local("acc", dt)
-        return (
-            Decl("acc", dt, init),
-            *for_nest(names, (cg, *kernel), (Assign("acc", Binary("add", acc, Select(ok, term, Const(0.0, dt)) if ok is not None else term)),)),
-            Store(out, p, acc),
-        )
+Tap = tuple[int, int]
+"""A kernel index and the input offset ``c`` it reads from: input ``q + c`` for output ``q * stride + r``."""
+Phase = tuple[int, list[Tap]]
+"""Outputs ``o = q * stride + r`` of one residue ``r``: their count, and the taps that reach them."""
 
-    inputs = buffers_of(x) + buffers_of(w) + (buffers_of(bias) if bias is not None else [])
-    if math.prod(out_shape):
-        cost = float(math.prod(out_shape) * cg * math.prod(kernel) * 6)
-        cx.emit_kernel(outer_kernel(f"convt_{out.name}", inputs, [out], out_shape, body, cost))
-    return [of_buffer(out)]
+
+def _phases(out: int, stride: int, k: int, dil: int, begin: int) -> list[Phase]:
+    """Per output residue modulo the stride: how many outputs, and which kernel taps feed them.
+
+    Output ``o`` gets tap ``t`` from input ``i = (o + begin - t * dil) / stride`` when that
+    divides exactly; with ``o = q * stride + r`` the tap set depends only on ``r`` and ``i = q + c``.
+    """
+    result = []
+    for r in range(stride):
+        count = max(0, -(-(out - r) // stride))
+        taps = [(t, (r + begin - t * dil) // stride) for t in range(k) if (r + begin - t * dil) % stride == 0]
+        result.append((count, taps))
+    return result
+
+
+def _col2im(out: Buffer, col: Buffer, bias: Lazy | None, kernel: list[int], padded_sp: tuple[int, ...], lo: list[int], phases: list[list[Phase]]) -> Any:
+    """``out[n, oc, o] = bias[oc] + sum over taps of col[n, oc, tap, i]``, parallel over (n, oc).
+
+    Outputs are visited residue by residue (``o = q * s + r``), so each residue's tap set is
+    static and every load is ``col[..., q + c]``: unit stride along the innermost loop. The
+    innermost loop stores all residues of the last axis side by side (a full interleaved group
+    the vectorizer can handle) and a tail loop finishes widths that the stride does not divide.
+    """
+    dt = out.dtype
+    n_sp = len(kernel)
+    out_sp = out.shape[2:]
+    cout = out.shape[1]
+    taps, plane = math.prod(kernel), math.prod(padded_sp)
+    p = Var("p")
+    col_base = mul(p, i64(taps * plane))
+    out_base = mul(p, i64(math.prod(out_sp)))
+    qv = [Var(f"q{i}") for i in range(n_sp)]
+    start: list[Stmt] = [Decl("bv", dt, bias.gen([mod(p, cout)]) if bias is not None else Const(0.0, dt))]
+
+    def value(tap_sets: tuple[list[Tap], ...], q_last: Expr) -> Expr:
+        acc: Expr = Local("bv", dt)
+        for combo in itertools.product(*tap_sets):
+            tap = flat_index([i64(t) for t, _ in combo], tuple(kernel))
+            pos = [add(q, i64(c + pad)) for q, (_, c), pad in zip([*qv[:-1], q_last], combo, lo, strict=True)]
+            acc = Binary("add", acc, Load(col, add(add(col_base, mul(tap, i64(plane))), flat_index(pos, padded_sp))))
+        return acc
+
+    def store_at(rs: tuple[int, ...], q_last: Expr, r_last: int) -> Expr:
+        pos = [add(mul(q, i64(len(a))), i64(r)) for q, a, r in zip([*qv[:-1], q_last], phases, [*rs, r_last], strict=True)]
+        return add(out_base, flat_index(pos, out_sp))
+
+    last = phases[-1]
+    s_last = len(last)
+    full_q = out_sp[-1] // s_last
+    body: list[Stmt] = list(start)
+    for lead in itertools.product(*(list(enumerate(axis)) for axis in phases[:-1])):
+        if any(count == 0 for _, (count, _) in lead):
+            continue
+        residues = tuple(r for r, _ in lead)
+        sets = tuple(t for _, (_, t) in lead)
+        q_last = qv[-1]
+
+        def row(rs: range, q_last: Expr = q_last, residues: tuple[int, ...] = residues, sets: tuple[list[Tap], ...] = sets) -> tuple[Stmt, ...]:
+            return tuple(Store(out, store_at(residues, q_last, r), value((*sets, last[r][1]), q_last)) for r in rs)
+
+        inner: list[Stmt] = []
+        if full_q:
+            inner.append(Loop(q_last.name, i64(full_q), row(range(s_last))))
+        if out_sp[-1] % s_last:
+            inner.append(Loop(q_last.name, i64(full_q + 1), row(range(out_sp[-1] % s_last)), i64(full_q)))
+        nest: tuple[Stmt, ...] = tuple(inner)
+        for q, (_, (count, _)) in reversed(list(zip(qv[:-1], lead, strict=True))):
+            nest = (Loop(q.name, i64(count), nest),)
+        body.extend(nest)
+    units = out.shape[0] * cout
+    reads = math.prod(sum(count * len(t) for count, t in axis) for axis in phases)
+    params = tuple(dict.fromkeys([col, *(buffers_of(bias) if bias is not None else []), out]))
+    return Kernel(f"col2im_{out.name}", params, (out.name,), "p", units, tuple(body), float(units * reads * 2))

@@ -61,7 +61,7 @@ def _kernel_call(compiled: object, feeds: dict[str, np.ndarray]) -> Callable[[],
     if exe.native is not None:
         for name, buf in exe.program.inputs:
             np.copyto(exe.io[buf.name], feeds[name].reshape(buf.shape))
-        return lambda: exe.native.run(exe.pool, exe.threads - 1)
+        return lambda: exe.native.run(exe.workers)
     arrays = dict(exe.fixed)
     for name, buf in exe.program.inputs:
         arrays[buf.name] = feeds[name]

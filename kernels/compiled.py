@@ -23,6 +23,7 @@ from onnxsat.options import Options
 
 from .executable import Executable, ExecutableStats
 from .jit import default_cache_dir
+from .native_runner import NativeWorkers
 
 
 class CompiledModel:
@@ -50,6 +51,9 @@ class CompiledModel:
         self.value_inputs = value_inputs(model)
         self.threads = max(1, threads if threads is not None else (os.cpu_count() or 1))
         self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
+        """Threads for programs that run step by step from Python (those with numpy fallbacks)."""
+        self.workers = NativeWorkers(self.threads - 1) if self.threads > 1 else None
+        """Helper threads for native runs, parked between calls; joined by ``close``."""
         self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self._executables: dict[Any, Executable] = {}
         self.optimize_report: Any = None
@@ -77,7 +81,7 @@ class CompiledModel:
             exe = self._executables.get(key)
             if exe is None:
                 program = lower(self.model, shapes, known)
-                exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level, gemm=self.gemm)
+                exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level, gemm=self.gemm, workers=self.workers)
                 self._executables[key] = exe
         return exe
 
@@ -104,6 +108,9 @@ class CompiledModel:
         return next(iter(self._executables.values())).stats
 
     def close(self) -> None:
+        """Stop and join the helper threads (also done when the model is garbage-collected)."""
+        if self.workers is not None:
+            self.workers.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False)
 

@@ -33,6 +33,7 @@ from .native_runner import (
     KIND_KERNEL,
     KIND_PACKED_GEMM,
     KIND_SGEMM,
+    NativeWorkers,
     TaskTable,
     float_word,
     function_address,
@@ -106,8 +107,10 @@ class Executable:
         symbols: dict[str, str] | None = None,
         opt_level: int = 3,
         gemm: str = "llvm",
+        workers: NativeWorkers | None = None,
     ):
-        """``module``/``symbols``: an already compiled module holding this program's kernels and
+        """``workers``: the owner's persistent helper threads for native runs (None: this thread
+        only). ``module``/``symbols``: an already compiled module holding this program's kernels and
         each kernel's function name in it (programs can share one, see ``compile_together``); by
         default the kernels are compiled here."""
         start = time.perf_counter()
@@ -119,6 +122,7 @@ class Executable:
         self.program = program
         self.pool = pool
         self.threads = threads
+        self.workers = workers
         kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
         if module is None and kernels:
             module, symbols = compile_kernels(kernels, cache_dir, opt_level)
@@ -420,7 +424,7 @@ class Executable:
         for _, buf in self.program.inputs:
             if buf.name in self.io:
                 np.copyto(self.io[buf.name], arrays[buf.name].reshape(buf.shape))
-        self.native.run(self.pool, self.threads - 1)
+        self.native.run(self.workers)
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
             source = self.io[buf.name] if buf.name in self.io else arrays[buf.name]

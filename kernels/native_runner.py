@@ -7,18 +7,23 @@ tasks of one step are shared between the calling thread and the helper threads t
 atomic task counter, and a step ends when the completed-task counter reaches its last task. So a
 whole inference is one ctypes call (GIL released), with no Python hop per kernel.
 
-Helper threads enter ``onnxsat_worker`` (also through ctypes, GIL released) for the duration of
-one run only, spin between steps (``pause``, then ``sched_yield``) and leave when the run ends,
-so nothing spins while the model is idle. Task indices grow monotonically over a run, so a
-helper that looks late can never run a task of the wrong step: it only takes an index below the
-published limit, with a compare-and-swap.
+Helper threads (``NativeWorkers``) are started once per compiled model and stay in
+``onnxsat_worker`` for its lifetime: a run opens itself by publishing a new generation in the
+entry word, parked helpers join it with a compare-and-swap (counted in the same word), spin
+between steps (``pause``, then ``usleep``) and leave when the run stops; the run closes the entry
+word and waits for the joined count to reach zero before it returns. Between runs a helper spins
+briefly, then parks on a futex. Task indices grow monotonically over a run, so a helper that
+looks late can never run a task of the wrong step: it only takes an index below the published
+limit, with a compare-and-swap.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from llvmlite import ir
@@ -27,11 +32,21 @@ from .jit import CompiledModule
 
 TASK_WORDS = 16
 KIND_KERNEL, KIND_PACKED_GEMM, KIND_SGEMM, KIND_DGEMM = 0, 1, 2, 3
-CTX_WORDS = 32
-"""Run state, one counter per 64-byte line: next task, done tasks, step limit, stop flag."""
-NEXT, DONE, LIMIT, STOP = 0, 8, 16, 24
+CTX_WORDS = 80
+"""Run state, one word per 64-byte line: next task, done tasks, step limit, stop flag; the entry
+word (open run's generation << GEN_SHIFT | helpers joined), the futex word, parked helpers, the
+shutdown flag, the open run's task table, and the parked helpers' futex timeout."""
+NEXT, DONE, LIMIT, STOP, ENTRY, SEQ, SLEEPERS, SHUTDOWN, TASKS = 0, 8, 16, 24, 32, 40, 48, 56, 64
+TIMESPEC = 72
+GEN_SHIFT = 16
 SPINS_BEFORE_YIELD = 64
 IDLE_SLEEP_US = 20
+SPINS_BEFORE_PARK = 2000
+"""``pause`` rounds (~50 us) a helper spins after a run before it parks on the futex: back-to-back
+runs find it awake, an idle model costs nothing."""
+PARK_TIMEOUT_NS = 100_000_000
+"""A parked helper re-checks at least this often (a lost wake-up cannot hang a run or a close)."""
+SYS_FUTEX, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
 F32, F64 = ir.FloatType(), ir.DoubleType()
@@ -131,13 +146,8 @@ class _Gen:
         b.branch(after)
         b.position_at_end(after)
 
-    def run_graph(self) -> None:
-        """``run_graph(ctx, tasks, step_ends, steps, yield_fn)``: every step in order, then stop."""
-        fty = ir.FunctionType(ir.VoidType(), [P64, P64, P64, I64, I64])
-        fn = ir.Function(self.module, fty, "onnxsat_run_graph")
-        ctx, tasks, step_ends, steps, yield_fn = fn.args
-        entry = fn.append_basic_block("entry")
-        b = ir.IRBuilder(entry)
+    def _steps(self, b: ir.IRBuilder, fn: ir.Function, ctx: ir.Value, tasks: ir.Value, step_ends: ir.Value, steps: ir.Value, yield_fn: ir.Value) -> None:
+        """Every step in order: publish its last task, take tasks, wait for those helpers took."""
         step_slot = b.alloca(I64)
         spins_slot = b.alloca(I64)
         b.store(ir.Constant(I64, 0), step_slot)
@@ -150,7 +160,7 @@ class _Gen:
         b.cbranch(b.icmp_signed("<", s, steps), body, finish)
         b.position_at_end(body)
         end = b.load(b.gep(step_ends, [s]))
-        b.store_atomic(end, b.gep(ctx, [ir.Constant(I64, LIMIT)]), "seq_cst", 8)
+        b.store_atomic(end, self._at(b, ctx, LIMIT), "seq_cst", 8)
         self._drain(b, fn, ctx, tasks)
         # wait for tasks a helper took and is still running
         b.store(ir.Constant(I64, 0), spins_slot)
@@ -159,7 +169,7 @@ class _Gen:
         next_step = fn.append_basic_block("step.next")
         b.branch(wait)
         b.position_at_end(wait)
-        done = b.load_atomic(b.gep(ctx, [ir.Constant(I64, DONE)]), "seq_cst", 8)
+        done = b.load_atomic(self._at(b, ctx, DONE), "seq_cst", 8)
         b.cbranch(b.icmp_signed("<", done, end), spin, next_step)
         b.position_at_end(spin)
         self._backoff(b, spins_slot, yield_fn)
@@ -168,34 +178,86 @@ class _Gen:
         b.store(b.add(s, ir.Constant(I64, 1)), step_slot)
         b.branch(head)
         b.position_at_end(finish)
-        b.store_atomic(ir.Constant(I64, 1), b.gep(ctx, [ir.Constant(I64, STOP)]), "seq_cst", 8)
+
+    @staticmethod
+    def _at(b: ir.IRBuilder, ctx: ir.Value, word: int) -> ir.Value:
+        return b.gep(ctx, [ir.Constant(I64, word)])
+
+    def _futex(self, b: ir.IRBuilder, syscall_fn: ir.Value, ctx: ir.Value, op: int, value: ir.Value, timeout: ir.Value) -> None:
+        """``syscall(SYS_futex, &ctx[SEQ], op, value, timeout)`` on the low 32 bits of the SEQ word."""
+        fty = ir.FunctionType(I64, [I64], var_arg=True)
+        callee = b.inttoptr(syscall_fn, fty.as_pointer())
+        address = b.ptrtoint(self._at(b, ctx, SEQ), I64)
+        b.call(callee, [ir.Constant(I64, SYS_FUTEX), address, ir.Constant(I64, op), value, timeout])
+
+    def _wake_all(self, b: ir.IRBuilder, ctx: ir.Value, syscall_fn: ir.Value, always: bool) -> None:
+        """Bump the futex word; wake the helpers parked on it (when some are, unless ``always``)."""
+        b.atomic_rmw("add", self._at(b, ctx, SEQ), ir.Constant(I64, 1), "seq_cst")
+        wake = ir.Constant(I64, 0x7FFFFFFF)
+        if always:
+            self._futex(b, syscall_fn, ctx, FUTEX_WAKE_PRIVATE, wake, ir.Constant(I64, 0))
+            return
+        sleepers = b.load_atomic(self._at(b, ctx, SLEEPERS), "seq_cst", 8)
+        with b.if_then(b.icmp_signed(">", sleepers, ir.Constant(I64, 0))):
+            self._futex(b, syscall_fn, ctx, FUTEX_WAKE_PRIVATE, wake, ir.Constant(I64, 0))
+
+    def run_graph(self) -> None:
+        """``run_graph(ctx, tasks, step_ends, steps, yield_fn, syscall_fn, generation)``: open run
+        ``generation`` to the parked helpers, every step in order, then close it and wait until
+        every helper that joined has left (so the next run may reset the counters)."""
+        fty = ir.FunctionType(ir.VoidType(), [P64, P64, P64, I64, I64, I64, I64])
+        fn = ir.Function(self.module, fty, "onnxsat_run_graph")
+        ctx, tasks, step_ends, steps, yield_fn, syscall_fn, generation = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        for word in (NEXT, DONE, LIMIT, STOP):
+            b.store_atomic(ir.Constant(I64, 0), self._at(b, ctx, word), "seq_cst", 8)
+        b.store_atomic(b.ptrtoint(tasks, I64), self._at(b, ctx, TASKS), "seq_cst", 8)
+        b.store_atomic(b.shl(generation, ir.Constant(I64, GEN_SHIFT)), self._at(b, ctx, ENTRY), "seq_cst", 8)
+        self._wake_all(b, ctx, syscall_fn, always=False)
+        self._steps(b, fn, ctx, tasks, step_ends, steps, yield_fn)
+        b.store_atomic(ir.Constant(I64, 1), self._at(b, ctx, STOP), "seq_cst", 8)
+        b.atomic_rmw("and", self._at(b, ctx, ENTRY), ir.Constant(I64, (1 << GEN_SHIFT) - 1), "seq_cst")
+        spins_slot = b.alloca(I64)
+        b.store(ir.Constant(I64, 0), spins_slot)
+        wait = fn.append_basic_block("leave.wait")
+        spin = fn.append_basic_block("leave.spin")
+        out = fn.append_basic_block("leave.out")
+        b.branch(wait)
+        b.position_at_end(wait)
+        joined = b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8)
+        b.cbranch(b.icmp_signed("!=", joined, ir.Constant(I64, 0)), spin, out)
+        b.position_at_end(spin)
+        self._backoff(b, spins_slot, yield_fn)
+        b.branch(wait)
+        b.position_at_end(out)
         b.ret_void()
 
-    def worker(self) -> None:
-        """``worker(ctx, tasks, sleep_fn)``: help with tasks until the run sets the stop flag. An idle
-        helper sleeps (``usleep``) after a short spin: a thread that spins through a long serial
-        step burns its scheduler share and is then preempted while holding a task, which the
-        whole step waits for on a loaded machine."""
+    def helper(self) -> ir.Function:
+        """``help(ctx, tasks, sleep_fn)``: help with one run's tasks until it sets the stop flag. An
+        idle helper sleeps (``usleep``) after a short spin: a thread that spins through a long
+        serial step burns its scheduler share and is then preempted while holding a task, which
+        the whole step waits for on a loaded machine."""
         fty = ir.FunctionType(ir.VoidType(), [P64, P64, I64])
-        fn = ir.Function(self.module, fty, "onnxsat_worker")
+        fn = ir.Function(self.module, fty, "onnxsat_help")
+        fn.linkage = "internal"
         ctx, tasks, sleep_fn = fn.args
         entry = fn.append_basic_block("entry")
         b = ir.IRBuilder(entry)
         spins_slot = b.alloca(I64)
         b.store(ir.Constant(I64, 0), spins_slot)
-        head = fn.append_basic_block("worker.head")
-        work = fn.append_basic_block("worker.work")
-        leave = fn.append_basic_block("worker.leave")
+        head = fn.append_basic_block("help.head")
+        work = fn.append_basic_block("help.work")
+        leave = fn.append_basic_block("help.leave")
         b.branch(head)
         b.position_at_end(head)
-        stop = b.load_atomic(b.gep(ctx, [ir.Constant(I64, STOP)]), "seq_cst", 8)
+        stop = b.load_atomic(self._at(b, ctx, STOP), "seq_cst", 8)
         b.cbranch(b.icmp_signed("!=", stop, ir.Constant(I64, 0)), leave, work)
         b.position_at_end(work)
-        before = b.load_atomic(b.gep(ctx, [ir.Constant(I64, DONE)]), "seq_cst", 8)
+        before = b.load_atomic(self._at(b, ctx, DONE), "seq_cst", 8)
         self._drain(b, fn, ctx, tasks)
-        after = b.load_atomic(b.gep(ctx, [ir.Constant(I64, DONE)]), "seq_cst", 8)
-        idle = fn.append_basic_block("worker.idle")
-        busy = fn.append_basic_block("worker.busy")
+        after = b.load_atomic(self._at(b, ctx, DONE), "seq_cst", 8)
+        idle = fn.append_basic_block("help.idle")
+        busy = fn.append_basic_block("help.busy")
         b.cbranch(b.icmp_signed("==", before, after), idle, busy)
         b.position_at_end(busy)
         b.store(ir.Constant(I64, 0), spins_slot)
@@ -205,18 +267,96 @@ class _Gen:
         b.branch(head)
         b.position_at_end(leave)
         b.ret_void()
+        return fn
+
+    def worker(self) -> None:
+        """``worker(ctx, sleep_fn, syscall_fn)``: a helper thread's whole life. It joins each newly
+        opened run (a compare-and-swap on the entry word, which the run closes before it waits
+        for the joined count to drop to zero), helps until the run stops, and between runs spins
+        briefly, then parks on a futex (bounded wait) until the next run or shutdown."""
+        help_fn = self.helper()
+        fty = ir.FunctionType(ir.VoidType(), [P64, I64, I64])
+        fn = ir.Function(self.module, fty, "onnxsat_worker")
+        ctx, sleep_fn, syscall_fn = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        seen_slot = b.alloca(I64)
+        spins_slot = b.alloca(I64)
+        b.store(ir.Constant(I64, 0), seen_slot)
+        b.store(ir.Constant(I64, 0), spins_slot)
+        head = fn.append_basic_block("worker.head")
+        check = fn.append_basic_block("worker.check")
+        join = fn.append_basic_block("worker.join")
+        joined = fn.append_basic_block("worker.joined")
+        idle = fn.append_basic_block("worker.idle")
+        leave = fn.append_basic_block("worker.leave")
+        b.branch(head)
+        b.position_at_end(head)
+        shutdown = b.load_atomic(self._at(b, ctx, SHUTDOWN), "seq_cst", 8)
+        b.cbranch(b.icmp_signed("!=", shutdown, ir.Constant(I64, 0)), leave, check)
+        b.position_at_end(check)
+        entry_word = b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8)
+        gen = b.lshr(entry_word, ir.Constant(I64, GEN_SHIFT))
+        fresh = b.and_(b.icmp_signed("!=", gen, ir.Constant(I64, 0)), b.icmp_signed("!=", gen, b.load(seen_slot)))
+        b.cbranch(fresh, join, idle)
+        b.position_at_end(join)
+        pair = b.cmpxchg(self._at(b, ctx, ENTRY), entry_word, b.add(entry_word, ir.Constant(I64, 1)), "seq_cst", "seq_cst")
+        b.cbranch(b.extract_value(pair, 1), joined, head)
+        b.position_at_end(joined)
+        b.store(gen, seen_slot)
+        tasks = b.inttoptr(b.load_atomic(self._at(b, ctx, TASKS), "seq_cst", 8), P64)
+        b.call(help_fn, [ctx, tasks, sleep_fn])
+        b.atomic_rmw("sub", self._at(b, ctx, ENTRY), ir.Constant(I64, 1), "seq_cst")
+        b.store(ir.Constant(I64, 0), spins_slot)
+        b.branch(head)
+        b.position_at_end(idle)
+        spins = b.add(b.load(spins_slot), ir.Constant(I64, 1))
+        b.store(spins, spins_slot)
+        pause = fn.append_basic_block("worker.pause")
+        park = fn.append_basic_block("worker.park")
+        b.cbranch(b.icmp_signed("<", spins, ir.Constant(I64, SPINS_BEFORE_PARK)), pause, park)
+        b.position_at_end(pause)
+        b.call(self.pause, [])
+        b.branch(head)
+        b.position_at_end(park)
+        # announce the sleeper, then re-check: a run opened after this check bumps SEQ, so the
+        # futex wait returns at once or is woken (the opener reads SLEEPERS after its bump)
+        b.atomic_rmw("add", self._at(b, ctx, SLEEPERS), ir.Constant(I64, 1), "seq_cst")
+        seq = b.load_atomic(b.bitcast(self._at(b, ctx, SEQ), I32.as_pointer()), "seq_cst", 4)
+        again = b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8)
+        again_gen = b.lshr(again, ir.Constant(I64, GEN_SHIFT))
+        stale = b.or_(b.icmp_signed("==", again_gen, ir.Constant(I64, 0)), b.icmp_signed("==", again_gen, b.load(seen_slot)))
+        quiet = b.icmp_signed("==", b.load_atomic(self._at(b, ctx, SHUTDOWN), "seq_cst", 8), ir.Constant(I64, 0))
+        with b.if_then(b.and_(stale, quiet)):
+            timeout = b.ptrtoint(self._at(b, ctx, TIMESPEC), I64)
+            self._futex(b, syscall_fn, ctx, FUTEX_WAIT_PRIVATE, b.zext(seq, I64), timeout)
+        b.atomic_rmw("sub", self._at(b, ctx, SLEEPERS), ir.Constant(I64, 1), "seq_cst")
+        b.store(ir.Constant(I64, 0), spins_slot)
+        b.branch(head)
+        b.position_at_end(leave)
+        b.ret_void()
+
+    def shutdown(self) -> None:
+        """``shutdown(ctx, syscall_fn)``: tell every helper to leave and wake the parked ones."""
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [P64, I64]), "onnxsat_shutdown")
+        ctx, syscall_fn = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.store_atomic(ir.Constant(I64, 1), self._at(b, ctx, SHUTDOWN), "seq_cst", 8)
+        self._wake_all(b, ctx, syscall_fn, always=True)
+        b.ret_void()
 
 
 @functools.cache
-def _runtime() -> tuple[CompiledModule, int, int]:
+def _runtime() -> tuple[CompiledModule, dict[str, int]]:
     from .jit import default_cache_dir
 
     module = ir.Module(name="onnxsat_runner")
     gen = _Gen(module)
     gen.run_graph()
     gen.worker()
+    gen.shutdown()
     compiled = CompiledModule(module, default_cache_dir())
-    return compiled, compiled.address("onnxsat_run_graph"), compiled.address("onnxsat_worker")
+    names = ("onnxsat_run_graph", "onnxsat_worker", "onnxsat_shutdown")
+    return compiled, {name: compiled.address(name) for name in names}
 
 
 @functools.cache
@@ -236,6 +376,61 @@ def float_word(value: float, dtype: str) -> int:
     return int(np.array(value, np.float64).view(np.int64))
 
 
+def _aligned_ctx() -> tuple[np.ndarray, int]:
+    """A zeroed run-state block and its 64-byte aligned address."""
+    ctx = np.zeros(CTX_WORDS + 8, np.int64)
+    base = ctx.ctypes.data
+    start = base + (-base) % 64
+    ctypes.c_int64.from_address(start + (TIMESPEC + 1) * 8).value = PARK_TIMEOUT_NS
+    return ctx, start
+
+
+def _serve(worker: Callable[[int, int, int], None], start: int) -> None:
+    """A helper thread's body: native code until shutdown. (BLAS is made single-threaded by each
+    run on the calling thread: numpy's OpenBLAS keeps that "thread-local" count process-wide, so a
+    setting made here would outlive the run.)"""
+    worker(start, _libc_address("usleep"), _libc_address("syscall"))
+
+
+def _shutdown(stop: Callable[[int, int], None], start: int, threads: list[threading.Thread], ctx: np.ndarray) -> None:
+    stop(start, _libc_address("syscall"))
+    for thread in threads:
+        thread.join()
+    del ctx  # kept alive until every helper has left
+
+
+class NativeWorkers:
+    """Helper threads that live as long as their owner (a compiled model): started once, parked
+    in native code between runs, and joined by ``close`` (or when the owner is collected)."""
+
+    def __init__(self, helpers: int):
+        _, addresses = _runtime()
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        worker = ctypes.CFUNCTYPE(None, ptr, i64, i64)(addresses["onnxsat_worker"])
+        stop = ctypes.CFUNCTYPE(None, ptr, i64)(addresses["onnxsat_shutdown"])
+        self.ctx, self.start = _aligned_ctx()
+        self.generation = 0
+        self.threads = [
+            threading.Thread(target=_serve, args=(worker, self.start), name=f"onnxsat-native-{i}", daemon=True)
+            for i in range(helpers)
+        ]
+        for thread in self.threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, stop, self.start, self.threads, self.ctx)
+
+    def next_generation(self) -> int:
+        self.generation += 1
+        return self.generation
+
+    def close(self) -> None:
+        """Stop and join the helper threads (idempotent)."""
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return self._finalizer.alive
+
+
 class TaskTable:
     """Steps as rows of ``TASK_WORDS`` words, and one call that runs them all natively."""
 
@@ -248,39 +443,26 @@ class TaskTable:
             self.tasks[i, : len(row)] = row
         self.step_ends = np.cumsum([len(step) for step in steps if len(step)], dtype=np.int64)
         self.widest = max((len(step) for step in steps), default=0)
-        self.ctx = np.zeros(CTX_WORDS + 8, np.int64)
-        _, run_address, worker_address = _runtime()
+        self.ctx, self._ctx_start = _aligned_ctx()
+        """Run state for runs without helpers."""
+        _, addresses = _runtime()
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        self._run = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, i64, i64)(run_address)
-        self._worker = ctypes.CFUNCTYPE(None, ptr, ptr, i64)(worker_address)
+        self._run = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, i64, i64, i64, i64)(addresses["onnxsat_run_graph"])
 
-    def _ctx_address(self) -> int:
-        base = self.ctx.ctypes.data
-        return base + (-base) % 64
-
-    def run(self, pool: object, helpers: int) -> None:
-        """All steps, on this thread and up to ``helpers`` threads of ``pool`` (a ThreadPoolExecutor)."""
+    def run(self, workers: NativeWorkers | None) -> None:
+        """All steps, on this thread and the parked helper threads of ``workers`` (one run at a
+        time per ``workers``: the caller serializes)."""
         from .blas import restore_blas_threads, single_threaded_blas
 
-        start = self._ctx_address()
-        ctypes.memset(start, 0, CTX_WORDS * 8)
-        tasks = self.tasks.ctypes.data
-        yield_fn, sleep_fn = _libc_address("sched_yield"), _libc_address("usleep")
-        # before any helper starts: this OpenBLAS build keeps the "thread-local" count process-wide
+        if workers is not None and workers.alive and self.widest > 1:
+            start, generation = workers.start, workers.next_generation()
+        else:
+            start, generation = self._ctx_start, 1
         previous = single_threaded_blas()
-        futures = []
-        if pool is not None and self.widest > 1:
-
-            def help_out() -> None:
-                single_threaded_blas()
-                self._worker(start, tasks, sleep_fn)
-
-            futures = [pool.submit(help_out) for _ in range(min(helpers, self.widest - 1))]  # type: ignore[attr-defined]
         try:
-            self._run(start, tasks, self.step_ends.ctypes.data, len(self.step_ends), yield_fn)
+            self._run(
+                start, self.tasks.ctypes.data, self.step_ends.ctypes.data, len(self.step_ends),
+                _libc_address("sched_yield"), _libc_address("syscall"), generation,
+            )
         finally:
-            ctypes.c_int64.from_address(start + STOP * 8).value = 1
-            for future in futures:
-                if not future.cancel():
-                    future.result()
             restore_blas_threads(previous)

@@ -4,7 +4,6 @@ and programs without fallbacks run as one native call."""
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.kernels.executable import compile_kernels
-from onnxsat.kernels.native_runner import KIND_KERNEL, TaskTable
+from onnxsat.kernels.native_runner import KIND_KERNEL, NativeWorkers, TaskTable
 from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
 
 
@@ -39,12 +38,13 @@ def test_steps_run_in_order_and_each_task_once_on_two_threads() -> None:
         size = n // parts
         steps.append([[KIND_KERNEL, address, ctypes.addressof(args), i * size, (i + 1) * size] for i in range(parts)])
     table = TaskTable(steps)
-    with ThreadPoolExecutor(1) as pool:
-        for _ in range(20):
-            for b in "yzw":
-                arrays[b][:] = -1.0
-            table.run(pool, 1)
-            np.testing.assert_array_equal(arrays["w"], arrays["x"] + 3.0)
+    workers = NativeWorkers(1)
+    for _ in range(20):
+        for b in "yzw":
+            arrays[b][:] = -1.0
+        table.run(workers)
+        np.testing.assert_array_equal(arrays["w"], arrays["x"] + 3.0)
+    workers.close()
 
 
 def _mlp(batch: int) -> tuple[object, dict[str, np.ndarray]]:
@@ -133,3 +133,36 @@ def test_running_a_model_leaves_the_callers_blas_threads_alone() -> None:
             compiled.close()
         after = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
     assert before == after
+
+
+def _native_threads() -> list[object]:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("onnxsat-native-")]
+
+
+def test_helper_threads_start_once_and_are_joined_on_close_and_collection() -> None:
+    """Helpers are started with the model, serve every call (the same threads), and are gone after
+    ``close`` or once the model is garbage-collected; one and two threads give equal results."""
+    import gc
+
+    model, feeds = _mlp(256)
+    before = set(_native_threads())
+    single = CompiledModel(model, threads=1, cache_dir=None)  # type: ignore[arg-type]
+    assert set(_native_threads()) == before
+    want = single(feeds)["y"]
+    compiled = CompiledModel(model, threads=3, cache_dir=None)  # type: ignore[arg-type]
+    started = set(_native_threads()) - before
+    assert len(started) == 2
+    for _ in range(30):
+        np.testing.assert_allclose(compiled(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    assert set(_native_threads()) - before == started
+    compiled.close()
+    compiled.close()  # idempotent
+    assert not any(t.is_alive() for t in started)  # type: ignore[attr-defined]
+    dropped = CompiledModel(model, threads=2, cache_dir=None)  # type: ignore[arg-type]
+    dropped(feeds)
+    (helper_thread,) = set(_native_threads()) - before
+    del dropped
+    gc.collect()
+    assert not helper_thread.is_alive()  # type: ignore[attr-defined]

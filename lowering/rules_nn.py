@@ -10,31 +10,19 @@ taps residue by residue, so its loads are unit stride and need no bounds checks.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
+from .conv_kernels import DIRECT_MAX_CHANNELS, DIRECT_MAX_TERMS, col2im, direct_conv, transpose_phases
 from .kernel_ir import (
     Binary,
-    Buffer,
     Const,
-    Decl,
     Expr,
-    Kernel,
-    Load,
-    Local,
-    Loop,
-    Stmt,
-    Store,
-    Var,
     add,
-    flat_index,
     i64,
     is_float,
-    mod,
     mul,
 )
-from .loops import buffers_of
 from .program import MatMulStep, StridedOperand
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
@@ -141,6 +129,8 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
+        if mg <= DIRECT_MAX_CHANNELS and mg * math.prod(kernel) <= DIRECT_MAX_TERMS and math.prod(out_sp):
+            return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
@@ -190,7 +180,7 @@ def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = cx.out_buffer(nv.outputs[0], (batch, cout, *out_sp), x.dtype)
     if not math.prod(out.shape):
         return [of_buffer(out)]
-    phases = [_phases(o, s, k, d, b) for o, s, k, d, b in zip(out_sp, strides, kernel, dilations, begin, strict=True)]
+    phases = [transpose_phases(o, s, k, d, b) for o, s, k, d, b in zip(out_sp, strides, kernel, dilations, begin, strict=True)]
     # Zero borders on the input give zero borders on col, so no gather needs a bounds check.
     lo = [max([0, *(-c for _, taps_r in axis for _, c in taps_r)]) for axis in phases]
     hi = [max([0, *(q - 1 + c - (d - 1) for q, taps_r in axis if q for _, c in taps_r)]) for axis, d in zip(phases, x.shape[2:], strict=True)]
@@ -199,7 +189,7 @@ def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     xm = reshape(src, (batch, group, cg, math.prod(padded_sp)))
     wm = transpose(reshape(w, (1, group, cg, mg * taps)), [0, 1, 3, 2])
     col = matmul(cx, wm, xm, f"{nv.outputs[0]}_col")
-    cx.emit_kernel(_col2im(out, col.view.buffer, bias, kernel, padded_sp, lo, phases))
+    cx.emit_kernel(col2im(out, col.view.buffer, bias, kernel, padded_sp, lo, phases))
     return [of_buffer(out)]
 
 
@@ -224,83 +214,3 @@ def _conv_transpose_geometry(nv: Any, in_sp: tuple[int, ...], kernel: list[int],
         totals = [f - o for f, o in zip(full, out_sp, strict=True)]
         return [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals], out_sp
     return [0] * n_sp, full
-
-
-Tap = tuple[int, int]
-"""A kernel index and the input offset ``c`` it reads from: input ``q + c`` for output ``q * stride + r``."""
-Phase = tuple[int, list[Tap]]
-"""Outputs ``o = q * stride + r`` of one residue ``r``: their count, and the taps that reach them."""
-
-
-def _phases(out: int, stride: int, k: int, dil: int, begin: int) -> list[Phase]:
-    """Per output residue modulo the stride: how many outputs, and which kernel taps feed them.
-
-    Output ``o`` gets tap ``t`` from input ``i = (o + begin - t * dil) / stride`` when that
-    divides exactly; with ``o = q * stride + r`` the tap set depends only on ``r`` and ``i = q + c``.
-    """
-    result = []
-    for r in range(stride):
-        count = max(0, -(-(out - r) // stride))
-        taps = [(t, (r + begin - t * dil) // stride) for t in range(k) if (r + begin - t * dil) % stride == 0]
-        result.append((count, taps))
-    return result
-
-
-def _col2im(out: Buffer, col: Buffer, bias: Lazy | None, kernel: list[int], padded_sp: tuple[int, ...], lo: list[int], phases: list[list[Phase]]) -> Any:
-    """``out[n, oc, o] = bias[oc] + sum over taps of col[n, oc, tap, i]``, parallel over (n, oc).
-
-    Outputs are visited residue by residue (``o = q * s + r``), so each residue's tap set is
-    static and every load is ``col[..., q + c]``: unit stride along the innermost loop. The
-    innermost loop stores all residues of the last axis side by side (a full interleaved group
-    the vectorizer can handle) and a tail loop finishes widths that the stride does not divide.
-    """
-    dt = out.dtype
-    n_sp = len(kernel)
-    out_sp = out.shape[2:]
-    cout = out.shape[1]
-    taps, plane = math.prod(kernel), math.prod(padded_sp)
-    p = Var("p")
-    col_base = mul(p, i64(taps * plane))
-    out_base = mul(p, i64(math.prod(out_sp)))
-    qv = [Var(f"q{i}") for i in range(n_sp)]
-    start: list[Stmt] = [Decl("bv", dt, bias.gen([mod(p, cout)]) if bias is not None else Const(0.0, dt))]
-
-    def value(tap_sets: tuple[list[Tap], ...], q_last: Expr) -> Expr:
-        acc: Expr = Local("bv", dt)
-        for combo in itertools.product(*tap_sets):
-            tap = flat_index([i64(t) for t, _ in combo], tuple(kernel))
-            pos = [add(q, i64(c + pad)) for q, (_, c), pad in zip([*qv[:-1], q_last], combo, lo, strict=True)]
-            acc = Binary("add", acc, Load(col, add(add(col_base, mul(tap, i64(plane))), flat_index(pos, padded_sp))))
-        return acc
-
-    def store_at(rs: tuple[int, ...], q_last: Expr, r_last: int) -> Expr:
-        pos = [add(mul(q, i64(len(a))), i64(r)) for q, a, r in zip([*qv[:-1], q_last], phases, [*rs, r_last], strict=True)]
-        return add(out_base, flat_index(pos, out_sp))
-
-    last = phases[-1]
-    s_last = len(last)
-    full_q = out_sp[-1] // s_last
-    body: list[Stmt] = list(start)
-    for lead in itertools.product(*(list(enumerate(axis)) for axis in phases[:-1])):
-        if any(count == 0 for _, (count, _) in lead):
-            continue
-        residues = tuple(r for r, _ in lead)
-        sets = tuple(t for _, (_, t) in lead)
-        q_last = qv[-1]
-
-        def row(rs: range, q_last: Expr = q_last, residues: tuple[int, ...] = residues, sets: tuple[list[Tap], ...] = sets) -> tuple[Stmt, ...]:
-            return tuple(Store(out, store_at(residues, q_last, r), value((*sets, last[r][1]), q_last)) for r in rs)
-
-        inner: list[Stmt] = []
-        if full_q:
-            inner.append(Loop(q_last.name, i64(full_q), row(range(s_last))))
-        if out_sp[-1] % s_last:
-            inner.append(Loop(q_last.name, i64(full_q + 1), row(range(out_sp[-1] % s_last)), i64(full_q)))
-        nest: tuple[Stmt, ...] = tuple(inner)
-        for q, (_, (count, _)) in reversed(list(zip(qv[:-1], lead, strict=True))):
-            nest = (Loop(q.name, i64(count), nest),)
-        body.extend(nest)
-    units = out.shape[0] * cout
-    reads = math.prod(sum(count * len(t) for count, t in axis) for axis in phases)
-    params = tuple(dict.fromkeys([col, *(buffers_of(bias) if bias is not None else []), out]))
-    return Kernel(f"col2im_{out.name}", params, (out.name,), "p", units, tuple(body), float(units * reads * 2))

@@ -1,0 +1,99 @@
+"""The Conv and ConvTranspose lowerings on the cases the node tests lack, against onnxruntime.
+
+Conv: the direct kernels (flat stride-1 form over the padded plane, row form for strides;
+depthwise, grouped, dilated, 1-D and 3-D, with and without bias) and the im2col + GEMM path for
+many output channels. ConvTranspose: GEMM + col2im with strides larger than the kernel (residues
+no tap reaches), output_padding, groups, dilations, asymmetric pads, output_shape and widths the
+stride does not divide. All cases share one model, so they compile once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.lowering.conv_kernels import DIRECT_MAX_CHANNELS
+from onnxsat.lowering.lower import lower
+from onnxsat.lowering.program import KernelStep, MatMulStep
+
+INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7]}
+"""Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
+
+CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
+    # name: (input, weight shape, attributes, bias)
+    "depthwise_s1": ("x2", [6, 1, 3, 3], {"group": 6, "pads": [1, 1, 1, 1]}, True),
+    "depthwise_s2": ("x2", [6, 1, 3, 3], {"group": 6, "pads": [1, 0, 1, 1], "strides": [2, 2]}, False),
+    "grouped_dilated": ("x2", [6, 3, 3, 2], {"group": 2, "dilations": [2, 1], "pads": [2, 0, 1, 1]}, True),
+    "dense_s2_dilated": ("x2", [5, 6, 3, 3], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]}, True),
+    "valid_no_pad": ("x2", [3, 6, 2, 4], {}, True),
+    "same_upper": ("x2", [4, 6, 4, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 3]}, False),
+    "many_channels": ("x2", [DIRECT_MAX_CHANNELS + 4, 6, 3, 3], {"pads": [1, 1, 1, 1]}, True),
+    "pointwise": ("x2", [7, 6, 1, 1], {}, True),
+    "conv1d": ("x1", [3, 4, 5], {"pads": [2, 1]}, True),
+    "conv1d_s3": ("x1", [4, 2, 3], {"strides": [3], "group": 2}, True),
+    "conv3d": ("x3", [2, 4, 2, 3, 3], {"pads": [1, 1, 1, 0, 1, 1]}, True),
+    "conv3d_s2": ("x3", [2, 4, 3, 3, 2], {"strides": [1, 2, 2], "pads": [1, 1, 0, 1, 1, 1]}, False),
+}
+
+TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
+    "k4_s2_p1": ("x2", [6, 4, 4, 4], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
+    "stride_gt_kernel": ("x2", [6, 2, 2, 2], {"strides": [3, 3], "output_padding": [2, 1]}, True),
+    "grouped_dilated": ("x2", [6, 2, 3, 3], {"group": 3, "strides": [2, 2], "dilations": [2, 1], "pads": [0, 2, 1, 1]}, False),
+    "output_shape": ("x2", [6, 3, 3, 3], {"strides": [2, 2], "output_shape": [22, 27]}, True),
+    "same_lower": ("x2", [6, 2, 3, 3], {"strides": [2, 3], "auto_pad": "SAME_LOWER"}, True),
+    "conv1d": ("x1", [4, 3, 5], {"strides": [3], "pads": [1, 2]}, True),
+    "conv3d": ("x3", [4, 2, 3, 2, 3], {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0]}, True),
+}
+
+
+def _model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Relu", [name], [f"r{name}"]) for name in INPUTS]
+    inits, outs = [], []
+    for op, cases in (("Conv", CONVS), ("ConvTranspose", TRANSPOSES)):
+        for case, (src, wshape, attrs, bias) in cases.items():
+            name = f"{'c' if op == 'Conv' else 't'}_{case}"  # short: buffer names keep 24 characters
+            inits.append(numpy_helper.from_array(rng.standard_normal(wshape).astype(np.float32), f"{name}_w"))
+            inputs = [f"r{src}", f"{name}_w"]
+            if bias:
+                channels = wshape[0] if op == "Conv" else wshape[1] * int(attrs.get("group", 1))
+                inits.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), f"{name}_b"))
+                inputs.append(f"{name}_b")
+            nodes.append(helper.make_node(op, inputs, [name], **attrs))
+            outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    xs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in INPUTS.items()]
+    return helper.make_model(helper.make_graph(nodes, "convs", xs, outs, inits), opset_imports=[helper.make_opsetid("", 19)])
+
+
+def test_convolutions_match_onnxruntime() -> None:
+    model = _model()
+    rng = np.random.default_rng(1)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in INPUTS.items()}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    got = compiled(feeds)
+    assert not compiled.stats(feeds).fallbacks
+    for name, expected in want.items():
+        assert got[name].shape == expected.shape, name
+        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_few_output_channels_run_without_a_gemm() -> None:
+    """Direct kernels for depthwise and few-channel convs; a GEMM for many channels and ConvTranspose."""
+    model = _model()
+    shapes = {n: tuple(s) for n, s in INPUTS.items()}
+    steps = lower(model, shapes).steps
+    gemms = {s.out.name for s in steps if isinstance(s, MatMulStep)}
+    kernels = {s.kernel.name for s in steps if isinstance(s, KernelStep)}
+    assert any("c_many_channels" in g for g in gemms)
+    assert any("t_k4_s2_p1_col" in g for g in gemms)
+    assert any("col2im" in k and "t_k4_s2_p1" in k for k in kernels)
+    for case in ("depthwise_s1", "depthwise_s2", "conv3d", "conv1d"):
+        assert not any(f"c_{case}" in g for g in gemms), case
+        assert any(k.startswith(("fconv_", "dconv_")) and f"c_{case}" in k for k in kernels), case

@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (each module registers its family)
     linear,
     multi,
     partial_families,  # PET partial rules: a verified pass, off by default
+    partial_merge,  # PET partial rule: 1x1 Conv + k x k Conv merged, border corrected (off by default)
     partial_subpixel,  # an exact site rule: the same verified pass, on by default (layout family)
     pooling,
     reduce,

@@ -294,9 +294,10 @@ class PartialRecord:
     detail: str = ""
     used: bool = False
     """Set after extraction: the extracted program computes this site's output with the composite."""
-    tops: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list, repr=False)
-    """The composite's top op and its literal arguments per output (how ``mark_used`` recognizes it:
-    the top op alone can be the original's, e.g. a separable pool's second pass)."""
+    tops: list[Any] = field(default_factory=list, repr=False)
+    """The composite's top levels per output (ops and literal arguments, ``signature``): how
+    ``mark_used`` recognizes it (the top op alone can be the original's, e.g. a separable pool's
+    second pass, or another site's on the same output, e.g. a Concat along the height)."""
     origins: list[int] = field(default_factory=list, repr=False)
 
 
@@ -393,7 +394,7 @@ def apply_partial_rules(
             memo[id(node)] = L.tensor_ref(eg.origins[site.leaves[node.args[0].value][0]])  # type: ignore[union-attr]
         for out, composite in zip(site.outputs, site.composites, strict=True):
             actions.append(union(L.tensor_ref(eg.origins[out])).with_(to_egglog(composite, memo)))
-        record.tops = [(c.op, _literals(c.args)) for c in site.composites]
+        record.tops = [signature(c) for c in site.composites]
         record.origins = [eg.origins[o] for o in site.outputs]
         records.append(record)
     if actions:
@@ -413,17 +414,44 @@ def _leaf_nodes(site: Site) -> list[Term]:
     return [n for root in site.composites for n in _walk(root) if n.op == "Tensor.input"]
 
 
+SIGNATURE_DEPTH = 4
+"""How many levels of a composite ``mark_used`` compares with the extracted program (a Concat, its
+list cells, the parts and their inputs: enough to tell two sites' composites on one output apart)."""
+
+ANY = "*"
+
+
+def signature(term: Term, depth: int = SIGNATURE_DEPTH) -> Any:
+    """``term``'s top ``depth`` levels as nested tuples ``(op, literals, children)``; leaves and deeper
+    levels are ``ANY`` (plain data, so a record stays JSON-serializable)."""
+    if depth == 0 or term.op == "Tensor.input":
+        return ANY
+    children = tuple(signature(a, depth - 1) for a in term.args if isinstance(a, _Node))
+    return (term.op, _literals(term.args), children)
+
+
+def _chosen_matches(sig: Any, eclass: str, chosen: dict[str, ENode]) -> bool:
+    """The extracted program computes ``eclass`` with the term ``sig`` describes."""
+    if sig == ANY:
+        return True
+    node = chosen.get(eclass)
+    op, literals, children = sig
+    if node is None or node.op != op or _literals(node.args) != tuple(literals):
+        return False
+    refs = [a.eclass for a in node.args if isinstance(a, Ref)]
+    return len(refs) == len(children) and all(_chosen_matches(c, r, chosen) for c, r in zip(children, refs, strict=True))
+
+
 def mark_used(records: list[PartialRecord], chosen: dict[str, ENode], origins: dict[str, int]) -> None:
-    """After extraction: a site is used when the node chosen for its output is the composite's top op,
-    with the composite's attributes, for some output."""
+    """After extraction: a site is used when the program chosen for one of its outputs is its
+    composite, compared over the composite's top levels (``signature``)."""
     by_origin = {index: eclass for eclass, index in origins.items()}
     for record in records:
         if record.status != "emitted":
             continue
         for origin, top in zip(record.origins, record.tops, strict=True):
             eclass = by_origin.get(origin)
-            node = chosen.get(eclass) if eclass is not None else None
-            if node is not None and (node.op, _literals(node.args)) == top:
+            if eclass is not None and _chosen_matches(top, eclass, chosen):
                 record.used = True
 
 

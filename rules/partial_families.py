@@ -432,4 +432,5 @@ RULE_NAMES = [
     "dilated-conv-to-batch",
     "matmul-batch-to-gemm",
     "conv-transpose-subpixel",  # registered by partial_subpixel.py
+    "conv-pointwise-merge",  # registered by partial_merge.py
 ]

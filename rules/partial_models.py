@@ -127,6 +127,34 @@ def decoder_block(channels: int = 64, size: int = 28, seed_scale: float = 0.05) 
     )
 
 
+def _pointwise_pair(c: int, mid: int, k: int, hw: tuple[int, int], scale: float) -> onnx.ModelProto:
+    return site_model(
+        [helper.make_node("Conv", ["x", "w1", "b1"], ["m"]), helper.make_node("Conv", ["m", "w2", "b2"], ["y"], pads=[1, 1, 1, 1])],
+        {"x": [1, c, *hw]}, {"y": [1, k, *hw]}, {"w1": (mid, c, 1, 1), "b1": (mid,), "w2": (k, mid, 3, 3), "b2": (k,)},
+        weight_scale=scale,
+    )
+
+
+def linear_bottleneck(channels: int = 24, expansion: int = 4, size: int = 56, seed_scale: float = 0.1) -> onnx.ModelProto:
+    """A residual block whose 1x1 expansion feeds a 3x3 Conv with no activation between (a linear
+    bottleneck): where merging the pair into one 3x3 Conv with a border correction pays."""
+    wide = channels * expansion
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["e"]),
+        helper.make_node("Conv", ["e", "w2", "b2"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Add", ["x", "r"], ["y"]),
+    ]
+    return site_model(
+        nodes,
+        {"x": [1, channels, size, size]},
+        {"y": [1, channels, size, size]},
+        {"w1": (wide, channels, 1, 1), "b1": (wide,), "w2": (channels, wide, 3, 3), "b2": (channels,)},
+        weight_scale=seed_scale,
+        name="linear-bottleneck",
+    )
+
+
 MODELS: dict[str, dict[Scale, Callable[[], onnx.ModelProto]]] = {
     "conv-spatial-to-batch": {
         "small": lambda: _conv(1, 3, (16, 12), 4, 1.0),
@@ -151,6 +179,10 @@ MODELS: dict[str, dict[Scale, Callable[[], onnx.ModelProto]]] = {
     "conv-transpose-subpixel": {
         "small": lambda: _conv_transpose(1, 3, 5, 4, 4, 1.0),
         "bench": lambda: _conv_transpose(1, 64, 56, 32, 4, 0.1),
+    },
+    "conv-pointwise-merge": {
+        "small": lambda: _pointwise_pair(2, 6, 3, (17, 16), 1.0),  # odd height: no spatial-to-batch site on m
+        "bench": lambda: _pointwise_pair(24, 96, 24, (56, 56), 0.1),
     },
 }
 """Rule -> scale -> a model with exactly one site of that rule."""

@@ -2,7 +2,7 @@
 
 Models at fixed real sizes: a BERT-base encoder layer (hidden 768, 12 heads, FFN 3072, erf GELU
 as exported from PyTorch) at sequence length 128 and 512, an MLP 1024-4096-1024 at batch 64, and
-the examples in examples/. Each model is first checked against onnxruntime (max abs error
+the examples in examples/ (and, when named, the ONNX light conv models). Each model is first checked against onnxruntime (max abs error
 printed); then both are timed with ``onnxsat.latency.compare_latency``: interleaved rounds,
 median per round, ratio of medians = ORT time / compiled time with a bootstrap 95% interval.
 onnxruntime runs at ORT_ENABLE_ALL with the same intra-op thread count as the compiled model.
@@ -112,11 +112,24 @@ def _examples() -> dict[str, Callable[[], onnx.ModelProto]]:
     return found
 
 
+LIGHT_CONV = ("squeezenet", "shufflenet", "inception_v1", "resnet50")
+"""ONNX light conv models (batch 1, seeded random weights): run only when named with --only."""
+
+
+def _light(name: str) -> onnx.ModelProto:
+    sys.path.insert(0, str(ROOT))
+    from tests.models import expose_pre_softmax, load_light, randomize_weights
+
+    # random weights saturate the final softmax: its input is an output too, so the error means something
+    return expose_pre_softmax(randomize_weights(load_light(f"light_{name}.onnx")))
+
+
 MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "bert-128": lambda: bert_layer(128),
     "bert-512": lambda: bert_layer(512),
     "mlp": mlp,
     **_examples(),
+    **{f"light-{n}": lambda n=n: _light(n) for n in LIGHT_CONV},
 }
 FLOORS = {"bert-128", "bert-512", "mlp"}
 """Models whose whole interval must lie above 1.0 (faster than onnxruntime)."""
@@ -164,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "--gemm", choices=["llvm", "blas"], default="llvm", help="products with constant weights: onnxsat's micro-kernel or OpenBLAS"
     )
     args = parser.parse_args(argv)
-    names = args.only or list(MODELS)
+    names = args.only or [n for n in MODELS if not n.startswith("light-")]
     lines = [
         f"threads {args.threads}, {args.rounds} interleaved rounds, GEMM {args.gemm}; ratio = onnxruntime / compiled (above 1: compiled faster)",
         "",

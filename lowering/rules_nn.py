@@ -23,6 +23,7 @@ from .kernel_ir import (
     is_float,
     mul,
 )
+from .operands import stored_in_source_order
 from .program import MatMulStep, StridedOperand
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
@@ -36,6 +37,9 @@ def _operand(cx: Any, x: Lazy) -> StridedOperand:
         s = v.strides
         if len(s) >= 2 and (s[-1] == 1 or s[-2] == 1) and min(s[-2:]) >= 0 and all(st >= 0 for st in s):
             return StridedOperand(v.buffer, x.shape, s, v.offset)
+    in_source_order = stored_in_source_order(cx, x)
+    if in_source_order is not None:
+        return in_source_order
     stored = cx.materialize(x, "operand")
     return StridedOperand(stored.view.buffer, x.shape, stored.view.strides, 0)
 

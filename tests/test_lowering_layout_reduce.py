@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsat.kernels.executable import compile_together
 from onnxsat.lowering.kernel_ir import Binary, Expr, Kernel, Loop, Stmt, Var, dtype_of, walk_exprs
 from onnxsat.lowering.lower import lower
-from onnxsat.lowering.program import KernelStep
+from onnxsat.lowering.program import KernelStep, MatMulStep
 from onnxsat.lowering.values import common_refinement
 
 
@@ -135,6 +135,22 @@ CASES = {
             "be": np.linspace(-1, 1, 40, dtype=np.float32),
         },
         lambda a: -_layer_norm(a[..., ::-1] + a, np.linspace(0.5, 1.5, 40), np.linspace(-1, 1, 40)),
+    ),
+    # attention scores with K^T from a biased head split: K is stored in its source order (a
+    # bias add, not a transposing store) and the product reads it with a transpose flag
+    "key-transpose-operand": (
+        [
+            n("Add", ["k0", "bk"], ["k1"]),
+            n("Reshape", ["k1", "s"], ["k2"]),
+            n("Transpose", ["k2"], ["kt"], perm=[0, 2, 3, 1]),
+            n("Reshape", ["q0", "s"], ["q2"]),
+            n("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]),
+            n("MatMul", ["q", "kt"], ["y"]),
+        ],
+        {"k0": [1, 5, 24], "q0": [1, 5, 24]},
+        {"s": _shape(1, 5, 4, 6), "bk": np.linspace(-1, 1, 24, dtype=np.float32)},
+        lambda k0, q0: q0.reshape(1, 5, 4, 6).transpose(0, 2, 1, 3)
+        @ (k0 + np.linspace(-1, 1, 24, dtype=np.float32)).reshape(1, 5, 4, 6).transpose(0, 2, 3, 1),
     ),
     "residual-layernorm-3d": (
         [n("Add", ["x", "r"], ["a"]), n("LayerNormalization", ["a", "g", "be"], ["y"], axis=-1, epsilon=1e-12)],
@@ -264,3 +280,18 @@ def test_row_kernels_overwrite_a_dead_input_only(
     matmul_out = program.steps[0].out.name  # type: ignore[attr-defined]
     assert (kernel.outputs[0] == matmul_out) is in_place
     assert (matmul_out in reads) is not in_place
+
+
+def test_transposed_operand_is_stored_in_source_order(compiled: dict[str, tuple[object, object]]) -> None:
+    """K^T of a biased head split is stored as (seq, heads, dim), the layout K already has, and
+    passed to the product through strides (unit stride along the product's k dim); Q, a plain
+    view, is passed as it is."""
+    program, _ = compiled["key-transpose-operand"]
+    (kernel,) = _kernels(program)
+    (step,) = [s for s in program.steps if isinstance(s, MatMulStep)]  # type: ignore[attr-defined]
+    assert step.b.buffer.name == kernel.outputs[0]
+    assert step.b.buffer.shape == (1, 5, 4, 6)
+    assert step.b.shape == (1, 4, 6, 5) and step.b.strides == (120, 6, 1, 24)
+    assert step.a.buffer.shape == (1, 5, 24)
+    (loop,) = _innermost_loops(kernel.body)
+    assert not any(_divides(e, loop.var) for e in walk_exprs(loop.body))

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsat.rules.partial_models import decoder_block, spp_block
+from onnxsat.rules.partial_models import decoder_block, linear_bottleneck, spp_block
 
 IR_VERSION = 8
 PRODUCER = "onnxsat-examples"
@@ -412,6 +412,7 @@ MODELS: dict[str, Callable[[], onnx.ModelProto]] = {
     "control_flow": control_flow,
     "spp_block": spp_block,  # separable pooling pays here (issue 6, PET partial rules)
     "decoder_block": decoder_block,  # ConvTranspose as sub-pixel convolution (issue 6, PET partial rules)
+    "linear_bottleneck": linear_bottleneck,  # 1x1 + 3x3 Conv merged, border corrected (issue 6, PET partial rules)
 }
 
 

@@ -23,6 +23,7 @@ MODEL_NAMES = [
     "control_flow",
     "spp_block",
     "decoder_block",
+    "linear_bottleneck",
 ]
 RUNNABLE = [n for n in MODEL_NAMES if n != "custom_op"]
 SYMBOLIC_DIMS = {"batch": 2, "seq": 7, "height": 5, "width": 6}

@@ -38,11 +38,8 @@ from .native_runner import (
     float_word,
     function_address,
 )
+from .parallel import parallel_pays
 
-PARALLEL_MIN_COST = 20_000_000.0
-"""Kernels estimated below this many scalar operations run on one thread: a 1M-float fused chain
-reaches copy bandwidth on one thread (1.69 ms vs 1.81 ms for np.copyto of the same bytes), and
-handing half of it to a pool thread cost 5x on this loaded 2-core machine."""
 GEMM_SPLIT_FLOPS = 2_000_000.0
 """GEMM steps below this many FLOPs run on one thread."""
 PACKED_GEMM_MAX_ROWS = 512
@@ -217,7 +214,7 @@ class Executable:
         names = [b.name for b in kernel.params]
         n = len(names)
         extent = kernel.parallel_extent
-        parallel = self.pool is not None and self.threads > 1 and extent > 1 and kernel.cost >= PARALLEL_MIN_COST
+        parallel = self.pool is not None and self.threads > 1 and parallel_pays(kernel)
         chunks = _chunks(extent, CHUNKS_PER_THREAD * self.threads) if parallel else [(0, extent)]
         pool = self.pool
         fixed_args = (ctypes.c_void_p * n)(*[self._address(name) for name in names])

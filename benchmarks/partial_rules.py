@@ -6,6 +6,9 @@ original against the site's composite written as ONNX (what extraction would emi
 it) in onnxruntime (ORT_ENABLE_ALL both sides), in interleaved rounds with a bootstrap 95% CI of
 median(original) / median(composite): a win needs the whole interval above 1.02.
 
+Then, on examples/linear_bottleneck.onnx (a 1x1 expansion feeding a 3x3 Conv, no activation
+between), the same with and without the partial family, with default and one onnxruntime thread.
+
 Then, on examples/spp_block.onnx (a YOLO-style spatial-pyramid-pooling block), the whole
 pipeline with the partial family enabled against the original and against onnxsat without it:
 which sites extraction used, verification, max abs error on onnxruntime, and the latency ratios.
@@ -145,6 +148,49 @@ def run_example(rounds: int, threads: int | None, cost_profile: Path | None = No
     return lines
 
 
+BOTTLENECK = EXAMPLE.parent / "linear_bottleneck.onnx"
+
+
+def run_bottleneck(rounds: int) -> list[str]:
+    """examples/linear_bottleneck.onnx through ``onnxsat.optimize`` with and without the partial family,
+    timed against the original and against onnxsat's default output, with default and one thread."""
+    model = onnx.load(str(BOTTLENECK))
+    with_partial, report = onnxsat.optimize(model, onnxsat.Options(enable_rules=("partial",)))
+    without, plain = onnxsat.optimize(model, onnxsat.Options())
+    feeds = {"x": np.random.default_rng(0).standard_normal([d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)}
+    outs = [ort_session(m).run(None, feeds)[0] for m in (model, with_partial)]
+    err = float(np.abs(outs[0] - outs[1]).max())
+    lines = [
+        "",
+        f"## Example: {BOTTLENECK.name} (onnxsat optimize, `--enable-rules partial`)",
+        "",
+        "| site | rule | status | PET check | used by extraction |",
+        "|---|---|---|---|---|",
+    ]
+    for p in report.partial:
+        lines.append(f"| {p['shapes']} | {p['rule']} | {p['status']} | {p['detail']} | {'yes' if p['used'] else 'no'} |")
+    ops = [n.op_type for n in with_partial.graph.node]
+    lines += [
+        "",
+        f"Optimized: {len(ops)} nodes ({ops.count('Conv')} Conv, {ops.count('Slice')} Slice, {ops.count('Concat')} Concat)."
+        f" Verification: {report.verification.status}; max abs error vs the original on onnxruntime: {err:.2e}"
+        f" (outputs up to {float(np.abs(outs[0]).max()):.1f}). Estimated cost (us): {report.cost_before:.1f} ->"
+        f" {report.cost_after:.1f} (without partial rules: {plain.cost_after:.1f}).",
+        "",
+        "| comparison | threads | baseline ms | with partial ms | ratio | 95% CI | verdict | load (1 min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for threads in (None, 1):
+        for name, base in (("original vs optimized with partial rules", model), ("optimized without vs with partial rules", without)):
+            c = compare_models(base, with_partial, feeds, rounds=rounds, threads=threads)
+            lines.append(
+                f"| {name} | {threads or 'default'} | {c.baseline_ms:.3f} | {c.candidate_ms:.3f} | {c.ratio:.3f} |"
+                f" [{c.ci_low:.3f}, {c.ci_high:.3f}] | {c.verdict} | {os.getloadavg()[0]:.1f} |"
+            )
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=30)
@@ -152,6 +198,7 @@ def main() -> None:
     parser.add_argument("--only", default="")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-example", action="store_true", help="skip the spp_block example")
+    parser.add_argument("--no-bottleneck", action="store_true", help="skip the linear_bottleneck example")
     parser.add_argument("--cost-profile", type=Path, default=None, help="also optimize the example with this profile (`onnxsat calibrate -o FILE`)")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
@@ -174,6 +221,8 @@ def main() -> None:
         )
     if not args.no_example:
         lines += run_example(args.rounds, args.threads, args.cost_profile)
+    if not args.no_bottleneck:
+        lines += run_bottleneck(args.rounds)
     print(write_results(lines, args.out, load_start))
 
 

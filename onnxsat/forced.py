@@ -10,7 +10,7 @@ has been checked against the original on onnxruntime.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -27,6 +27,7 @@ from onnxsat.modelio import check_model_full, serialized_size
 from onnxsat.options import Options
 from onnxsat.pipeline import _cost_model, compare
 from onnxsat.report import SaturationReport
+from onnxsat.rules.partial import PartialRecord, apply_site_rules
 from onnxsat.rules.schedule import saturate, select_rules
 
 
@@ -40,17 +41,20 @@ class Saturated:
     egraph: SerializedEGraph
     roots: list[str]
     saturation: SaturationReport
+    partial: list[PartialRecord] = field(default_factory=list)
+    """The per-site stage's records (PET-verified sites unioned before saturation, as in ``optimize``)."""
 
     @classmethod
     def of(cls, model: onnx.ModelProto, options: Options | None = None) -> Saturated:
-        """Import and saturate ``model`` with the rules and budgets of ``options``."""
+        """Import ``model``, run the per-site stage and saturate, with the rules and budgets of ``options``."""
         options = options or Options()
         enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
         program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
+        partial = apply_site_rules(program, enabled)
         report = saturate(program, options.budgets, enabled)
         egraph = serialize(program.egraph)
         roots = [egraph.roots[i] for i in range(len(program.outputs))]
-        return cls(model, options, program, egraph, roots, report)
+        return cls(model, options, program, egraph, roots, report, partial)
 
     def merges(self) -> list[Merge]:
         """The multi-pattern merges reachable from the outputs."""

@@ -76,7 +76,8 @@ def iteration_records(result: Run) -> list[Record]:
 
 def rule_records(result: Run) -> list[Record]:
     """One record per rule that matched at least once: matches and search+apply seconds (egglog's
-    run report, summed over iterations), family, source, and ``in_program`` (see ``rules_in_program``).
+    run report, summed over iterations), family, source, and ``in_program`` (see ``rules_in_program``);
+    then one per per-site rule that added a site (e.g. the ``partial`` family; ``_site_rule_records``).
 
     egglog 13.2's run report gives zero durations per rule, so ``seconds`` is 0 there; the
     iteration records' ``seconds`` are measured wall times.
@@ -107,6 +108,31 @@ def rule_records(result: Run) -> list[Record]:
             "in_program": used.get(rule, False),
         }
         for rule, n in sorted(matches.items(), key=lambda kv: (-kv[1], kv[0]))
+    ] + _site_rule_records(result)
+
+
+def _site_rule_records(result: Run) -> list[Record]:
+    """Per-site (PET-verified) rules, which run before saturation: ``matches`` counts the sites added
+    to the e-graph, ``first_iteration`` is 0, ``seconds`` the whole per-site stage's time over its
+    rules, and ``in_program`` whether extraction used one of the rule's sites (the report's record)."""
+    from onnxsat.rules import RULES
+    from onnxsat.rules.plugins import rule_source
+
+    emitted = [p for p in result.report.partial if p["status"] == "emitted"]
+    rules = sorted({p["rule"] for p in emitted})
+    stage = result.report.stage_seconds.get("partial", 0.0)
+    return [
+        {
+            "model": result.name,
+            "rule": rule,
+            "family": RULES.family_of(rule),
+            "source": rule_source(rule),
+            "matches": sum(p["rule"] == rule for p in emitted),
+            "seconds": stage / len(rules),
+            "first_iteration": 0,
+            "in_program": any(p["used"] for p in emitted if p["rule"] == rule),
+        }
+        for rule in rules
     ]
 
 
@@ -240,13 +266,16 @@ def extractor_records(
     from onnxsat.extract.greedy import extract_greedy
     from onnxsat.extract.serialized import serialize
     from onnxsat.pipeline import _cost_model
+    from onnxsat.rules.partial import apply_site_rules
     from onnxsat.rules.plugins import load_plugins
     from onnxsat.rules.schedule import saturate, select_rules
 
     options = options or Options()
     load_plugins(options)
     program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
-    saturate(program, options.budgets, select_rules(options.rules_only, options.disable_rules))
+    enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
+    apply_site_rules(program, enabled)  # per-site rules (PET-verified) join before saturation, as in optimize
+    saturate(program, options.budgets, enabled)
     egraph = serialize(program.egraph)
     roots = [egraph.roots[i] for i in range(len(program.outputs))]
     cost = _cost_model(options)

@@ -407,6 +407,19 @@ def apply_partial_rules(
     return records
 
 
+def apply_site_rules(program: Any, enabled: Sequence[str], eg: SerializedEGraph | None = None) -> list[PartialRecord]:
+    """The per-site stage as ``onnxsat.optimize`` runs it before saturation: the enabled site rules'
+    sites found, PET-verified and unioned into the freshly imported ``program`` (``eg``: its serialized
+    e-graph, if the caller has it). Nothing to do (and no serialization) when none is enabled."""
+    from ..extract.serialized import serialize
+
+    if not any(n in PARTIAL_RULES for n in enabled):
+        return []
+    eg = serialize(program.egraph) if eg is None else eg
+    on_sites = site_rules(enabled, eg)
+    return apply_partial_rules(program, eg, on_sites) if on_sites else []
+
+
 def _leaf_nodes(site: Site) -> list[Term]:
     """The leaf nodes of the site's composites (each becomes its e-class's ``tensor_ref``)."""
     from .rule_instances import _walk

@@ -8,12 +8,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from egglog import eq, union
 
 import onnxsat
+from onnxsat import study
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
+from onnxsat.forced import Saturated
 from onnxsat.rules.partial import apply_partial_rules
 from onnxsat.rules.partial_merge import RULE, border_rows, merge_site, pair_sample
 from onnxsat.rules.partial_models import linear_bottleneck
@@ -102,3 +105,20 @@ def test_linear_bottleneck_uses_the_merge_and_matches_onnxruntime() -> None:
     x = np.random.default_rng(3).standard_normal((1, 16, 16, 16)).astype(np.float32)
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0] for m in (model, out))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # the rule-effectiveness records list the site rule in its family, used by the program
+    records = {r["rule"]: r for r in study.rule_records(study.Run("bottleneck", model, out, report))}
+    assert records[RULE]["family"] == "partial" and records[RULE]["matches"] == 1 and records[RULE]["in_program"]
+
+
+def test_pinned_extraction_and_extractor_study_see_site_rules() -> None:
+    """``onnxsat.forced`` and ``study.extractor_records`` run the per-site stage before saturating,
+    as ``optimize`` does: the merged Conv is in their e-graph and extraction picks it."""
+    model = linear_bottleneck(channels=16, size=16)
+    options = onnxsat.Options(rules_only=("core",), enable_rules=(RULE,))
+    sat = Saturated.of(model, options)
+    assert [(p.rule, p.status) for p in sat.partial] == [(RULE, "emitted")]
+    out, graph = sat.extract()  # checked against the original on onnxruntime
+    assert [n.op_type for n in out.graph.node].count("Conv") == 9
+    (record,) = study.extractor_records("bottleneck", model, options, methods=("greedy-dag",))
+    assert record["nodes"] == sum(1 for _, n in graph.nodes if not n.op.startswith(("Tensor.", "TList.")))
+    assert record["cost"] == pytest.approx(graph.cost)

@@ -47,6 +47,12 @@ PACKED_GEMM_MAX_ROWS = 512
 (1024^3: 17.4 vs 14.0 GFLOP/s single-threaded); below, the micro-kernel won on the BERT/MLP shapes."""
 CHUNKS_PER_THREAD = 4
 """Parallel work is cut into this many chunks per thread, taken from a shared queue."""
+L2_RESIDENT_A_BYTES = 1 << 20
+"""A split packed GEMM whose A fits in this much of L2 (2 MiB per core here) runs one column panel
+per task: every panel reads the same A (from L2) and its own weights once, so a task's cost does
+not depend on its width and single panels only shrink the step's tail (the last task one thread
+runs while the other has nothing left). A larger A is reread from L3 by each task, so it keeps
+``CHUNKS_PER_THREAD`` wider tasks per thread."""
 
 
 def _chunks(extent: int, parts: int) -> list[tuple[int, int]]:
@@ -344,7 +350,8 @@ class Executable:
         a_name, out_name = a.buffer.name, step.out.name
         a_offset = a.offset
         parallel = self.pool is not None and self.threads > 1 and panels > 1 and 2.0 * rows * n * k >= GEMM_SPLIT_FLOPS
-        ranges = _chunks(panels, CHUNKS_PER_THREAD * self.threads) if parallel else [(0, panels)]
+        tasks = panels if rows * k * 4 <= L2_RESIDENT_A_BYTES else CHUNKS_PER_THREAD * self.threads
+        ranges = _chunks(panels, tasks) if parallel else [(0, panels)]
         pool = self.pool
         self._keep.append(bp)
         bp_ptr = bp.ctypes.data
@@ -389,16 +396,18 @@ class Executable:
 
     # ------------------------------------------------------------ running
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        arrays = dict(self.fixed)
+        given: dict[str, np.ndarray] = {}
         for name, buf in self.program.inputs:
             value = np.asarray(inputs[name])
             if value.dtype != NUMPY_DTYPES[buf.dtype]:
                 from onnxsat.errors import BadInputError
 
                 raise BadInputError(f"input {name!r} has dtype {value.dtype}, the model wants {NUMPY_DTYPES[buf.dtype]}")
-            arrays[buf.name] = np.ascontiguousarray(value)
+            given[buf.name] = value
         if self.native is not None:
-            return self._run_native(arrays)
+            return self._run_native(given)
+        arrays = dict(self.fixed)
+        arrays.update((key, np.ascontiguousarray(value)) for key, value in given.items())
         previous = single_threaded_blas()  # process-wide in numpy's OpenBLAS: restored below
         try:
             return self._run_steps(arrays)
@@ -416,15 +425,20 @@ class Executable:
         return outputs
 
 
-    def _run_native(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_native(self, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Inputs copied into the buffers the task table points at (``copyto`` takes any layout),
+        one native call, and each output copied once into a fresh array (the buffers are reused by
+        the next call)."""
         assert self.native is not None
         for _, buf in self.program.inputs:
             if buf.name in self.io:
-                np.copyto(self.io[buf.name], arrays[buf.name].reshape(buf.shape))
+                np.copyto(self.io[buf.name], given[buf.name].reshape(buf.shape))
         self.native.run(self.workers)
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
-            source = self.io[buf.name] if buf.name in self.io else arrays[buf.name]
+            source = self.io.get(buf.name)
+            if source is None:
+                source = given[buf.name] if buf.name in given else self.fixed[buf.name]
             outputs[name] = np.array(source, copy=True).reshape(buf.shape)
         return outputs
 

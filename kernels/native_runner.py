@@ -11,7 +11,7 @@ Helper threads (``NativeWorkers``) are started once per compiled model and stay 
 ``onnxsat_worker`` for its lifetime: a run opens itself by publishing a new generation in the
 entry word, parked helpers join it with a compare-and-swap (counted in the same word), spin
 between steps (``pause``, then ``usleep``) and leave when the run stops; the run closes the entry
-word and waits for the joined count to reach zero before it returns. Between runs a helper spins
+word when it ends, and the next run waits for the joined count to reach zero before it starts. Between runs a helper spins
 briefly, then parks on a futex. Task indices grow monotonically over a run, so a helper that
 looks late can never run a task of the wrong step: it only takes an index below the published
 limit, with a compare-and-swap.
@@ -40,6 +40,10 @@ NEXT, DONE, LIMIT, STOP, ENTRY, SEQ, SLEEPERS, SHUTDOWN, TASKS = 0, 8, 16, 24, 3
 TIMESPEC = 72
 GEN_SHIFT = 16
 SPINS_BEFORE_YIELD = 64
+HELPER_SPINS_BEFORE_SLEEP = 1000
+"""``pause`` rounds (~50-70 us) an idle helper spins inside a run before it sleeps in ``usleep``
+steps: a short serial step (a bias add between two products) then finds it awake for the next
+parallel one, instead of ~70 us late; a long one still does not burn its scheduler share."""
 IDLE_SLEEP_US = 20
 SPINS_BEFORE_PARK = 2000
 """``pause`` rounds (~50 us) a helper spins after a run before it parks on the futex: back-to-back
@@ -125,7 +129,7 @@ class _Gen:
         b.branch(head)
         b.position_at_end(out)
 
-    def _backoff(self, b: ir.IRBuilder, spins_slot: ir.Value, yield_fn: ir.Value, sleep_us: int = 0) -> None:
+    def _backoff(self, b: ir.IRBuilder, spins_slot: ir.Value, yield_fn: ir.Value, sleep_us: int = 0, spins_first: int = SPINS_BEFORE_YIELD) -> None:
         """``pause`` for a while, then ``yield_fn()`` (``sched_yield``: a descheduled peer needs
         the core), or ``yield_fn(sleep_us)`` (``usleep``) when ``sleep_us`` is given."""
         fn = b.function
@@ -134,7 +138,7 @@ class _Gen:
         yield_block = fn.append_basic_block("backoff.yield")
         pause_block = fn.append_basic_block("backoff.pause")
         after = fn.append_basic_block("backoff.after")
-        b.cbranch(b.icmp_signed(">", spins, ir.Constant(I64, SPINS_BEFORE_YIELD)), yield_block, pause_block)
+        b.cbranch(b.icmp_signed(">", spins, ir.Constant(I64, spins_first)), yield_block, pause_block)
         b.position_at_end(yield_block)
         if sleep_us:
             b.call(b.inttoptr(yield_fn, ir.FunctionType(I32, [I32]).as_pointer()), [ir.Constant(I32, sleep_us)])
@@ -202,13 +206,28 @@ class _Gen:
             self._futex(b, syscall_fn, ctx, FUTEX_WAKE_PRIVATE, wake, ir.Constant(I64, 0))
 
     def run_graph(self) -> None:
-        """``run_graph(ctx, tasks, step_ends, steps, yield_fn, syscall_fn, generation)``: open run
-        ``generation`` to the parked helpers, every step in order, then close it and wait until
-        every helper that joined has left (so the next run may reset the counters)."""
+        """``run_graph(ctx, tasks, step_ends, steps, yield_fn, syscall_fn, generation)``: wait until
+        every helper that joined the previous run has left it (so the counters may be reset; a
+        helper leaves within one sleep of that run's end, so this rarely waits), open run
+        ``generation`` to the parked helpers, every step in order, then stop and close the run.
+        A helper still inside the closed run takes no task: every index is then taken."""
         fty = ir.FunctionType(ir.VoidType(), [P64, P64, P64, I64, I64, I64, I64])
         fn = ir.Function(self.module, fty, "onnxsat_run_graph")
         ctx, tasks, step_ends, steps, yield_fn, syscall_fn, generation = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
+        spins_slot = b.alloca(I64)
+        b.store(ir.Constant(I64, 0), spins_slot)
+        wait = fn.append_basic_block("enter.wait")
+        spin = fn.append_basic_block("enter.spin")
+        ready = fn.append_basic_block("enter.ready")
+        b.branch(wait)
+        b.position_at_end(wait)
+        joined = b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8)
+        b.cbranch(b.icmp_signed("!=", joined, ir.Constant(I64, 0)), spin, ready)
+        b.position_at_end(spin)
+        self._backoff(b, spins_slot, yield_fn)
+        b.branch(wait)
+        b.position_at_end(ready)
         for word in (NEXT, DONE, LIMIT, STOP):
             b.store_atomic(ir.Constant(I64, 0), self._at(b, ctx, word), "seq_cst", 8)
         b.store_atomic(b.ptrtoint(tasks, I64), self._at(b, ctx, TASKS), "seq_cst", 8)
@@ -217,19 +236,6 @@ class _Gen:
         self._steps(b, fn, ctx, tasks, step_ends, steps, yield_fn)
         b.store_atomic(ir.Constant(I64, 1), self._at(b, ctx, STOP), "seq_cst", 8)
         b.atomic_rmw("and", self._at(b, ctx, ENTRY), ir.Constant(I64, (1 << GEN_SHIFT) - 1), "seq_cst")
-        spins_slot = b.alloca(I64)
-        b.store(ir.Constant(I64, 0), spins_slot)
-        wait = fn.append_basic_block("leave.wait")
-        spin = fn.append_basic_block("leave.spin")
-        out = fn.append_basic_block("leave.out")
-        b.branch(wait)
-        b.position_at_end(wait)
-        joined = b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8)
-        b.cbranch(b.icmp_signed("!=", joined, ir.Constant(I64, 0)), spin, out)
-        b.position_at_end(spin)
-        self._backoff(b, spins_slot, yield_fn)
-        b.branch(wait)
-        b.position_at_end(out)
         b.ret_void()
 
     def helper(self) -> ir.Function:
@@ -263,7 +269,7 @@ class _Gen:
         b.store(ir.Constant(I64, 0), spins_slot)
         b.branch(head)
         b.position_at_end(idle)
-        self._backoff(b, spins_slot, sleep_fn, IDLE_SLEEP_US)
+        self._backoff(b, spins_slot, sleep_fn, IDLE_SLEEP_US, HELPER_SPINS_BEFORE_SLEEP)
         b.branch(head)
         b.position_at_end(leave)
         b.ret_void()

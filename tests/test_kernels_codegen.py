@@ -242,7 +242,7 @@ def test_max_reductions_vectorize_and_propagate_nan() -> None:
 
 
 @pytest.mark.parametrize(
-    "shape", [(1, 1, 1), (13, 7, 45), (6, 64, 32), (65, 33, 100), (128, 96, 64), (400, 300, 70), (11, 20, 31), (130, 40, 64), (100, 17, 40), (15, 9, 33)]
+    "shape", [(1, 1, 1), (13, 7, 45), (6, 64, 32), (65, 33, 100), (128, 96, 64), (400, 300, 70), (20, 2100, 50), (11, 20, 31), (130, 40, 64), (100, 17, 40), (15, 9, 33)]
 )
 def test_packed_gemm_micro_kernel(shape: tuple[int, int, int]) -> None:
     """Every row-tail height (M % 8), column tails (N % 48), several row and K blocks, against float64 numpy."""

@@ -30,6 +30,8 @@ import numpy as np
 RTOL, ATOL = 1e-3, 1e-4
 COPY_BYTES = 256 << 20
 ELEMENTWISE_FORMS = ("vectorized", "elementwise")
+WIN, LOSS = 1.02, 0.98
+"""A ratio's verdict, as in ``onnxsat.latency``: win when the whole interval lies above WIN."""
 MIN_BANDWIDTH_BYTES = 1 << 20
 """Launches moving less than this are launch-latency bound; their bandwidth is not summarized."""
 
@@ -161,20 +163,37 @@ class Runner:
             for p in pointers.values():
                 self.dev.free(p)
 
-    def whole_model(self) -> dict[str, Any]:
-        data = np.load(self.bundle / "check" / "model.npz")
+    def upload_model(self, data: Any) -> dict[str, int]:
+        """Device memory for every buffer, weights and (with check data) graph inputs uploaded."""
         consts = np.load(self.bundle / "constants.npz")
         pointers = {n: self.dev.alloc(nbytes(b)) for n, b in self.buffers.items()}
+        for n in self.buffers:
+            key = f"b{self.index[n]}"
+            if key in consts:
+                self.dev.upload(pointers[n], self.host(n, consts[key]))
+            elif data is not None and f"in_{key}" in data:
+                self.dev.upload(pointers[n], self.host(n, data[f"in_{key}"]))
+        return pointers
+
+    def model_work(self, pointers: dict[str, int]) -> Any:
+        """A function that issues every launch of the model in order (arguments packed once)."""
+        launches = [
+            (self.functions[s["function"]], s["grid"], s["block"], s["shared_bytes"], self.drv.launch_args(s["args"], pointers))
+            for s in self.m["steps"]
+            if s["elements"]
+        ]
+
+        def work() -> None:
+            for function, grid, block, shared, args in launches:
+                self.dev.launch(function, grid, block, shared, args)
+
+        return work
+
+    def whole_model(self) -> dict[str, Any]:
+        data = np.load(self.bundle / "check" / "model.npz")
+        pointers = self.upload_model(data)
         try:
-            for n in self.buffers:
-                key = f"b{self.index[n]}"
-                if key in consts:
-                    self.dev.upload(pointers[n], self.host(n, consts[key]))
-                elif f"in_{key}" in data:
-                    self.dev.upload(pointers[n], self.host(n, data[f"in_{key}"]))
-            for step in self.m["steps"]:
-                if step["elements"]:
-                    self.launch(step, pointers)
+            self.model_work(pointers)()
             results = {}
             for graph_name, n in self.m["outputs"]:
                 got = self.dev.download(pointers[n], self.host(n, None))
@@ -182,8 +201,22 @@ class Runner:
                 results[graph_name] = {"ok": ok, "max_abs_error": err}
             return results
         finally:
-            for p in pointers.values():
-                self.dev.free(p)
+            self.free_all(pointers)
+
+    def free_all(self, pointers: dict[str, int]) -> None:
+        for p in pointers.values():
+            self.dev.free(p)
+
+    def model_timer(self, pointers: dict[str, int]) -> tuple[str, Any]:
+        """(how, fn): ``fn(repeats)`` = mean ms of one whole-model run, replayed as a CUDA graph
+        (the stream of Python launches when graph capture is not available)."""
+        work = self.model_work(pointers)
+        try:
+            graph = self.drv.capture_graph(self.dev, work)
+            return "cuda-graph", lambda repeats: self.dev.time_ms(lambda: self.drv.replay_graph(self.dev, graph), repeats)
+        except self.drv.CudaError as exc:
+            print(f"  (graph capture failed: {exc}; timing the launch loop)")
+            return "launch-loop", lambda repeats: self.dev.time_ms(work, repeats)
 
     def copy_bandwidth(self) -> float:
         src, dst = self.dev.alloc(COPY_BYTES), self.dev.alloc(COPY_BYTES)
@@ -193,6 +226,45 @@ class Runner:
         finally:
             self.dev.free(src)
             self.dev.free(dst)
+
+
+def bootstrap_ratio_ci(baseline: np.ndarray, candidate: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of median(baseline) / median(candidate) over rounds: the
+    method of ``onnxsat.latency.bootstrap_ratio_ci`` (this script cannot import onnxsat)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(baseline), size=(resamples, len(baseline)))
+    ratios = np.median(baseline[idx], axis=1) / np.median(candidate[idx], axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def verdict(low: float, high: float) -> str:
+    return "win" if low > WIN else "loss" if high < LOSS else "tie"
+
+
+def compare_models(runners: list[Runner], rounds: int) -> dict[str, Any]:
+    """Whole-model times of the bundles in interleaved rounds (order rotated each round), each a
+    mean over enough replays for ~20 ms; ratio = median(first) / median(other) with a bootstrap CI."""
+    pointers = [r.upload_model(None) for r in runners]
+    try:
+        timers = [r.model_timer(p) for r, p in zip(runners, pointers, strict=True)]
+        once = [t(3) for _, t in timers]
+        repeats = [repeats_for(ms * 1e-3, target=0.02, hi=2000) for ms in once]
+        times = np.empty((len(runners), rounds))
+        for k in range(rounds):
+            for j in range(len(runners)):
+                i = (j + k) % len(runners)
+                times[i, k] = timers[i][1](repeats[i])
+        base = times[0]
+        out: dict[str, Any] = {"rounds": rounds, "how": [h for h, _ in timers], "median_ms": [float(np.median(t)) for t in times], "ratios": []}
+        for i in range(1, len(runners)):
+            low, high = bootstrap_ratio_ci(base, times[i])
+            ratio = float(np.median(base) / np.median(times[i]))
+            out["ratios"].append({"bundle": runners[i].m["model"], "ratio": ratio, "ci": [low, high], "verdict": verdict(low, high)})
+        return out
+    finally:
+        for r, p in zip(runners, pointers, strict=True):
+            r.free_all(p)
 
 
 def cublas_ms(batch: int, m: int, n: int, k: int, dtype: str) -> tuple[str, float] | None:
@@ -239,12 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop timing launches after this many seconds")
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--compare", type=Path, nargs="+", default=[], metavar="BUNDLE",
+                    help="time these bundles' whole models against BUNDLE's in interleaved rounds (check them on their own)")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved whole-model rounds (default 30 with --compare, else 5)")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     try:
         manifest = load_manifest(args.bundle)
         drv = load_driver_module()
         runner = Runner(args.bundle, manifest, drv)
+        others = [Runner(b, load_manifest(b), drv) for b in args.compare]
     except Exception as exc:  # noqa: BLE001 - one line, exit 2: the bundle cannot run here
         print(f"gpu_check: cannot run {args.bundle}: {exc}", file=sys.stderr)
         return 2
@@ -285,6 +361,16 @@ def main(argv: list[str] | None = None) -> int:
         result["gemm"] = gemms
         for g in gemms:
             print(f"GEMM {g['shape']}: {g['onnxsat_tflops']:.2f} TFLOP/s" + (f" vs cuBLAS ({g['cublas']['via']}) {g['cublas']['tflops']:.2f}" if g["cublas"] else " (no CuPy/torch for cuBLAS)"))
+        runnable = [r for r in [runner, *others] if not any(s["kind"] == "host" for s in r.m["steps"])]
+        if len(runnable) == 1 + len(others):
+            timed = compare_models(runnable, args.rounds or (30 if others else 5))
+            result["model_time"] = timed
+            for r, ms, how in zip(runnable, timed["median_ms"], timed["how"], strict=True):
+                print(f"whole model {r.m['model']}: {ms * 1e3:.1f} us ({how}, median of {timed['rounds']} rounds)")
+            for c in timed["ratios"]:
+                print(f"  {manifest['model']} / {c['bundle']}: x{c['ratio']:.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] {c['verdict']}")
+        else:
+            print("whole model not timed: a step runs on the host")
     result["seconds"] = time.perf_counter() - start
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

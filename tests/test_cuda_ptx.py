@@ -293,6 +293,13 @@ def test_gpu_check_helpers() -> None:
     summary = gpu_check.summarize_bandwidth(rows, 4000.0)
     assert summary["elementwise_launches"] == 2 and summary["best_fraction_of_copy"] == 1.0 and summary["worst_fraction_of_copy"] == 0.75
     assert gpu_check.repeats_for(1.0) == 3 and gpu_check.repeats_for(1e-9) == 200
+    # whole-model comparisons use onnxsat.latency's interval and verdicts (the script cannot import onnxsat)
+    from onnxsat.latency import bootstrap_ratio_ci
+
+    rng = np.random.default_rng(1)
+    base, cand = 2.0 + rng.random(30), 1.0 + rng.random(30)
+    assert gpu_check.bootstrap_ratio_ci(base, cand) == bootstrap_ratio_ci(base, cand)
+    assert [gpu_check.verdict(*ci) for ci in [(1.03, 1.2), (0.9, 0.97), (0.99, 1.05)]] == ["win", "loss", "tie"]
 
 
 def test_cuda_target_errors_are_one_line(tmp_path: Path) -> None:

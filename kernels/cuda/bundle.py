@@ -98,11 +98,13 @@ def write_bundle(
     stats: Mapping[str, PtxasStats] | None,
     model: str,
     check: Mapping[str, np.ndarray] | None = None,
+    check_steps: bool = True,
 ) -> dict[str, Any]:
     """Write the bundle atomically (a temporary sibling directory renamed into place).
 
-    ``check``: graph input feeds; when given, the check files are computed and written too.
-    Returns the manifest.
+    ``check``: graph input feeds; when given, the check files are computed and written too
+    (with ``check_steps`` False only the whole model's: per-launch files of a large model can
+    outgrow what travels to a GPU machine). Returns the manifest.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +118,7 @@ def write_bundle(
         values = {**cp.tables, **(cp.program.constants if check is not None else {})}
         np.savez(tmp / "constants.npz", **{f"b{index[n]}": np.asarray(v) for n, v in values.items() if n in index})  # type: ignore[arg-type]
         if check is not None:
-            data["check"] = write_check(tmp, cp, data["buffers"], check)
+            data["check"] = write_check(tmp, cp, data["buffers"], check, check_steps)
         (tmp / "manifest.json").write_text(json.dumps(data, indent=1))
         _replace_dir(tmp, out)
     except BaseException:
@@ -135,7 +137,9 @@ def _replace_dir(new: Path, target: Path) -> None:
         os.replace(new, target)
 
 
-def write_check(out: Path, cp: CudaProgram, table: list[dict[str, Any]], feeds: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def write_check(
+    out: Path, cp: CudaProgram, table: list[dict[str, Any]], feeds: Mapping[str, np.ndarray], steps: bool = True
+) -> dict[str, Any]:
     """Run the program on the CPU backend step by step and save what each launch should do."""
     index = {b["name"]: i for i, b in enumerate(table)}
     arrays = cpu_arrays(cp, feeds)
@@ -143,7 +147,7 @@ def write_check(out: Path, cp: CudaProgram, table: list[dict[str, Any]], feeds: 
     runners = cpu_step_runners(cp.program)
     launches = 0
     for i, (step, runner) in enumerate(zip(cp.steps, runners, strict=True)):
-        if isinstance(step, Launch):
+        if isinstance(step, Launch) and steps:
             names = [a.value for a in step.args if a.kind == "buffer"]
             before = {f"b{index[n]}": arrays[n].copy() for n in names}  # type: ignore[index]
             runner(arrays)

@@ -23,13 +23,12 @@ from onnxsat.errors import BadInputError, VerificationError
 
 def run_cuda(args: argparse.Namespace) -> int:
     from onnxsat.kernels.command import _pin, _shapes
-    from onnxsat.lowering.lower import lower, value_inputs
     from onnxsat.modelio import load_model
     from onnxsat.options import Options
     from onnxsat.verification import make_inputs
 
-    from .plan import Launch, plan
-    from .ptx import find_ptxas, target_machine
+    from .plan import Launch
+    from .ptx import target_machine
 
     if args.emit_check and args.emit_ptx is None:
         raise BadInputError("--emit-check needs --emit-ptx DIR")
@@ -43,14 +42,7 @@ def run_cuda(args: argparse.Namespace) -> int:
         from onnxsat.pipeline import optimize
 
         model, _ = optimize(original, Options())
-    inits = {t.name for t in model.graph.initializer}
-    shapes = {i.name: tuple(np.shape(feeds[i.name])) for i in model.graph.input if i.name not in inits}
-    program = lower(model, shapes, {n: feeds[n] for n in value_inputs(model)})
-    cp = plan(program)
-    ptx, stats = compile_and_check(cp, args.arch, find_ptxas() is not None)
-    from .bundle import write_bundle
-
-    manifest = write_bundle(args.emit_ptx, cp, ptx, stats, args.input, feeds if args.emit_check else None)
+    cp, stats, manifest = emit_bundle(model, feeds, args.emit_ptx, args.arch, args.input, args.emit_check)
     launches = [s for s in cp.steps if isinstance(s, Launch)]
     result: dict[str, Any] = {
         "model": args.input,
@@ -83,6 +75,27 @@ def run_cuda(args: argparse.Namespace) -> int:
             print(f"check data: {manifest['check']['launch_files']} launch files (run benchmarks/gpu_check.py {args.emit_ptx} on a GPU)")
     sys.stdout.flush()
     return 0
+
+
+def emit_bundle(
+    model: Any, feeds: dict[str, np.ndarray], out_dir: str | Path, arch: str, name: str, check: bool, check_steps: bool = True
+) -> tuple[Any, Any, dict[str, Any]]:
+    """Lower ``model`` at the shapes of ``feeds``, write its bundle; (CudaProgram, ptxas stats, manifest).
+
+    ``check``: also write the CPU backend's expected values (and the weights) for gpu_check.py,
+    per launch unless ``check_steps`` is False.
+    """
+    from onnxsat.lowering.lower import lower, value_inputs
+
+    from .bundle import write_bundle
+    from .plan import plan
+    from .ptx import find_ptxas
+
+    inits = {t.name for t in model.graph.initializer}
+    shapes = {i.name: tuple(np.shape(feeds[i.name])) for i in model.graph.input if i.name not in inits}
+    cp = plan(lower(model, shapes, {n: feeds[n] for n in value_inputs(model)}))
+    ptx, stats = compile_and_check(cp, arch, find_ptxas() is not None)
+    return cp, stats, write_bundle(out_dir, cp, ptx, stats, name, feeds if check else None, check_steps)
 
 
 def compile_and_check(cp: Any, arch: str, assemble: bool) -> tuple[Any, Any]:

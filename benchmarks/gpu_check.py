@@ -214,7 +214,7 @@ class Runner:
         try:
             graph = self.drv.capture_graph(self.dev, work)
             return "cuda-graph", lambda repeats: self.dev.time_ms(lambda: self.drv.replay_graph(self.dev, graph), repeats)
-        except self.drv.CudaError as exc:
+        except (self.drv.CudaError, AttributeError, TypeError) as exc:  # an older driver binding or API
             print(f"  (graph capture failed: {exc}; timing the launch loop)")
             return "launch-loop", lambda repeats: self.dev.time_ms(work, repeats)
 

@@ -160,7 +160,9 @@ def capture_graph(dev: Device, work: Any) -> Any:
         work()
     finally:
         graph = _check(d, d.cuStreamEndCapture(dev.stream), "cuStreamEndCapture")
-    executable = _check(d, d.cuGraphInstantiateWithFlags(graph, 0), "cuGraphInstantiate")
+    # cuda-bindings 12+: cuGraphInstantiate(graph, flags); older releases spell it ...WithFlags
+    instantiate = getattr(d, "cuGraphInstantiateWithFlags", None) or d.cuGraphInstantiate
+    executable = _check(d, instantiate(graph, 0), "cuGraphInstantiate")
     dev._keep.append(graph)
     return executable
 

@@ -10,9 +10,10 @@ lowered, planned and written as an ``--emit-ptx`` bundle (``kernels/cuda/bundle.
   bandwidth against the device copy, GEMM against cuBLAS);
 * ``models``: the MLP and BERT layers of compiled_vs_ort.py (whole-model time, no check data:
   their weights would not fit the transfer);
-* ``partial``: for every PET partial family, its benchmark site as the original and as the
-  composite extraction would emit (mutant + correction), both with check data, so gpu_check's
-  ``--compare`` times the composite against the original on the GPU.
+* ``partial``: for every PET partial family, its benchmark site as the original, as the
+  composite extraction would emit (mutant + correction), and as optimized with the partial
+  family under the h200 cost model (``-h200``: what extraction chooses for a GPU), all with
+  check data, so gpu_check's ``--compare`` times the others against the original on the GPU.
 
     python benchmarks/gpu_bundles.py OUT [--only examples,partial]
 """
@@ -113,6 +114,7 @@ def suite(groups: set[str]) -> dict[str, Entry]:
 
             out[f"partial-{rule}-original"] = (lambda side=side: side(0), False, "model")
             out[f"partial-{rule}-composite"] = (lambda side=side: side(1), False, "model")
+            out[f"partial-{rule}-h200"] = (lambda side=side: side(0), True, "model")
     return out
 
 
@@ -133,8 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         model = build()
         feeds = make_inputs(model, seed=0)
+        extra = {}
         if optimize_first:
-            model, _ = optimize(model, Options())
+            gpu = name.endswith("-h200")
+            options = Options(target="h200", enable_rules=("partial",)) if gpu else Options()
+            model, report = optimize(model, options)
+            if gpu:
+                extra["partial_used"] = [p["rule"] for p in report.partial if p["used"]]
         try:
             _, _, manifest = emit_bundle(model, feeds, args.out / name, args.arch, name, check != "none", check == "steps")
         except Exception as exc:  # noqa: BLE001 - one entry failing must not lose the others
@@ -142,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             summary[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         hosts = sum(s["kind"] == "host" for s in manifest["steps"])
-        summary[name] = {"launches": len(manifest["steps"]) - hosts, "host_steps": hosts, "check": check}
-        print(f"{name}: {summary[name]['launches']} launches, {hosts} host steps, {time.perf_counter() - start:.1f} s", flush=True)
+        summary[name] = {"launches": len(manifest["steps"]) - hosts, "host_steps": hosts, "check": check, **extra}
+        print(f"{name}: {summary[name]['launches']} launches, {hosts} host steps, {time.perf_counter() - start:.1f} s {extra}", flush=True)
     (args.out / "suite.json").write_text(json.dumps(summary, indent=1))
     return 0
 

@@ -19,6 +19,7 @@ for dir in "$bundles"/*/; do
     extra=()
     if [[ $name == partial-*-original ]]; then
         extra=(--compare "$bundles/${name%-original}-composite")
+        [[ -d "$bundles/${name%-original}-h200" ]] && extra+=("$bundles/${name%-original}-h200")
     fi
     echo "== $name" >>"$out/log.txt"
     timeout 150 python3 "$here/gpu_check.py" "$dir" --budget-s 20 --json "$out/json/$name.json" "${extra[@]}" >>"$out/log.txt" 2>&1

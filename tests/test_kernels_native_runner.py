@@ -151,11 +151,17 @@ def test_helper_threads_start_once_and_are_joined_on_close_and_collection() -> N
     single = CompiledModel(model, threads=1, cache_dir=None)  # type: ignore[arg-type]
     assert set(_native_threads()) == before
     want = single(feeds)["y"]
+    batch = model.graph.input[0].type.tensor_type.shape.dim[0]  # type: ignore[attr-defined]
+    batch.dim_param = "batch"  # two signatures: two task tables served by the same helpers
     compiled = CompiledModel(model, threads=3, cache_dir=None)  # type: ignore[arg-type]
     started = set(_native_threads()) - before
     assert len(started) == 2
-    for _ in range(30):
+    small = {"x": feeds["x"][:200]}
+    for _ in range(20):
         np.testing.assert_allclose(compiled(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(compiled(small)["y"], want[:200], rtol=1e-5, atol=1e-5)
+    assert len(compiled._executables) == 2
+    assert all(exe.native is not None and exe.native.widest > 1 for exe in compiled._executables.values())
     assert set(_native_threads()) - before == started
     compiled.close()
     compiled.close()  # idempotent

@@ -32,9 +32,10 @@ e**r, 9.8e-8 with float32 coefficients; highest power first."""
 EXP_HI = 88.7228317
 EXP_LO = -87.3365
 """Clamp of the exponent: n = floor(x * log2(e)) stays in [-126, 127], so 2**n is a normal float."""
-ROUND_MAGIC = 12582912.0
-"""1.5 * 2**23: an integer below 2**22 in magnitude plus this sits in the low mantissa bits of the
-sum, so ``bits << 23`` is that integer's exponent field (two's complement)."""
+ROUND_MAGIC = 12582912.0 + 127.0
+"""1.5 * 2**23 plus the exponent bias: an integer n in [-126, 127] plus this is exact and leaves
+n + 127 in the low mantissa bits of the sum, so ``bits << 23`` is already the biased exponent
+field of 2**n (the shift drops the bits above; one integer add fewer per element)."""
 ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
 ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02)
 TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04, 4.89352455891786e-03)
@@ -90,15 +91,14 @@ def _floor(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 def _exp_in_range(b: ir.IRBuilder, xc: ir.Value) -> ir.Value:
     """e**xc for ``xc`` in [EXP_LO, EXP_HI] (or NaN, which stays NaN): 2**n * e**r with
-    n = floor(xc * log2(e)), r in [0, ln2); about 13 vector instructions, no float->int conversion."""
+    n = floor(xc * log2(e)), r in [0, ln2); about 12 vector instructions, no float->int conversion."""
     n = _floor(b, b.fmul(xc, _c(xc, LOG2E)))
     r = b.fsub(xc, b.fmul(n, _c(xc, EXP_C1), flags=CONTRACT), flags=CONTRACT)
     r = b.fsub(r, b.fmul(n, _c(xc, EXP_C2), flags=CONTRACT), flags=CONTRACT)
     y = b.fadd(b.fmul(r, _horner(b, r, EXP_Q), flags=CONTRACT), _c(xc, 1.0), flags=CONTRACT)
     ity = _int_like(xc)
     bits = b.bitcast(b.fadd(n, _c(xc, ROUND_MAGIC)), ity)
-    scale = b.add(b.shl(bits, splat(ity, 23)), splat(ity, 127 << 23))
-    return b.fmul(y, b.bitcast(scale, xc.type))
+    return b.fmul(y, b.bitcast(b.shl(bits, splat(ity, 23)), xc.type))
 
 
 def exp_f32(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

@@ -50,6 +50,12 @@ MAX_UNROLLED_WINDOW = 64
 to compile than it saves)."""
 
 
+INLINE_PROLOGUE = 8
+"""Expression size up to which a pool's producer (a conv's bias + ReLU) is recomputed per tap
+inside the first pass instead of stored first: a few adds per tap cost less than writing and
+re-reading the whole tensor (squeezenet's first MaxPool read a 3 MiB stored copy)."""
+
+
 def pool_geometry(nv: Any, in_spatial: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int]):  # type: ignore[no-untyped-def]
     """Output sizes and begin pads of a pool/conv window (auto_pad, pads and ceil_mode applied)."""
     n = len(kernel)
@@ -188,12 +194,12 @@ def _pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # strided column pass pads only the rows it keeps, and without row padding it needs no
         # selects (a select per tap made a 13x13 stride-1 pass 10-20% slower than pad + pass;
         # 3x3 stride 2 AveragePool on 64x112x112 went 1.5 -> 0.6 ms)
-        base = x if x.is_view else cx.materialize(x, "pool_in")
+        base = x if x.is_view or x.size <= INLINE_PROLOGUE else cx.materialize(x, "pool_in")
         src = _padded_first_pass(cx, base, kernel, strides, dilations, begin, end, out_sp[0], fill, op)
         windowed = [1]
     elif any(begin) or any(end):
         src = padded_input(cx, x, begin, end, fill)
-    elif not x.is_view:
+    elif not x.is_view and x.size > INLINE_PROLOGUE:
         src = cx.materialize(x, "pool_in")  # read k times per output: compute the prologue once
     else:
         src = x

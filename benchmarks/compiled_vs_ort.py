@@ -10,6 +10,7 @@ onnxruntime runs at ORT_ENABLE_ALL with the same intra-op thread count as the co
     python benchmarks/compiled_vs_ort.py                   # everything, 30 rounds
     python benchmarks/compiled_vs_ort.py --only bert-128 mlp --rounds 40 --threads 2
     python benchmarks/compiled_vs_ort.py --out benchmarks/results/compiled_vs_ort.md
+    python benchmarks/compiled_vs_ort.py --only mlp --scaling    # also: each runtime's gain from 1 to N threads
 """
 
 from __future__ import annotations
@@ -160,11 +161,32 @@ def run(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, o
     err = max(float(np.max(np.abs(got[k] - v))) for k, v in want.items())
     stats = compiled.stats(feeds)
     cmp = compare_latency(lambda: session.run(None, feeds), lambda: compiled(feeds), rounds=rounds)
+    compiled.close()
     return {
         "model": name, "ort_ms": cmp.baseline_ms, "compiled_ms": cmp.candidate_ms, "ratio": cmp.ratio,
         "ci": (cmp.ci_low, cmp.ci_high), "rounds": cmp.rounds, "max_abs_err": err, "kernels": stats.kernels,
         "blas": stats.blas_calls, "fallbacks": stats.fallbacks, "compile_s": compile_s, "blas_lib": blas_info(),
     }
+
+
+def scaling(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, tuple[float, float, float]]:
+    """Each runtime's speed-up from one thread to ``threads`` (ratio of medians = one-thread time /
+    ``threads`` time, bootstrap 95% interval), one-thread and ``threads`` calls interleaved."""
+    from onnxsat.kernels.compiled import CompiledModel
+    from onnxsat.latency import compare_latency, ort_session
+
+    model = MODELS[name]()
+    feeds = _feeds(model)
+    found = {}
+    ort = [ort_session(model, level="all", threads=t) for t in (1, threads)]
+    cmp = compare_latency(lambda: ort[0].run(None, feeds), lambda: ort[1].run(None, feeds), rounds=rounds)
+    found["onnxruntime"] = (cmp.ratio, cmp.ci_low, cmp.ci_high)
+    compiled = [CompiledModel(model, threads=t, gemm=gemm) for t in (1, threads)]
+    cmp = compare_latency(lambda: compiled[0](feeds), lambda: compiled[1](feeds), rounds=rounds)
+    found["compiled"] = (cmp.ratio, cmp.ci_low, cmp.ci_high)
+    for c in compiled:
+        c.close()
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="also write the table (markdown) here")
+    parser.add_argument("--scaling", action="store_true", help="also time each runtime at one thread against --threads")
     parser.add_argument(
         "--gemm", choices=["llvm", "blas"], default="llvm", help="products with constant weights: onnxsat's micro-kernel or OpenBLAS"
     )
@@ -199,6 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(row)
         if name in FLOORS and not lo > 1.0:
             failed.append(name)
+    if args.scaling:
+        lines += ["", f"speed-up from 1 to {args.threads} threads (one-thread time / {args.threads}-thread time [95% CI]):", ""]
+        lines += ["| model | onnxruntime | compiled |", "|---|---|---|"]
+        print("\n".join(lines[-5:]), flush=True)
+        for name in names:
+            found = scaling(name, args.rounds, args.threads, args.gemm)
+            cells = [f"{r:.2f} [{lo:.2f}, {hi:.2f}]" for r, lo, hi in (found["onnxruntime"], found["compiled"])]
+            lines.append(f"| {name} | {cells[0]} | {cells[1]} |")
+            print(lines[-1], flush=True)
     lines += ["", f"BLAS: {blas}", f"floors (interval above 1.0 on {', '.join(sorted(FLOORS))}): "
               + ("PASS" if not failed else "FAIL on " + ", ".join(failed))]
     print("\n".join(lines[-2:]))

@@ -11,7 +11,10 @@ output, and times the kernel calls (native task table, inputs placed once) with
 (above 1: splitting pays). The cost and bytes printed next to each row are where the thresholds
 must sit.
 On a loaded machine medians mostly say whether a second core was free; the best-of-rounds
-columns (fastest single call of each side) estimate what an unloaded machine does.
+columns (fastest single call of each side) estimate what an unloaded machine does. A one-kernel
+program also wakes the parked helper threads on every run, which a kernel inside a model (helpers
+already spinning between steps) does not pay: the sizes where splitting starts to pay here are
+upper bounds.
 
     python benchmarks/parallel_threshold.py [--rounds 30] [--threads 2] [--only silu softmax]
 """

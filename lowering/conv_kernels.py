@@ -51,6 +51,11 @@ MIN_UNITS = 16
 """Parallel units the flat direct conv aims for (its positions are cut into blocks to get them)."""
 
 
+def fits_direct(mg: int, kernel: list[int]) -> bool:
+    """Whether a windowed Conv with ``mg`` output channels per group runs as a direct kernel."""
+    return mg <= DIRECT_MAX_CHANNELS and mg * math.prod(kernel) <= DIRECT_MAX_TERMS
+
+
 def direct_conv(
     cx: Any, tensor: str, src: Lazy, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], strides: list[int], dilations: list[int], out_sp: tuple[int, ...]
 ) -> Lazy:

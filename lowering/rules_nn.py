@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .conv_kernels import DIRECT_MAX_CHANNELS, DIRECT_MAX_TERMS, col2im, direct_conv, transpose_phases
+from .conv_kernels import col2im, direct_conv, fits_direct, transpose_phases
 from .kernel_ir import (
     Binary,
     Const,
@@ -133,7 +133,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
-        if mg <= DIRECT_MAX_CHANNELS and mg * math.prod(kernel) <= DIRECT_MAX_TERMS and math.prod(out_sp):
+        if fits_direct(mg, kernel) and math.prod(out_sp):
             return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
 
         def im2col(idx: Index) -> Expr:

@@ -113,8 +113,8 @@ def test_gpu_forms_of_example_kernels_match_the_interpreter() -> None:
     """Every elementwise kernel of two examples, flattened (and vectorized), means the same."""
     from onnxsat.kernels.cuda.plan import gpu_form
 
-    checked = 0
-    for name in ("layout_algebra", "transformer_block"):
+    checked, convs = 0, 0
+    for name in ("layout_algebra", "transformer_block", "inception_block"):
         model = onnx.load(str(EXAMPLES / f"{name}.onnx"))
         for step in lower(model, _static_shapes(model)).steps:
             if not isinstance(step, KernelStep):
@@ -123,7 +123,45 @@ def test_gpu_forms_of_example_kernels_match_the_interpreter() -> None:
             if form in ("vectorized", "elementwise") and form_kernel.parallel_extent <= 20_000:
                 _same_meaning(step.kernel, form_kernel)
                 checked += 1
-    assert checked >= 5
+                convs += step.kernel.name.startswith("fconv")
+    assert checked >= 7 and convs >= 2, "inception_block's direct convolutions run one thread per output position"
+
+
+def _channel_loop_kernel(store_stride: int, neighbour_read: bool) -> Kernel:
+    """A direct 1-D convolution shaped like lowering's: weights as scalars, the first input channel
+    stored, the others accumulated into the output inside a channel loop (4 outputs of 6 positions)."""
+    from onnxsat.lowering.kernel_ir import Decl, Loop, Var
+
+    x, w, out = Buffer("x", "f32", (3, 8)), Buffer("w", "f32", (2, 3, 3)), Buffer("out", "f32", (2 * store_stride + 6,))
+    i, j, ci = (lambda v: Const(v, "i64")), Var("j"), Var("ci")
+
+    def taps(co: int, channel: object, acc: object) -> object:
+        for k in range(3):
+            acc = Binary("add", acc, Binary("mul", Var(f"w{co}_{k}"), Load(x, Binary("add", Binary("mul", channel, i(8)), Binary("add", j, i(k))))))
+        return acc
+
+    def decls(channel: object) -> list:
+        return [Decl(f"w{co}_{k}", "f32", Load(w, Binary("add", Binary("mul", channel, i(3)), i(co * 9 + k)))) for co in range(2) for k in range(3)]
+
+    def at(co: int) -> object:
+        return Binary("add", i(co * store_stride), j)
+
+    first = Loop("j", i(6), tuple(Store(out, at(co), taps(co, i(0), Const(0.0, "f32"))) for co in range(2)))
+    read = (lambda co: Load(out, Binary("add", at(co), i(1)))) if neighbour_read else (lambda co: Load(out, at(co)))
+    rest = Loop("j", i(6), tuple(Store(out, at(co), taps(co, ci, read(co))) for co in range(2)))
+    body = (*decls(i(0)), first, Loop("ci", i(3), (*decls(ci), rest), start=i(1)))
+    return Kernel("conv1d", (x, w, out), ("out",), "p", 1, body)  # type: ignore[arg-type]
+
+
+def test_channel_loops_flatten_only_when_elements_are_independent() -> None:
+    from onnxsat.kernels.cuda.transform import flatten_elementwise
+
+    kernel = _channel_loop_kernel(store_stride=6, neighbour_read=False)
+    flat = flatten_elementwise(kernel)
+    assert flat is not None and flat.parallel_extent == 6
+    _same_meaning(kernel, flat)
+    assert flatten_elementwise(_channel_loop_kernel(store_stride=5, neighbour_read=False)) is None, "output rows overlap"
+    assert flatten_elementwise(_channel_loop_kernel(store_stride=6, neighbour_read=True)) is None, "reads a neighbour's element"
 
 
 def test_reduction_parts_recognize_reduction_kernels_only() -> None:

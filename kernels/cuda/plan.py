@@ -20,7 +20,7 @@ from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, Ma
 
 from .gemm import GEMM_DTYPES, THREADS, TILE_M, TILE_N, gemm_kernel_name
 from .nvvm import WARP, uses_warp_reduction
-from .transform import flatten_elementwise, vectorize
+from .transform import flatten_elementwise, is_elementwise, vectorize
 
 BLOCK = 256
 """Threads per block for one-dimensional launches."""
@@ -93,7 +93,8 @@ def gpu_form(kernel: Kernel) -> tuple[Kernel, str]:
     """The kernel rewritten for the GPU and the name of its form."""
     flat = flatten_elementwise(kernel)
     if flat is not None:
-        wide = vectorize(flat) if flat.parallel_extent >= VECTORIZE_MIN else None
+        # only plain chains are vectorized: a direct convolution's weight loads would repeat per lane
+        wide = vectorize(flat) if is_elementwise(kernel) and flat.parallel_extent >= VECTORIZE_MIN else None
         return (wide, "vectorized") if wide is not None else (flat, "elementwise")
     if uses_warp_reduction(kernel):
         return kernel, "warp-reduction"

@@ -20,6 +20,7 @@ from onnxsat.lowering.kernel_ir import (
     Decl,
     Expr,
     Kernel,
+    Load,
     Loop,
     Store,
     Var,
@@ -68,46 +69,154 @@ def _mentions(node: object, name: str) -> bool:
     return False
 
 
+def _is_element_loop(stmt: object) -> bool:
+    """A loop over the last dimension whose body only stores and declares scalars."""
+    return isinstance(stmt, Loop) and all(isinstance(s, (Store, Decl)) for s in stmt.body)
+
+
+def _element_loops(body: tuple[object, ...]) -> list[Loop] | None:
+    """Every element loop of a body made of scalar declarations, element loops and outer loops
+    around such bodies (a channel loop accumulating into the output); None for any other shape
+    (a store or an assignment outside an element loop)."""
+    found: list[Loop] = []
+    for stmt in body:
+        if _is_element_loop(stmt):
+            found.append(stmt)  # type: ignore[arg-type]
+        elif isinstance(stmt, Loop):
+            inner = _element_loops(stmt.body)
+            if inner is None or not inner:
+                return None
+            found += inner
+        elif not isinstance(stmt, Decl):
+            return None
+    return found
+
+
+def _constant(e: object) -> int | None:
+    """The value of an integer expression without variables (``min(224, 222)``), else None."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Binary) and e.op in ("min", "max", "add", "mul"):
+        a, b = _constant(e.a), _constant(e.b)
+        if a is None or b is None:
+            return None
+        return {"min": min, "max": max, "add": lambda x, y: x + y, "mul": lambda x, y: x * y}[e.op](a, b)
+    return None
+
+
+def _terms(e: object) -> list[object]:
+    if isinstance(e, Binary) and e.op == "add":
+        return _terms(e.a) + _terms(e.b)
+    return [e]
+
+
+def _offset(index: object, j: str) -> tuple[tuple[str, ...], int] | None:
+    """``(base, c)`` when ``index`` is ``base + c + j`` with ``j`` in no other term."""
+    terms = _terms(index)
+    rest = [t for t in terms if t != Var(j)]
+    if len(terms) - len(rest) != 1 or any(_mentions(t, j) for t in rest):
+        return None
+    const = sum(int(t.value) for t in rest if isinstance(t, Const))
+    return tuple(sorted(repr(t) for t in rest if not isinstance(t, Const))), const
+
+
+def _loads(node: object) -> list[Load]:
+    if isinstance(node, Load):
+        return [node, *_loads(node.index)]
+    if isinstance(node, tuple):
+        return [x for item in node for x in _loads(item)]
+    if is_dataclass(node) and not isinstance(node, type):
+        return [x for f in fields(node) for x in _loads(getattr(node, f.name))]
+    return []
+
+
+def _elements_independent(loops: list[Loop], span: int) -> bool:
+    """Iterations of the element loops touch disjoint elements, so they can run as threads: each
+    store writes ``base + c + j`` (one base per buffer, constant offsets ``span`` or more apart or
+    equal), and every load of a written buffer reads an element its own iteration stores."""
+    stores: dict[str, dict[tuple[str, ...], set[int]]] = {}
+    for loop in loops:
+        for st in loop.body:
+            if isinstance(st, Store):
+                off = _offset(st.index, loop.var)
+                if off is None:
+                    return False
+                stores.setdefault(st.buffer.name, {}).setdefault(off[0], set()).add(off[1])
+    for by_base in stores.values():
+        if len(by_base) != 1:
+            return False
+        consts = sorted(next(iter(by_base.values())))
+        if any(b - a < span for a, b in zip(consts, consts[1:], strict=False)):
+            return False
+    for loop in loops:
+        for ld in _loads(loop.body):
+            if ld.buffer.name in stores:
+                off = _offset(ld.index, loop.var)
+                if off is None or off[1] not in stores[ld.buffer.name].get(off[0], set()):
+                    return False
+    return True
+
+
+def _splice(body: tuple[object, ...], j: Var) -> tuple[object, ...]:
+    """The body with every element loop replaced by its statements at element ``j``."""
+    out: list[object] = []
+    for stmt in body:
+        if _is_element_loop(stmt):
+            assert isinstance(stmt, Loop)
+            out += substitute(stmt.body, {stmt.var: j})  # type: ignore[arg-type]
+        elif isinstance(stmt, Loop):
+            out.append(replace(stmt, body=_splice(stmt.body, j)))
+        else:
+            out.append(stmt)
+    return tuple(out)
+
+
 def is_elementwise(kernel: Kernel) -> bool:
     """One loop over the last dimension whose body only stores (no locals, no inner loops)."""
-    if len(kernel.body) != 1 or not isinstance(kernel.body[0], Loop):
-        return False
-    return all(isinstance(s, Store) for s in kernel.body[0].body)
+    return len(kernel.body) == 1 and _is_element_loop(kernel.body[0]) and all(isinstance(s, Store) for s in kernel.body[0].body)  # type: ignore[union-attr]
 
 
 def flatten_elementwise(kernel: Kernel, var: str = "q") -> Kernel | None:
-    """The kernel with one parallel unit per element, or None when its loop has another shape.
+    """The kernel with one parallel unit per element, or None when its loops have another shape.
 
     Two loop shapes come from ``lowering.loops.nest``: ``for j in [0, n)`` (parallel over rows) and
     the blocked ``for j in [(p % B) * blk, min((p % B) * blk + blk, n))`` (few rows, each row cut
     into B blocks). Both become ``q in [0, rows * n)`` with ``row = q // n`` and ``j = q % n``.
+    Beyond one loop of stores (``is_elementwise``), a body of scalar declarations and element
+    loops with the same bounds, also inside outer loops (a direct convolution: weights held as
+    scalars, a channel loop accumulating into the output), flattens the same way when the element
+    loops' iterations are independent (``_elements_independent``); each thread then runs the
+    declarations and outer loops for its own element.
     """
-    if not is_elementwise(kernel):
+    loops = _element_loops(kernel.body)
+    if not loops or _mentions(kernel.body, var) or _mentions(kernel.body, "__row"):
         return None
-    loop = kernel.body[0]
-    assert isinstance(loop, Loop)
+    first = loops[0]
+    if any((lp.start, lp.stop) != (first.start, first.stop) for lp in loops):
+        return None
     p, q = kernel.parallel_var, Var(var)
-    if _mentions(kernel.body, var):
-        return None
-    if isinstance(loop.start, Const) and loop.start.value == 0 and isinstance(loop.stop, Const):
-        n = int(loop.stop.value)
+    n_plain = _constant(first.stop)
+    if isinstance(first.start, Const) and first.start.value == 0 and n_plain is not None:
+        n = n_plain
+        if not is_elementwise(kernel) and not _elements_independent(loops, n):
+            return None
         rows = kernel.parallel_extent
         row, j = (i64(0), q) if rows == 1 else (floordiv(q, n), mod(q, n))
-        body = substitute(loop.body, {p: row, loop.var: j})
+        body = substitute(_splice(kernel.body, Var("__j")), {p: row, "__j": j})
         return replace(kernel, parallel_var=var, parallel_extent=rows * n, body=body)  # type: ignore[arg-type]
-    blocked = _blocked_shape(loop, p)
+    blocked = _blocked_shape(first, p)
     if blocked is None:
         return None
     blocks, blk, n = blocked
-    if kernel.parallel_extent % blocks:
+    if kernel.parallel_extent % blocks or (not is_elementwise(kernel) and not _elements_independent(loops, n)):
         return None
     rows = kernel.parallel_extent // blocks
     row, j = (i64(0), q) if rows == 1 else (floordiv(q, n), mod(q, n))
     # p only appears as p // B (the row) and p % B (the block, in the loop bounds we drop)
-    body = replace_exprs(loop.body, {Binary("div", Var(p), i64(blocks)): Var("__row")})
+    body = replace_exprs(_splice(kernel.body, Var("__j")), {Binary("div", Var(p), i64(blocks)): Var("__row")})
     if _mentions(body, p):
-        body = substitute(body, {p: add(mul(row, i64(blocks)), floordiv(j, blk))})
-    body = substitute(body, {"__row": row, loop.var: j})
+        body = substitute(body, {p: add(mul(row, i64(blocks)), floordiv(Var("__j"), blk))})
+    body = substitute(body, {"__row": row, "__j": j})
     return replace(kernel, parallel_var=var, parallel_extent=rows * n, body=body)  # type: ignore[arg-type]
 
 

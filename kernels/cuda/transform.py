@@ -100,7 +100,7 @@ def _constant(e: object) -> int | None:
         a, b = _constant(e.a), _constant(e.b)
         if a is None or b is None:
             return None
-        return {"min": min, "max": max, "add": lambda x, y: x + y, "mul": lambda x, y: x * y}[e.op](a, b)
+        return min(a, b) if e.op == "min" else max(a, b) if e.op == "max" else a + b if e.op == "add" else a * b
     return None
 
 

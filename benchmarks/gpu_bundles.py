@@ -7,7 +7,7 @@ lowered, planned and written as an ``--emit-ptx`` bundle (``kernels/cuda/bundle.
 * ``examples``: every runnable example, optimized as ``onnxsat compile`` does, with check data
   (each launch and the whole model compared with the CPU backend on the GPU);
 * ``kernels``: fused elementwise chains at 16M and 64M floats and square GEMMs (timing only:
-  bandwidth against the device copy, GEMM against cuBLAS);
+  bandwidth against the device copy, GEMM against cuBLAS), and Softmax/LayerNorm rows (checked);
 * ``models``: the MLP and BERT layers of compiled_vs_ort.py (whole-model time, no check data:
   their weights would not fit the transfer);
 * ``partial``: for every PET partial family, its benchmark site as the original, as the
@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -58,6 +59,27 @@ def silu_scale(n: int) -> onnx.ModelProto:
         helper.make_node("Mul", ["m", "s"], ["y"]),
     ]
     return _graph(nodes, {"a": [n], "s": [1]}, "y")
+
+
+def row_kernels(rows: int, width: int) -> onnx.ModelProto:
+    """A masked, scaled Softmax and a residual LayerNormalization over rows of ``width``."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), n) for n in ("gamma", "beta")]
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["xs"]),
+        helper.make_node("Add", ["xs", "mask"], ["xm"]),
+        helper.make_node("Softmax", ["xm"], ["probs"], axis=-1),
+        helper.make_node("Add", ["x", "r"], ["xr"]),
+        helper.make_node("LayerNormalization", ["xr", "gamma", "beta"], ["normed"], axis=-1, epsilon=1e-5),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "rows",
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in {"x": [rows, width], "r": [rows, width], "mask": [1, width]}.items()],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, [rows, width]) for o in ("probs", "normed")],
+        [*inits, numpy_helper.from_array(np.array(0.125, np.float32), "scale")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def matmul(size: int) -> onnx.ModelProto:
@@ -99,6 +121,7 @@ def suite(groups: set[str]) -> dict[str, Entry]:
             out[f"silu_scale_{n >> 20}M"] = (lambda n=n: silu_scale(n), False, "none")
         for size in (1024, 4096):
             out[f"matmul_{size}"] = (lambda size=size: matmul(size), False, "none")
+        out["row_kernels"] = (lambda: row_kernels(512, 768), False, "steps")
     if "models" in groups:
         out["mlp"] = (mlp, False, "none")
         out["bert128"] = (lambda: bert_layer(128), False, "none")

@@ -349,3 +349,33 @@ def test_cuda_target_errors_are_one_line(tmp_path: Path) -> None:
     check_only = subprocess.run([sys.executable, "-m", "onnxsat", "compile", model, "--target", "cuda", "--emit-check"], capture_output=True, text=True, timeout=120)
     assert check_only.returncode == 2 and "--emit-ptx" in check_only.stderr
     assert LIGHT_DIR.exists()
+
+
+def test_softmax_and_layernorm_rows_get_a_warp_each() -> None:
+    """Softmax and LayerNorm kernels run one warp per row; a pass whose accumulator does not start
+    at its operation's identity, or rows too short for a warp, keep one thread per row."""
+    from dataclasses import replace
+
+    from onnx import TensorProto, helper
+
+    from onnxsat.kernels.cuda.plan import gpu_form
+    from onnxsat.kernels.cuda.transform import warp_row_passes
+    from onnxsat.lowering.kernel_ir import Decl
+
+    def model(width: int) -> onnx.ModelProto:
+        nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1), helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1)]
+        graph = helper.make_graph(
+            nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
+            [helper.make_tensor_value_info(o, TensorProto.FLOAT, [4, width]) for o in ("p", "n")],
+            [onnx.numpy_helper.from_array(np.ones(width, np.float32), "g"), onnx.numpy_helper.from_array(np.zeros(width, np.float32), "b")],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    kernels = [s.kernel for s in lower(model(128), {"x": (4, 128)}).steps if isinstance(s, KernelStep)]
+    assert sorted(gpu_form(k)[1] for k in kernels) == ["warp-rows", "warp-rows"]
+    softmax = next(k for k in kernels if k.name.startswith("softmax"))
+    assert list(warp_row_passes(softmax).values()) == [("m",), ("s",), ()]  # type: ignore[union-attr]
+    shifted = replace(softmax, body=tuple(replace(s, init=Const(1.0, "f32")) if isinstance(s, Decl) and s.name == "s" else s for s in softmax.body))
+    assert warp_row_passes(shifted) is None
+    short = [s.kernel for s in lower(model(16), {"x": (4, 16)}).steps if isinstance(s, KernelStep)]
+    assert all(gpu_form(k)[1] == "thread-per-unit" for k in short)

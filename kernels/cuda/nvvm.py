@@ -8,7 +8,9 @@ backends share one meaning of the IR; this module changes what differs on a GPU:
 * the parallel loop: a grid-stride loop over ``parallel_var`` from the global thread id;
 * math: exp/log/erf/tanh/pow call libdevice's ``__nv_*`` functions (linked in by ``ptx``);
 * reductions (``transform.reduction_parts``): one warp per output, lanes stride over the reduced
-  elements, then a butterfly of ``llvm.nvvm.shfl.sync.bfly.i32`` and lane 0 stores.
+  elements, then a butterfly of ``llvm.nvvm.shfl.sync.bfly.i32`` and lane 0 stores;
+* row kernels (``transform.warp_row_passes``): one warp per row, lanes stride over each pass and
+  the pass's accumulators are all-reduced by the same butterfly before the next statement.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from onnxsat.kernels.codegen import LL_TYPES, _FunctionBuilder, storage_type
-from onnxsat.lowering.kernel_ir import Binary, Kernel, Local, Var, is_float, unflatten
+from onnxsat.lowering.kernel_ir import Assign, Binary, Decl, Kernel, Local, Loop, Var, is_float, unflatten
 
-from .transform import reduced_size, reduction_parts, substitute
+from .transform import reduced_size, reduction_parts, substitute, warp_row_passes
 
 TRIPLE = "nvptx64-nvidia-cuda"
 WARP = 32
@@ -170,6 +172,38 @@ class NvvmBuilder(_FunctionBuilder):
         self.stride_loop(self.kernel.parallel_var, warp, ir.Constant(I64, self.kernel.parallel_extent), warps, one_output)
         b.ret_void()
 
+    def build_warp_rows(self) -> None:
+        """One warp per row of a multi-pass row kernel (``transform.warp_row_passes``): lanes stride
+        over each pass, and each accumulator the pass reduces is all-reduced by shuffles after it, so
+        every lane continues with the row's total (softmax's max and sum, LayerNorm's moments)."""
+        passes = warp_row_passes(self.kernel)
+        assert passes is not None, "not a warp-row kernel"
+        b = self.b
+        ntid = sreg(b, "ntid.x")
+        thread = b.add(b.mul(sreg(b, "ctaid.x"), ntid), sreg(b, "tid.x"))
+        warp = b.udiv(thread, ir.Constant(I64, WARP))
+        lane = b.urem(thread, ir.Constant(I64, WARP))
+        warps = b.udiv(b.mul(sreg(b, "nctaid.x"), ntid), ir.Constant(I64, WARP))
+        declared = {s.name: s for s in self.kernel.body if isinstance(s, Decl)}
+
+        def one_row() -> None:
+            for pos, stmt in enumerate(self.kernel.body):
+                if pos not in passes:
+                    self.stmts((stmt,))
+                    continue
+                assert isinstance(stmt, Loop)
+                body = stmt.body
+                self.stride_loop(stmt.var, lane, self.expr(stmt.stop), ir.Constant(I64, WARP), lambda: self.stmts(body))  # noqa: B023 - runs now
+                for name in passes[pos]:
+                    op = next(a.value.op for a in stmt.body if isinstance(a, Assign) and a.name == name)  # type: ignore[union-attr]
+                    dtype = declared[name].dtype
+                    for offset in (16, 8, 4, 2, 1):
+                        acc = b.load(self.slots[name], typ=LL_TYPES[dtype])
+                        b.store(self._binary(op, acc, self.shuffle_xor(acc, dtype, offset), dtype), self.slots[name])
+
+        self.stride_loop(self.kernel.parallel_var, warp, ir.Constant(I64, self.kernel.parallel_extent), warps, one_row)
+        b.ret_void()
+
     def shuffle_xor(self, value: ir.Value, dtype: str, offset: int) -> ir.Value:
         """The ``value`` of lane ``lane ^ offset`` (any scalar type, moved as 32-bit words)."""
         b = self.b
@@ -200,10 +234,12 @@ def uses_warp_reduction(kernel: Kernel, min_reduced: int = 64) -> bool:
     return reduced_size(loops) >= min_reduced
 
 
-def add_kernel(module: ir.Module, kernel: Kernel, warp_reduction: bool) -> None:
+def add_kernel(module: ir.Module, kernel: Kernel, form: str) -> None:
     """Build ``kernel`` into ``module`` as an entry point of the given form."""
     builder = NvvmBuilder(module, kernel)
-    if warp_reduction:
+    if form == "warp-reduction":
         builder.build_warp_reduction()
+    elif form == "warp-rows":
+        builder.build_warp_rows()
     else:
         builder.build()

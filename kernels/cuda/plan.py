@@ -1,9 +1,10 @@
 """A lowered ``KernelProgram`` planned for the GPU: each step's kernel form and launch shape.
 
-Kernel steps take one of four forms (``transform`` and ``nvvm``): ``vectorized`` or ``elementwise``
-(one thread per element, or per 4 consecutive elements), ``warp-reduction`` (one warp per output
-of a long reduction), ``thread-per-unit`` (the CPU kernel unchanged: one thread per parallel
-unit, for kernels with several passes such as softmax or normalization). Matrix products become
+Kernel steps take one of five forms (``transform`` and ``nvvm``): ``vectorized`` or ``elementwise``
+(one thread per element, or per 4 consecutive elements; direct convolutions too), ``warp-reduction``
+(one warp per output of a long reduction), ``warp-rows`` (one warp per row of a kernel with several
+passes over a row, such as softmax or LayerNorm), ``thread-per-unit`` (the CPU kernel unchanged:
+one thread per parallel unit). Matrix products become
 launches of the tiled GEMM (``gemm``). Steps the GPU cannot run (numpy fallbacks, integer matrix
 products) stay on the host. Kernels that differ only in their buffers share one entry point.
 """
@@ -20,7 +21,7 @@ from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, Ma
 
 from .gemm import GEMM_DTYPES, THREADS, TILE_M, TILE_N, gemm_kernel_name
 from .nvvm import WARP, uses_warp_reduction
-from .transform import flatten_elementwise, is_elementwise, vectorize
+from .transform import flatten_elementwise, is_elementwise, vectorize, warp_row_passes
 
 BLOCK = 256
 """Threads per block for one-dimensional launches."""
@@ -98,6 +99,8 @@ def gpu_form(kernel: Kernel) -> tuple[Kernel, str]:
         return (wide, "vectorized") if wide is not None else (flat, "elementwise")
     if uses_warp_reduction(kernel):
         return kernel, "warp-reduction"
+    if warp_row_passes(kernel) is not None:
+        return kernel, "warp-rows"
     return kernel, "thread-per-unit"
 
 
@@ -127,7 +130,7 @@ def _kernel_launch(cp: CudaProgram, by_text: dict[str, str], kernel: Kernel) -> 
         cp.kernels[symbol] = replace(canon, name=symbol)
         cp.forms[symbol] = form
     units = form_kernel.parallel_extent
-    per_block = BLOCK // WARP if form == "warp-reduction" else BLOCK
+    per_block = BLOCK // WARP if form in ("warp-reduction", "warp-rows") else BLOCK
     args = tuple(Arg("buffer", b.name) for b in kernel.params)
     elements = units * (4 if form == "vectorized" else 1)
     return Launch(kernel.name, symbol, form, (grid_for(units, per_block), 1, 1), (BLOCK, 1, 1), args, kernel.outputs, 0, elements)

@@ -87,7 +87,7 @@ def build_module(cp: CudaProgram, only: str | None = None) -> ir.Module:
     module.triple = TRIPLE
     for name, kernel in cp.kernels.items():
         if only in (None, name):
-            add_kernel(module, kernel, cp.forms[name] == "warp-reduction")
+            add_kernel(module, kernel, cp.forms[name])
     for dtype in sorted(cp.gemm_dtypes):
         if only in (None, gemm_kernel_name(dtype)):
             add_gemm_kernel(module, dtype)

@@ -21,6 +21,7 @@ from onnxsat.lowering.kernel_ir import (
     Expr,
     Kernel,
     Load,
+    Local,
     Loop,
     Store,
     Var,
@@ -274,3 +275,79 @@ def reduction_parts(kernel: Kernel) -> tuple[Decl, tuple[Loop, ...], Assign, Sto
 
 def reduced_size(loops: tuple[Loop, ...]) -> int:
     return math.prod(int(lp.stop.value) for lp in loops)  # type: ignore[union-attr]
+
+
+IDENTITY = {"add": 0.0, "max": float("-inf"), "min": float("inf")}
+"""Initial values that a warp can give every lane before combining lane partial results."""
+
+
+def warp_row_passes(kernel: Kernel, min_row: int = 64) -> dict[int, tuple[str, ...]] | None:
+    """For a row kernel (softmax, LayerNorm: scalar declarations and passes ``for r in [0, n)``
+    over one row), the accumulators each pass reduces (``{pass position: names}``), when one warp
+    can run the row: lanes take ``r = lane, lane + 32, ...`` in every pass, so the lane that writes
+    an element of a buffer the kernel writes is the only one that touches that element in any
+    pass, and each accumulator is updated only as ``acc = op(acc, value)`` (op add/max/min, its
+    declared start the identity) so the lanes' partial results combine by a shuffle all-reduce
+    after the pass. None when the kernel has another shape or the rows are shorter than ``min_row``.
+    """
+    written = {s.buffer.name for s in _stores(kernel.body)}
+    declared: dict[str, Decl] = {}
+    passes: dict[int, tuple[str, ...]] = {}
+    n: int | None = None
+    touched: dict[str, tuple[tuple[str, ...], int]] = {}
+    for pos, stmt in enumerate(kernel.body):
+        if isinstance(stmt, Decl):
+            if any(ld.buffer.name in written for ld in _loads(stmt.init)):
+                return None
+            declared[stmt.name] = stmt
+            continue
+        if not isinstance(stmt, Loop) or not (isinstance(stmt.start, Const) and stmt.start.value == 0):
+            return None
+        stop = _constant(stmt.stop)
+        if stop is None or (n is not None and stop != n):
+            return None
+        n = stop
+        accumulators = []
+        for inner in stmt.body:
+            if isinstance(inner, Assign):
+                acc = declared.get(inner.name)
+                value = inner.value
+                if acc is None or not (isinstance(value, Binary) and value.op in IDENTITY and value.a == Local(acc.name, acc.dtype)):
+                    return None
+                if not (isinstance(acc.init, Const) and float(acc.init.value) == IDENTITY[value.op]) or _mentions_local(value.b, acc.name):
+                    return None
+                accumulators.append(acc.name)
+            elif not isinstance(inner, (Store, Decl)):
+                return None
+        others = [s for s in stmt.body if not isinstance(s, Assign)]
+        if any(_mentions_local(others, a) for a in accumulators) or len(set(accumulators)) != len(accumulators):
+            return None
+        for access in [*_stores(stmt.body), *_loads(stmt.body)]:
+            if access.buffer.name in written:
+                off = _offset(access.index, stmt.var)
+                if off is None or touched.setdefault(access.buffer.name, off) != off:
+                    return None
+        passes[pos] = tuple(accumulators)
+    if n is None or n < min_row:
+        return None
+    return passes
+
+
+def _stores(body: object) -> list[Store]:
+    if isinstance(body, Store):
+        return [body]
+    if isinstance(body, Loop):
+        return _stores(body.body)
+    if isinstance(body, tuple):
+        return [s for item in body for s in _stores(item)]
+    return []
+
+
+def _mentions_local(node: object, name: str) -> bool:
+    if isinstance(node, Local):
+        return node.name == name
+    if isinstance(node, tuple):
+        return any(_mentions_local(x, name) for x in node)
+    if is_dataclass(node) and not isinstance(node, type):
+        return any(_mentions_local(getattr(node, f.name), name) for f in fields(node))
+    return False

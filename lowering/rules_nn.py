@@ -20,7 +20,6 @@ from .kernel_ir import (
     Expr,
     add,
     i64,
-    is_float,
     mul,
 )
 from .operands import stored_in_source_order
@@ -28,6 +27,9 @@ from .program import MatMulStep, StridedOperand
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
 from .values import Index, Lazy, View, broadcast_shape, elementwise, general, of_buffer, reshape, transpose
+
+GEMM_DTYPES = ("f32", "f64")
+"""Element types of the products (and so of Conv and ConvTranspose, direct kernels included)."""
 
 
 def _operand(cx: Any, x: Lazy) -> StridedOperand:
@@ -46,7 +48,7 @@ def _operand(cx: Any, x: Lazy) -> StridedOperand:
 
 def matmul(cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta: float = 0.0, init: Lazy | None = None) -> Lazy:
     """``alpha * a @ b (+ beta * init)`` with numpy matmul shapes; returns the stored result."""
-    if a.dtype != b.dtype or a.dtype not in ("f32", "f64"):
+    if a.dtype != b.dtype or a.dtype not in GEMM_DTYPES:
         raise NotLowered(f"MatMul on {a.dtype}/{b.dtype}")
     a2 = reshape(a, (1, a.shape[0])) if len(a.shape) == 1 else a
     b2 = reshape(b, (b.shape[0], 1)) if len(b.shape) == 1 else b
@@ -109,8 +111,8 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     x, w = xs[0], xs[1]
     assert x is not None and w is not None
     bias = xs[2] if len(xs) > 2 else None
-    if not is_float(x.dtype):
-        raise NotLowered("Conv on integers")
+    if x.dtype not in GEMM_DTYPES or w.dtype != x.dtype:
+        raise NotLowered(f"Conv on {x.dtype}/{w.dtype}")  # before any kernel is emitted
     n_sp = len(x.shape) - 2
     kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
     strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
@@ -170,8 +172,8 @@ def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     x, w = xs[0], xs[1]
     assert x is not None and w is not None
     bias = xs[2] if len(xs) > 2 else None
-    if not is_float(x.dtype) or x.dtype != w.dtype:
-        raise NotLowered("ConvTranspose on integers or mixed dtypes")
+    if x.dtype not in GEMM_DTYPES or w.dtype != x.dtype:
+        raise NotLowered(f"ConvTranspose on {x.dtype}/{w.dtype}")
     n_sp = len(x.shape) - 2
     kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
     strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]

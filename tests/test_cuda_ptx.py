@@ -162,6 +162,21 @@ def test_channel_loops_flatten_only_when_elements_are_independent() -> None:
     _same_meaning(kernel, flat)
     assert flatten_elementwise(_channel_loop_kernel(store_stride=5, neighbour_read=False)) is None, "output rows overlap"
     assert flatten_elementwise(_channel_loop_kernel(store_stride=6, neighbour_read=True)) is None, "reads a neighbour's element"
+    # lowering's direct convolution over a batch of two (output planes at (n * C + c) * H * W)
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6, 6])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")],
+    )
+    convs = [s.kernel for s in lower(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), {"x": (2, 3, 6, 6)}).steps
+             if isinstance(s, KernelStep) and s.kernel.name.startswith("fconv")]
+    assert convs, "a direct convolution kernel"
+    for conv in convs:
+        flat = flatten_elementwise(conv)
+        assert flat is not None and flat.parallel_extent > conv.parallel_extent
+        _same_meaning(conv, flat)
 
 
 def test_reduction_parts_recognize_reduction_kernels_only() -> None:

@@ -106,8 +106,13 @@ def _constant(e: object) -> int | None:
 
 
 def _terms(e: object) -> list[object]:
+    """The terms of an index expression, products by a constant distributed over sums
+    (``(x * 16 + 1) * 4356`` -> ``x * 16 * 4356``, ``4356``), so constant offsets come apart."""
     if isinstance(e, Binary) and e.op == "add":
         return _terms(e.a) + _terms(e.b)
+    if isinstance(e, Binary) and e.op == "mul" and isinstance(e.b, Const) and e.b.dtype == "i64":
+        k = int(e.b.value)
+        return [Const(int(t.value) * k, "i64") if isinstance(t, Const) else Binary("mul", t, e.b) for t in _terms(e.a)]  # type: ignore[arg-type]
     return [e]
 
 

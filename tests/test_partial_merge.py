@@ -76,18 +76,18 @@ def test_prove_conv_pointwise_merge() -> None:
     taps = L.reduce_sum(w2, _ints([2, 3]), 0, 0)
     bias = L.reshape(L.matmul(taps, L.reshape(b1, _ints([3, 1]), 0)), _ints([2]), 0)
     merged = _conv(x, weight, bias, [1, 1, 1, 1])
-    left, right = pair(_sl(x, 3, 0, 2), [1, 1, 1, 0]), pair(_sl(x, 3, 14, 16), [1, 0, 1, 1])
-    columns = _cat([left, _sl(merged, 3, 1, 15), right], 3)
-    top, bottom = pair(_sl(x, 2, 0, 2), [1, 1, 0, 1]), pair(_sl(x, 2, 14, 16), [0, 1, 1, 1])
-    goal = _cat([top, _sl(columns, 2, 1, 15), bottom], 2)
-    shapes = {"x": (1, 2, 16, 16),  # the border rows and columns: 25% of the output (the limit)
-              "w1": (3, 2, 1, 1), "b1": (3,), "w2": (2, 3, 3, 3)}
+    left, right = pair(_sl(x, 3, 0, 2), [1, 1, 1, 0]), pair(_sl(x, 3, 3, 5), [1, 0, 1, 1])
+    columns = _cat([left, _sl(merged, 3, 1, 4), right], 3)
+    top, bottom = pair(_sl(x, 2, 0, 2), [1, 1, 0, 1]), pair(_sl(x, 2, 2, 4), [0, 1, 1, 1])
+    goal = _cat([top, _sl(columns, 2, 1, 3), bottom], 2)
+    shapes = {"x": (1, 2, 4, 5), "w1": (3, 2, 1, 1), "b1": (3,), "w2": (2, 3, 3, 3)}
     with _egraph([start], shapes, ("w1", "b1", "w2"), {}) as eg:
         # every tensor of an imported graph has its ref (the pass reads op applications between refs)
         tensors = [x, w1, b1, w2, _conv(x, w1, b1, [0, 0, 0, 0]), start]
         eg.register(*[union(L.tensor_ref(i)).with_(t) for i, t in enumerate(tensors)])
         eg.run(shape_rules.saturate())
-        records = apply_partial_rules(SimpleNamespace(egraph=eg), serialize(eg), [RULE])
+        # a tiny image: the border is most of it, so no correction limit here
+        records = apply_partial_rules(SimpleNamespace(egraph=eg), serialize(eg), [RULE], max_correction=1.0)
         assert [r.status for r in records] == ["emitted"], records
         eg.check(eq(start).to(goal))
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from onnxsat.lowering.kernel_ir import Kernel
 
-PARALLEL_MIN_COST = 20_000_000.0
+PARALLEL_MIN_COST = 1_000_000.0
 """Kernels estimated below this many scalar operations (and below PARALLEL_MIN_BYTES) run on one
-thread. Tuned for a Python pool thread entering the native worker per run; see
-benchmarks/parallel_threshold.py for the current runtime."""
-PARALLEL_MIN_BYTES = float("inf")
-"""Kernels touching at least this many bytes (inputs and outputs) are split whatever their cost."""
+thread. With helper threads that persist for the model's lifetime, splitting paid for every
+class from 64K floats on (benchmarks/results/parallel_threshold.md, load 1.8: x1.14-1.22 at
+0.4-0.9M operations, x1.3-2.1 from 256K floats); the 20M used before (tuned for a Python pool
+thread entering the worker per run) kept LayerNorm and the head splits serial at BERT sizes."""
+PARALLEL_MIN_BYTES = float(1 << 20)
+"""Kernels touching at least this many bytes (inputs and outputs) are split whatever their cost:
+memory-bound stores (head splits and merges, bias adds) count few operations. At 1 MiB a relu
+chain alone was a tie; every class at 2 MiB and more paid."""
 
 
 def touched_bytes(kernel: Kernel) -> int:

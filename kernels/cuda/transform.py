@@ -60,13 +60,14 @@ def replace_exprs(node: object, table: dict[Expr, Expr]) -> object:
     return node
 
 
-def _mentions(node: object, name: str) -> bool:
-    if isinstance(node, Var):
-        return node.name == name
+def _mentions(node: object, name: str, kind: type = Var) -> bool:
+    """Whether ``node`` reads the variable (``Var``) or local (``Local``) called ``name``."""
+    if isinstance(node, kind):
+        return node.name == name  # type: ignore[attr-defined]
     if isinstance(node, tuple):
-        return any(_mentions(x, name) for x in node)
+        return any(_mentions(x, name, kind) for x in node)
     if is_dataclass(node) and not isinstance(node, type):
-        return any(_mentions(getattr(node, f.name), name) for f in fields(node))
+        return any(_mentions(getattr(node, f.name), name, kind) for f in fields(node))
     return False
 
 
@@ -319,13 +320,13 @@ def warp_row_passes(kernel: Kernel, min_row: int = 64) -> dict[int, tuple[str, .
                 value = inner.value
                 if acc is None or not (isinstance(value, Binary) and value.op in IDENTITY and value.a == Local(acc.name, acc.dtype)):
                     return None
-                if not (isinstance(acc.init, Const) and float(acc.init.value) == IDENTITY[value.op]) or _mentions_local(value.b, acc.name):
+                if not (isinstance(acc.init, Const) and float(acc.init.value) == IDENTITY[value.op]) or _mentions(value.b, acc.name, Local):
                     return None
                 accumulators.append(acc.name)
             elif not isinstance(inner, (Store, Decl)):
                 return None
         others = [s for s in stmt.body if not isinstance(s, Assign)]
-        if any(_mentions_local(others, a) for a in accumulators) or len(set(accumulators)) != len(accumulators):
+        if any(_mentions(others, a, Local) for a in accumulators) or len(set(accumulators)) != len(accumulators):
             return None
         for access in [*_stores(stmt.body), *_loads(stmt.body)]:
             if access.buffer.name in written:
@@ -347,12 +348,3 @@ def _stores(body: object) -> list[Store]:
         return [s for item in body for s in _stores(item)]
     return []
 
-
-def _mentions_local(node: object, name: str) -> bool:
-    if isinstance(node, Local):
-        return node.name == name
-    if isinstance(node, tuple):
-        return any(_mentions_local(x, name) for x in node)
-    if is_dataclass(node) and not isinstance(node, type):
-        return any(_mentions_local(getattr(node, f.name), name) for f in fields(node))
-    return False

@@ -36,13 +36,16 @@ class CompiledModel:
         cache_dir: Path | str | None = "default",
         opt_level: int = 3,
         gemm: str = "llvm",
+        gemm_epilogues: bool = True,
     ):
         """``opt_level`` 0 skips LLVM's optimizations (much faster to compile, slower to run);
         ``gemm``: ``llvm`` runs products with constant weights on onnxsat's packed micro-kernel,
-        ``blas`` sends every product to OpenBLAS."""
+        ``blas`` sends every product to OpenBLAS; ``gemm_epilogues``: the micro-kernel adds a
+        MatMul's bias (+ ReLU) as it stores C (False: separate kernels, for comparison)."""
         if gemm not in ("llvm", "blas"):
             raise ValueError(f"gemm must be 'llvm' or 'blas', not {gemm!r}")
         self.gemm = gemm
+        self.gemm_epilogues = gemm_epilogues and gemm == "llvm"
         self.model = model
         self.opt_level = opt_level
         inits = {t.name for t in model.graph.initializer}
@@ -80,7 +83,7 @@ class CompiledModel:
         with self._lock:
             exe = self._executables.get(key)
             if exe is None:
-                program = lower(self.model, shapes, known)
+                program = lower(self.model, shapes, known, gemm_epilogues=self.gemm_epilogues)
                 exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level, gemm=self.gemm, workers=self.workers)
                 self._executables[key] = exe
         return exe

@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 
 from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, canonical, render
-from onnxsat.lowering.program import FallbackStep, KernelProgram, KernelStep, MatMulStep, StridedOperand
+from onnxsat.lowering.program import (
+    PACKED_GEMM_MAX_ROWS,
+    FallbackStep,
+    KernelProgram,
+    KernelStep,
+    MatMulStep,
+    StridedOperand,
+)
 
 from .arena import ArenaPlan, plan_arena
 from .blas import gemm_function, matrix_layout, restore_blas_threads, single_threaded_blas
@@ -42,9 +49,6 @@ from .parallel import parallel_pays
 
 GEMM_SPLIT_FLOPS = 2_000_000.0
 """GEMM steps below this many FLOPs run on one thread."""
-PACKED_GEMM_MAX_ROWS = 512
-"""Above this many rows of A, OpenBLAS (which also blocks and packs A) beat the micro-kernel here
-(1024^3: 17.4 vs 14.0 GFLOP/s single-threaded); below, the micro-kernel won on the BERT/MLP shapes."""
 CHUNKS_PER_THREAD = 4
 """Parallel work is cut into this many chunks per thread, taken from a shared queue."""
 L2_RESIDENT_A_BYTES = 1 << 20
@@ -207,7 +211,7 @@ class Executable:
         if isinstance(step, KernelStep):
             outs = set(step.kernel.outputs)
             return [span(b) for b in step.kernel.params if b.name not in outs], [span(b) for b in step.kernel.params if b.name in outs]
-        read = [span(step.a.buffer), span(step.b.buffer)] + ([span(step.out)] if step.beta else [])
+        read = [span(step.a.buffer), span(step.b.buffer)] + ([span(step.out)] if step.beta else []) + ([span(step.bias)] if step.bias else [])
         return read, [span(step.out)]
 
     def _address(self, name: str) -> int:
@@ -260,7 +264,12 @@ class Executable:
         alpha, beta = step.alpha, step.beta
         a_name, b_name, out_name = step.a.buffer.name, step.b.buffer.name, step.out.name
         a_buf, b_buf = step.a.buffer, step.b.buffer
-        if gemm is None or a_layout is None or b_layout is None:
+        packed = self._packed_runner(step, a_offs, m, n, k) if self.gemm == "llvm" and a_layout and b_layout else None
+        if packed is not None:
+            return packed
+        if gemm is None or a_layout is None or b_layout is None or step.bias is not None:
+            # also an epilogue the packed GEMM could not take: numpy applies it (a Python step)
+            bias_name, relu = (step.bias.name if step.bias else None), step.relu
 
             def run_numpy(arrays: dict[str, np.ndarray]) -> None:
                 a = _strided(arrays[a_name], a_buf, step.a)
@@ -272,12 +281,13 @@ class Executable:
                     out += alpha * prod
                 else:
                     np.multiply(prod, alpha, out=out) if alpha != 1.0 else np.copyto(out, np.broadcast_to(prod, out.shape))
+                if bias_name is not None:
+                    out += arrays[bias_name].reshape(-1)
+                if relu:
+                    np.maximum(out, 0, out=out, where=~np.isnan(out))
 
             return run_numpy
         (ta, lda), (tb, ldb) = a_layout, b_layout
-        packed = self._packed_runner(step, a_offs, m, n, k) if self.gemm == "llvm" else None
-        if packed is not None:
-            return packed
         a_row, b_col = step.a.strides[-2], step.b.strides[-1]
         units = [(ao, bo, co, m, n) for ao, bo, co in zip(a_offs, b_offs, range(0, len(a_offs) * m * n, m * n), strict=True)]
         if len(units) < self.threads and 2.0 * m * n * k >= GEMM_SPLIT_FLOPS:
@@ -325,8 +335,9 @@ class Executable:
     def _packed_runner(
         self, step: MatMulStep, a_offs: list[int], m: int, n: int, k: int
     ) -> Callable[[dict[str, np.ndarray]], None] | None:
-        """The LLVM micro-kernel for ``A @ W`` with a constant float32 weight W (packed here, once),
-        split over threads by column panels; None when the step does not fit that form."""
+        """The LLVM micro-kernel for ``A @ W`` with a constant float32 weight W (packed here, once,
+        with the epilogue's bias), split over threads by column panels; None when the step does not
+        fit that form."""
         from .gemm import pack_b, sgemm_function
 
         b_value = self.program.constants.get(step.b.buffer.name)
@@ -342,9 +353,12 @@ class Executable:
         if rows > PACKED_GEMM_MAX_ROWS:
             return None
         b_matrix = _strided(np.asarray(b_value).reshape(-1), step.b.buffer, step.b).astype(np.float32)
-        bp = pack_b(b_matrix)
+        bias = None if step.bias is None else self.program.constants.get(step.bias.name)
+        if step.bias is not None and bias is None:
+            return None
+        bp = pack_b(b_matrix, bias)
         panels = bp.shape[0]
-        fn = sgemm_function()
+        fn = sgemm_function("none" if bias is None else "bias_relu" if step.relu else "bias")
         lda = a.strides[-2]
         itemsize = 4
         a_name, out_name = a.buffer.name, step.out.name

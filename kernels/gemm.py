@@ -11,6 +11,12 @@ leftover columns use masked stores. Loops go K block, row block (``MC``), panel,
 (BLIS's order, without packing A: packing inside each panel-range task cost more than it saved
 when N is split eight ways). The function
 takes a ``[p_begin, p_end)`` range of panels so the runtime can split N over threads.
+
+Epilogues: ``onnxsat_sgemm_packed_bias`` adds a bias row and ``..._bias_relu`` also clamps at zero,
+both while the last K block's C tile is still in registers (MatMul + Add (+ Relu) without a
+second pass over C). The bias lives right after the panels in the packed buffer (``pack_b(b,
+bias)``), zero-padded to whole panels, so the function keeps the ten-integer signature the native
+task table calls.
 """
 
 from __future__ import annotations
@@ -54,36 +60,48 @@ MASK = ir.VectorType(I1, LANES)
 PTR = F32.as_pointer()
 
 
-def pack_b(b: np.ndarray) -> np.ndarray:
+EPILOGUES = {"none": "onnxsat_sgemm_packed", "bias": "onnxsat_sgemm_packed_bias", "bias_relu": "onnxsat_sgemm_packed_bias_relu"}
+"""Epilogue name -> function name; every variant takes the same ten integer arguments."""
+
+
+def pack_b(b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """``b`` (K x N) as zero-padded ``NR``-column panels, contiguous: shape (panels, K, NR), starting
     on a 64-byte boundary so no vector load of B straddles two cache lines (numpy's own buffers
-    start 16 bytes into a line; aligned panels measured 0-3% faster per call)."""
+    start 16 bytes into a line; aligned panels measured 0-3% faster per call). With ``bias`` (N
+    values) the buffer continues with the bias, zero-padded to ``panels * NR``, where the bias
+    epilogues find it (the returned array still has the panels' shape)."""
     k, n = b.shape
     panels = -(-n // NR)
     padded = np.zeros((k, panels * NR), np.float32)
     padded[:, :n] = b
-    raw = np.empty(panels * k * NR * 4 + 64, np.uint8)
+    extra = panels * NR if bias is not None else 0
+    raw = np.empty((panels * k * NR + extra) * 4 + 64, np.uint8)
     start = (-raw.ctypes.data) % 64
-    packed = raw[start : start + panels * k * NR * 4].view(np.float32).reshape(panels, k, NR)
+    flat = raw[start : start + (panels * k * NR + extra) * 4].view(np.float32)
+    packed = flat[: panels * k * NR].reshape(panels, k, NR)
     packed[...] = padded.reshape(k, panels, NR).transpose(1, 0, 2)
+    if bias is not None:
+        flat[panels * k * NR :] = 0.0
+        flat[panels * k * NR : panels * k * NR + n] = np.asarray(bias, np.float32).reshape(n)
     return packed
 
 
 class _Gen:
-    def __init__(self, module: ir.Module):
+    def __init__(self, module: ir.Module, epilogue: str = "none"):
         self.module = module
+        self.epilogue = epilogue
         fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64])
-        self.fn = ir.Function(module, fnty, "onnxsat_sgemm_packed")
+        self.fn = ir.Function(module, fnty, EPILOGUES[epilogue])
         names = ["a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end"]
         for arg, name in zip(self.fn.args, names, strict=True):
             arg.name = name
         self.entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
-        self.fma = ir.Function(module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
-        self.mload = ir.Function(module, ir.FunctionType(VEC, [VEC.as_pointer(), ir.IntType(32), MASK, VEC]), "llvm.masked.load.v16f32.p0")
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        self.prefetch = ir.Function(module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
-        self.mstore = ir.Function(module, ir.FunctionType(ir.VoidType(), [VEC, VEC.as_pointer(), ir.IntType(32), MASK]), "llvm.masked.store.v16f32.p0")
+        self.fma = _intrinsic(module, ir.FunctionType(VEC, [VEC, VEC, VEC]), "llvm.fma.v16f32")
+        self.mload = _intrinsic(module, ir.FunctionType(VEC, [VEC.as_pointer(), i32, MASK, VEC]), "llvm.masked.load.v16f32.p0")
+        self.prefetch = _intrinsic(module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
+        self.mstore = _intrinsic(module, ir.FunctionType(ir.VoidType(), [VEC, VEC.as_pointer(), i32, MASK]), "llvm.masked.store.v16f32.p0")
 
     def alloca(self, ty: ir.Type, name: str) -> ir.Value:
         with self.b.goto_block(self.entry):
@@ -111,12 +129,15 @@ class _Gen:
         _, _, bp, k, _, _, m, n, p_begin, p_end = self.fn.args
         b = self.b
         lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
+        total_panels = b.sdiv(b.add(n, _i64(NR - 1)), _i64(NR))
+        self.bias = b.gep(bp, [b.mul(total_panels, b.mul(k, _i64(NR)))])  # read by the epilogues only
 
         def k_block(k0: ir.Value) -> None:
             # KC rows of a panel (192 KiB) stay in L2 while the row block's micro-tiles pass by
             end = b.add(k0, _i64(KC))
             k1 = b.select(b.icmp_signed("<", end, k), end, k)
             first = b.icmp_signed("==", k0, _i64(0))
+            self.last_block = b.icmp_signed("==", k1, k)
 
             def row_block(r0: ir.Value) -> None:
                 r_end = b.add(r0, _i64(MC))
@@ -203,10 +224,38 @@ class _Gen:
         main_end = b.add(k0, b.mul(b.sdiv(b.sub(k1, k0), _i64(UNROLL)), _i64(UNROLL)))
         self.loop("ku", k0, main_end, UNROLL, lambda kk: steps(kk, UNROLL))
         self.loop("kt", main_end, k1, 1, lambda kk: steps(kk, 1))
+        if self.epilogue != "none":
+            with b.if_then(self.last_block):
+                self.apply_epilogue(accs, col0)
         for r in range(MR):
             with b.if_then(present[r]):
                 for h in range(NR // LANES):
                     b.call(self.mstore, [b.load(accs[r][h]), c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h]])
+
+
+    def apply_epilogue(self, accs: list[list[ir.Value]], col0: ir.Value) -> None:
+        """The finished tile plus the bias row (zero-padded past N: aligned, unmasked loads), then
+        ReLU as ``x < 0 ? 0 : x`` (NaN stays NaN, as in ONNX's Relu)."""
+        b = self.b
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        brow = b.gep(self.bias, [col0])
+        bias = [b.load(b.bitcast(b.gep(brow, [_i64(h * LANES)]), VEC.as_pointer()), align=4) for h in range(NR // LANES)]
+        for row in accs:
+            for h, slot in enumerate(row):
+                value = b.fadd(b.load(slot), bias[h])
+                if self.epilogue == "bias_relu":
+                    value = b.select(b.fcmp_ordered("<", value, zero), zero, value)
+                b.store(value, slot)
+
+
+def _intrinsic(module: ir.Module, fnty: ir.FunctionType, name: str) -> ir.Function:
+    """``name`` declared in ``module`` once (every variant of the kernel lives in one module)."""
+    try:
+        found = module.get_global(name)
+        assert isinstance(found, ir.Function)
+        return found
+    except KeyError:
+        return ir.Function(module, fnty, name)
 
 
 def _i64(value: int) -> ir.Constant:
@@ -214,21 +263,28 @@ def _i64(value: int) -> ir.Constant:
 
 
 @functools.cache
-def sgemm_address() -> tuple[CompiledModule, int]:
-    """The compiled micro-kernel (built once per process; cached on disk like other kernels)."""
+def _compiled() -> CompiledModule:
+    """Every variant of the micro-kernel in one module (built once per process; cached on disk
+    like other kernels)."""
     from .jit import default_cache_dir
 
     module = ir.Module(name="onnxsat_gemm")
-    _Gen(module).build()
-    compiled = CompiledModule(module, default_cache_dir())
-    return compiled, compiled.address("onnxsat_sgemm_packed")
+    for epilogue in EPILOGUES:
+        _Gen(module, epilogue).build()
+    return CompiledModule(module, default_cache_dir())
 
 
-def sgemm_function():  # type: ignore[no-untyped-def]
+def sgemm_address(epilogue: str = "none") -> tuple[CompiledModule, int]:
+    """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address."""
+    compiled = _compiled()
+    return compiled, compiled.address(EPILOGUES[epilogue])
+
+
+def sgemm_function(epilogue: str = "none"):  # type: ignore[no-untyped-def]
     """ctypes callable: (a, lda, bp, k, c, ldc, m, n, p_begin, p_end)."""
     import ctypes
 
-    _, address = sgemm_address()
+    _, address = sgemm_address(epilogue)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     proto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64)
     return proto(address)

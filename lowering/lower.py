@@ -161,6 +161,10 @@ class Lowerer:
         """Tensor -> index of the last node that reads it (graph outputs: past the end)."""
         self._reads: dict[str, set[str]] = {}
         """Tensor -> names of the buffers its value reads (memo for ``overwritable``)."""
+        self.gemm_epilogues = False
+        """Whether a product may absorb the bias Add (+ Relu) after it (see ``rules_nn``)."""
+        self.fused: set[str] = set()
+        """Tensors an earlier node's lowering already produced (their own nodes are skipped)."""
 
     # ------------------------------------------------------------ buffers and values
     def buffer(self, hint: str, shape: tuple[int, ...], dtype: str) -> Buffer:
@@ -281,6 +285,9 @@ class Lowerer:
 
     def _lower_node(self, node: onnx.NodeProto, roots: set[str]) -> None:
         view = NodeView(self, node)
+        if any(node.output) and all(t in self.fused for t in node.output if t):
+            self.native[node.op_type] = self.native.get(node.op_type, 0) + 1
+            return
         present = [t for t in node.input if t]
         if node.domain not in ("", "ai.onnx"):
             self._fallback(view, f"custom domain {node.domain}")
@@ -407,9 +414,15 @@ def _infer_output_shapes(
     return result
 
 
-def lower(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray] | None = None) -> KernelProgram:
-    """Lower ``model`` for the given input shapes (and values of its shape-deciding inputs)."""
-    return Lowerer(model, input_shapes, known or {}).lower()
+def lower(
+    model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray] | None = None, gemm_epilogues: bool = False
+) -> KernelProgram:
+    """Lower ``model`` for the given input shapes (and values of its shape-deciding inputs).
+    ``gemm_epilogues``: a MatMul's bias Add (+ Relu) may go into its ``MatMulStep`` (only the CPU
+    backend's packed GEMM applies them)."""
+    lowerer = Lowerer(model, input_shapes, known or {})
+    lowerer.gemm_epilogues = gemm_epilogues
+    return lowerer.lower()
 
 
 __all__ = ["lower", "value_inputs", "Lowerer", "NodeView", "LoweringError"]

@@ -11,7 +11,10 @@ taps residue by residue, so its loads are unit stride and need no bounds checks.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .conv_kernels import col2im, direct_conv, fits_direct, transpose_phases
 from .kernel_ir import (
@@ -23,10 +26,21 @@ from .kernel_ir import (
     mul,
 )
 from .operands import stored_in_source_order
-from .program import MatMulStep, StridedOperand
+from .program import PACKED_GEMM_MAX_ROWS, MatMulStep, StridedOperand
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
-from .values import Index, Lazy, View, broadcast_shape, elementwise, general, of_buffer, reshape, transpose
+from .values import (
+    Index,
+    Lazy,
+    View,
+    broadcast_shape,
+    contiguous_strides,
+    elementwise,
+    general,
+    of_buffer,
+    reshape,
+    transpose,
+)
 
 GEMM_DTYPES = ("f32", "f64")
 """Element types of the products (and so of Conv and ConvTranspose, direct kernels included)."""
@@ -46,8 +60,11 @@ def _operand(cx: Any, x: Lazy) -> StridedOperand:
     return StridedOperand(stored.view.buffer, x.shape, stored.view.strides, 0)
 
 
-def matmul(cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta: float = 0.0, init: Lazy | None = None) -> Lazy:
-    """``alpha * a @ b (+ beta * init)`` with numpy matmul shapes; returns the stored result."""
+def matmul(
+    cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta: float = 0.0, init: Lazy | None = None, epilogue: Epilogue | None = None
+) -> Lazy:
+    """``alpha * a @ b (+ beta * init)`` with numpy matmul shapes (then the ``epilogue``'s bias
+    and ReLU); returns the stored result."""
     if a.dtype != b.dtype or a.dtype not in GEMM_DTYPES:
         raise NotLowered(f"MatMul on {a.dtype}/{b.dtype}")
     a2 = reshape(a, (1, a.shape[0])) if len(a.shape) == 1 else a
@@ -70,7 +87,9 @@ def matmul(cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta:
             if init is None:
                 cx.emit_kernel(_fill(cx, general(full, a.dtype, lambda idx: Const(0.0, a.dtype), 1), out))
         else:
-            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta))
+            bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
+            relu = epilogue is not None and epilogue.relu
+            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
 
@@ -81,11 +100,71 @@ def _fill(cx: Any, x: Lazy, out: Any) -> Any:
     return materialize_kernel(f"fill_{out.name}", x, out)
 
 
+@dataclass(frozen=True)
+class Epilogue:
+    """A bias row (N values) and whether ReLU follows, applied as a product's C tiles are stored."""
+
+    bias: np.ndarray
+    relu: bool
+    tensor: str
+    """The graph tensor the epilogue's result is (the Add's or the Relu's output)."""
+    skipped: tuple[str, ...]
+    """Tensors produced on the way (the product's own, the Add's), read by nothing else."""
+
+
+def _sole_reader(cx: Any, tensor: str) -> Any:
+    """The one node that reads ``tensor`` (None: several, none, a subgraph or a graph output)."""
+    if tensor in cx.output_names:
+        return None
+    readers = [i for i, node in enumerate(cx.graph.node) if tensor in node.input]
+    if len(readers) != 1 or cx.last_use.get(tensor) != readers[0]:
+        return None
+    node = cx.graph.node[readers[0]]
+    return node if node.domain in ("", "ai.onnx") else None
+
+
+def _packable(cx: Any, a: Lazy, b: Lazy) -> bool:
+    """Whether the CPU backend will run ``a @ b`` on its packed GEMM, which applies epilogues (a
+    product it cannot pack after all still gets its epilogue, from numpy, in a Python step)."""
+    if not cx.gemm_epilogues or a.dtype != "f32" or b.dtype != "f32" or len(a.shape) < 2 or len(b.shape) != 2 or not b.is_view:
+        return False
+    if b.view.buffer.name not in cx.constants or math.prod(a.shape[:-1]) > PACKED_GEMM_MAX_ROWS:
+        return False
+    return not (a.is_view and any(s != c for s, c, d in zip(a.view.strides, contiguous_strides(a.shape), a.shape, strict=True) if d != 1))
+
+
+def _epilogue(cx: Any, a: Lazy, b: Lazy, tensor: str) -> Epilogue | None:
+    """The Add of a constant row (+ the Relu) that alone consume product ``tensor``, when the
+    product will run on the packed GEMM (float32, 2-D constant weights, A's rows contiguous, few
+    rows); None otherwise (the Add stays an elementwise node fused with what follows)."""
+    if not _packable(cx, a, b):
+        return None
+    add = _sole_reader(cx, tensor)
+    if add is None or add.op_type != "Add" or len(add.input) != 2:
+        return None
+    other = add.input[1] if add.input[0] == tensor else add.input[0]
+    n = b.shape[-1]
+    row = cx.consts.get(other)
+    if row is None or other == tensor or row.dtype != np.float32 or row.ndim > len(a.shape) or row.size != n or (row.ndim and row.shape[-1] != n):
+        return None
+    relu = _sole_reader(cx, add.output[0])
+    if relu is not None and relu.op_type == "Relu":
+        return Epilogue(row.reshape(n), True, relu.output[0], (tensor, add.output[0]))
+    return Epilogue(row.reshape(n), False, add.output[0], (tensor,))
+
+
 @lowering("MatMul", kind="extern")
 def _matmul(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     a, b = xs[0], xs[1]
     assert a is not None and b is not None
-    return [matmul(cx, a, b, nv.outputs[0])]
+    epilogue = _epilogue(cx, a, b, nv.outputs[0])
+    if epilogue is None:
+        return [matmul(cx, a, b, nv.outputs[0])]
+    # the Add (and Relu) are done here: their nodes are skipped, and the product's own value,
+    # read by nothing else, is never stored
+    cx.lazies[epilogue.tensor] = matmul(cx, a, b, epilogue.tensor, epilogue=epilogue)
+    cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+    return [None]
 
 
 @lowering("Gemm", kind="extern")
@@ -98,6 +177,12 @@ def _gemm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if nv.attr("transB", 0):
         b = transpose(b, [1, 0])
     alpha, beta = float(nv.attr("alpha", 1.0)), float(nv.attr("beta", 1.0))
+    row = nv.const(2) if c is not None else None
+    n = b.shape[1]
+    if row is not None and beta != 0.0 and alpha == 1.0 and row.dtype == np.float32 and row.size == n and (row.ndim == 1 or row.shape == (1, n)) and _packable(cx, a, b):
+        # a constant bias row: added by the packed GEMM as it stores C
+        bias = (row.reshape(n) * np.float32(beta)).astype(np.float32)
+        return [matmul(cx, a, b, nv.outputs[0], epilogue=Epilogue(bias, False, nv.outputs[0], ()))]
     init = None
     if c is not None and beta != 0.0:
         shape = (a.shape[0], b.shape[1])

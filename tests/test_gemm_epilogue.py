@@ -1,0 +1,88 @@
+"""GEMM epilogues: the packed micro-kernel's bias (+ ReLU) store against float64 numpy, and
+MatMul + Add (+ Relu) lowered into one product step only when nothing else reads what it skips,
+against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.kernels.gemm import KC, pack_b, sgemm_function
+from onnxsat.lowering.program import MatMulStep
+
+
+@pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1)])
+@pytest.mark.parametrize("epilogue", ["bias", "bias_relu"])
+def test_packed_gemm_epilogue(shape: tuple[int, int, int], epilogue: str) -> None:
+    """Row tails (M % 8), column tails (N % 48) and two K blocks (the bias is added once, after
+    the last); columns past N (ldc > N) stay untouched."""
+    m, k, n = shape
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32) * 4
+    c = np.full((m, n + 3), np.nan, np.float32)
+    bp = pack_b(b, bias)
+    sgemm_function(epilogue)(a.ctypes.data, k, bp.ctypes.data, k, c.ctypes.data, n + 3, m, n, 0, bp.shape[0])
+    want = a.astype(np.float64) @ b.astype(np.float64) + bias
+    if epilogue == "bias_relu":
+        want = np.maximum(want, 0)
+    np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * k)
+    assert np.all(np.isnan(c[:, n:]))
+
+
+def _model(nodes: list[onnx.NodeProto], x_shape: list[int], outputs: list[str], inits: dict[str, np.ndarray]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        [onnx.numpy_helper.from_array(v, name) for name, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _weights(k: int, n: int, bias_shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(k * n)
+    return {"w": rng.standard_normal((k, n)).astype(np.float32), "b": rng.standard_normal(bias_shape).astype(np.float32)}
+
+
+mm = helper.make_node
+CASES = {
+    # nodes, x shape, outputs, bias shape, products expected to carry (bias, relu)
+    "bias-relu-3d": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["s"]), mm("Relu", ["s"], ["y"])], [2, 9, 40], ["y"], (70,), [(True, True)]),
+    "bias-first-1xn": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["b", "h"], ["y"])], [13, 40], ["y"], (1, 70), [(True, False)]),
+    "relu-output-read-twice": (
+        [mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["s"]), mm("Relu", ["s"], ["y"]), mm("Neg", ["s"], ["z"])],
+        [13, 40], ["y", "z"], (70,), [(True, False)],
+    ),
+    "product-read-twice": (
+        [mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [13, 40], ["y", "h"], (70,), [(False, False)],
+    ),
+    "bias-broadcasts-rows": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [13, 40], ["y"], (13, 1), [(False, False)]),
+    "gemm-transb-beta": ([mm("Gemm", ["x", "wt", "b"], ["y"], transB=1, beta=0.5)], [13, 40], ["y"], (70,), [(True, False)]),
+    "too-many-rows": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [600, 40], ["y"], (70,), [(False, False)]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matmul_bias_relu_epilogue(case: str) -> None:
+    """The epilogue is taken exactly where the skipped tensors have no other reader (and the
+    product runs on the packed GEMM); every output equals onnxruntime's."""
+    nodes, x_shape, outputs, bias_shape, expected = CASES[case]
+    inits = _weights(40, 70, bias_shape)
+    inits["wt"] = np.ascontiguousarray(inits["w"].T)
+    model = _model(nodes, x_shape, outputs, inits)
+    feeds = {"x": np.random.default_rng(5).standard_normal(x_shape).astype(np.float32)}
+    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    got = compiled(feeds)
+    steps = [s for s in compiled.executable_for(feeds).program.steps if isinstance(s, MatMulStep)]
+    assert [(s.bias is not None, s.relu) for s in steps] == expected
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
+    for name, value in zip(outputs, want, strict=True):
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-4)

@@ -177,12 +177,9 @@ def _gemm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if nv.attr("transB", 0):
         b = transpose(b, [1, 0])
     alpha, beta = float(nv.attr("alpha", 1.0)), float(nv.attr("beta", 1.0))
-    row = nv.const(2) if c is not None else None
-    n = b.shape[1]
-    if row is not None and beta != 0.0 and alpha == 1.0 and row.dtype == np.float32 and row.size == n and (row.ndim == 1 or row.shape == (1, n)) and _packable(cx, a, b):
-        # a constant bias row: added by the packed GEMM as it stores C
-        bias = (row.reshape(n) * np.float32(beta)).astype(np.float32)
-        return [matmul(cx, a, b, nv.outputs[0], epilogue=Epilogue(bias, False, nv.outputs[0], ()))]
+    # A constant bias row could be a packed-GEMM epilogue too, but moving the product off OpenBLAS
+    # changes its summation order: light_shufflenet's classifier (random weights, outputs ~1e6)
+    # then missed onnxruntime by 1.3e-3 relative on one cancelling element; kept on OpenBLAS.
     init = None
     if c is not None and beta != 0.0:
         shape = (a.shape[0], b.shape[1])

@@ -394,3 +394,22 @@ def test_softmax_and_layernorm_rows_get_a_warp_each() -> None:
     assert warp_row_passes(shifted) is None
     short = [s.kernel for s in lower(model(16), {"x": (4, 16)}).steps if isinstance(s, KernelStep)]
     assert all(gpu_form(k)[1] == "thread-per-unit" for k in short)
+
+
+def test_gemm_epilogues_stay_on_the_host_for_the_gpu() -> None:
+    """The GPU GEMM has no bias/ReLU epilogue: a product lowered with one must not launch without it."""
+    from onnx import TensorProto, helper
+
+    from onnxsat.kernels.cuda.plan import HostStep, Launch, plan
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w"),
+         onnx.numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    fused = plan(lower(model, {"x": (4, 8)}, gemm_epilogues=True))
+    assert [type(s) for s in fused.steps] == [HostStep] and "epilogue" in fused.steps[0].reason  # type: ignore[union-attr]
+    assert any(isinstance(s, Launch) and s.form == "gemm" for s in plan(lower(model, {"x": (4, 8)})).steps)

@@ -253,13 +253,20 @@ def _s_pool(average: bool) -> Sampler:
         xs = _shape(g, k, "X", lo=3, hi=5)
         n = len(xs) - 2
         # Now and then a large window (rules guarded on window size, e.g. pool-separable's k >= 5).
-        sizes = [5, 6, 7] if g.chance(0.3) else [1, 2, 3]
+        large = float(g.rng.random())
+        sizes = [5, 6, 7] if large < 0.3 else [1, 2, 3]
         kernel = _attr(k, "kernel", lambda: tuple(g.pick(sizes) for _ in range(n)))
         if not isinstance(k.get("X"), Known):
             xs = (*xs[:2], *(max(s, kk + 1) for s, kk in zip(xs[2:], kernel, strict=False)))
         out = {"X": Want(xs), "kernel": kernel, "strides": tuple(g.pick([1, 2]) for _ in range(n))}
         pads = tuple(g.between(0, kk) for kk in kernel)
         pads = (*pads, *(pads if g.chance(0.5) else (g.between(0, kk) for kk in kernel)))  # begin != end too
+        if not average and n == 2 and "kernel" not in k and large < 0.1:
+            # A third of the large ones: a stride-1 'same' square window of 9, 11 or 13 (pool-cascade's
+            # guard), made from the draws above so that the random stream of other samples is unchanged.
+            side = 2 * kernel[0] - 1
+            out.update(kernel=(side, side), strides=(1, 1))
+            pads = (kernel[0] - 1,) * 4
         out.update(pads=pads, ceil_mode=g.pick([0, 0, 1]))
         return {**out, "count_include_pad": g.pick([0, 1])} if average else {**out, "dilations": (1,) * n}
 

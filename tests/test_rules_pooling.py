@@ -79,3 +79,61 @@ def test_wrong_separations_fail_verification() -> None:
     for name in ("bad-pad", "bad-divisor"):
         result = verifier.verify(name)
         assert not result.ok and result.counterexample is not None, (name, result.detail)
+
+
+def test_prove_pool_cascade() -> None:
+    """A 'same' stride-1 13 x 13 MaxPool is the 9 x 9 of the 5 x 5, and so three 5 x 5 pools."""
+    same = {k: _max(X, [k, k], [1, 1], [k // 2] * 4) for k in (5, 9, 13)}
+    prove(same[13], _max(same[9], [5, 5], [1, 1], [2] * 4), SHAPES, rounds=2)
+    five = same[5]
+    prove(same[13], _max(_max(five, [5, 5], [1, 1], [2] * 4), [5, 5], [1, 1], [2] * 4), SHAPES, rounds=2)
+
+
+def test_cascade_only_on_same_stride_1_windows() -> None:
+    """No cascade with a stride, unequal pads or a 7 x 7 window; the cascade's windows are not
+    also made separable (their passes lose at ORT_ENABLE_BASIC), other large windows still are."""
+    refute(_max(X, [9, 9], [2, 2], [4] * 4), _max(_max(X, [5, 5], [1, 1], [2] * 4), [5, 5], [2, 2], [2] * 4), SHAPES, rounds=1)
+    refute(_max(X, [9, 9], [1, 1], [4, 3, 4, 4]), _max(_max(X, [5, 5], [1, 1], [2] * 4), [5, 5], [1, 1], [2, 1, 2, 2]), SHAPES, rounds=1)
+    refute(_max(X, [7, 7], [1, 1], [3] * 4), _max(_max(X, [5, 5], [1, 1], [2] * 4), [3, 3], [1, 1], [1] * 4), SHAPES, rounds=1)
+    refute(_max(X, [9, 9], [1, 1], [4] * 4), _max(_max(X, [9, 1], [1, 1], [4, 0, 4, 0]), [1, 9], [1, 1], [0, 4, 0, 4]), SHAPES, rounds=1)
+    prove(_max(X, [9, 9], [1, 1], [4, 3, 4, 4]), _max(_max(X, [9, 1], [1, 1], [4, 0, 4, 0]), [1, 9], [1, 1], [0, 3, 0, 4]), SHAPES, rounds=1)
+
+
+def test_pyramid_becomes_one_shared_chain_of_5x5_pools() -> None:
+    """An SPP pyramid (5, 9, 13 and 21) saturates small and is written as YOLOv5's SPPF: five chained
+    5 x 5 pools (each window shares the previous one; 17 x 17 is 21's step), equal to the original on
+    onnxruntime."""
+    nodes = [helper.make_node("MaxPool", ["x"], [f"p{k}"], kernel_shape=[k, k], pads=[k // 2] * 4) for k in (5, 9, 13, 21)]
+    nodes.append(helper.make_node("Concat", ["x", "p5", "p9", "p13", "p21"], ["y"], axis=1))
+    model = site_model(nodes, {"x": [1, 16, 20, 20]}, {"y": [1, 80, 20, 20]}, {})
+    out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("pool-separable", "pool-cascade")))
+    assert report.verification.status == "passed"
+    sat = report.saturation
+    assert sat.stop_reason == "saturated" and sat.enodes_after <= 3 * sat.enodes_before, (sat.stop_reason, sat.enodes_before, sat.enodes_after)
+    pools = [(n.input[0], {a.name: list(a.ints) for a in n.attribute if a.name in ("kernel_shape", "pads")}) for n in out.graph.node if n.op_type == "MaxPool"]
+    assert [p[1] for p in pools] == [{"kernel_shape": [5, 5], "pads": [2] * 4}] * 5, pools
+    assert [p[0] for p in pools][0] == "x" and len({p[0] for p in pools}) == 5, pools  # a chain, not four branches
+    x = np.random.default_rng(0).standard_normal((1, 16, 20, 20)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}) for m in (model, out))
+    np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_wrong_cascades_fail_verification() -> None:
+    """pool-cascade with the second pass's pads left at the whole window's, or with a 5 x 5 first
+    pass unpadded, is caught on the rule's own instances."""
+    x, kernel, strides, pads, dil = pooling.x, pooling.kernel, pooling.strides, pooling.pads, pooling.dil
+    one, zero = i64(1), i64(0)
+    rest = kernel[0] - i64(4)
+    lhs = L.max_pool(x, kernel, strides, pads, dil, zero)
+    first = L.max_pool(x, L.ivec([5, 5]), strides, L.ivec([2] * 4), Vec(one, one), zero)
+    table = RuleTable()
+    rhs = L.max_pool(first, Vec(rest, rest), strides, pads, Vec(one, one), zero)
+    rewrite_rule(table, "bad", "bad-rest-pad", lhs, rhs, *pooling._SQUARE_SAME_STRIDE_1)
+    unpadded = L.max_pool(x, L.ivec([5, 5]), strides, L.ivec([0] * 4), Vec(one, one), zero)
+    rest_pad = pads[0] - i64(2)
+    rhs = L.max_pool(unpadded, Vec(rest, rest), strides, Vec(rest_pad, rest_pad, rest_pad, rest_pad), Vec(one, one), zero)
+    rewrite_rule(table, "bad", "bad-first-pad", lhs, rhs, *pooling._SQUARE_SAME_STRIDE_1)
+    verifier = RuleVerifier(table, seeds=2, max_candidates=150)
+    for name in ("bad-rest-pad", "bad-first-pad"):
+        result = verifier.verify(name)
+        assert not result.ok and result.counterexample is not None, (name, result.detail)

@@ -6,7 +6,7 @@ padding). Equivalent forms, each checked equal to the original on onnxruntime be
 - onnxsat: what ``onnxsat optimize`` writes with the default options;
 - separable: every pool as a k x 1 then a 1 x k pool (rule ``pool-separable`` at every site);
 - cascade: YOLO's SPPF, 9 x 9 = 5 x 5 of the 5 x 5 pool and 13 x 13 = 5 x 5 of the 9 x 9 one (exact
-  for stride-1 max pools; no rule makes it yet);
+  for stride-1 max pools; rule pool-cascade);
 - cascade + separable: the cascade with each 5 x 5 pool separable;
 - 5 x 5 + separable 9, 13: what onnxsat wrote before rule pool-cascade (the 5 x 5 pool whole).
 

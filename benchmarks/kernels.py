@@ -40,14 +40,19 @@ def _model(nodes: list[onnx.NodeProto], inputs: dict[str, list[int]], out: str, 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _interleaved(fns: list[Callable[[], object]], rounds: int) -> list[float]:
-    """Median seconds per call of each function, rounds interleaved."""
+def _interleaved(fns: list[Callable[[], object]], rounds: int, settle_s: float = 0.0) -> list[float]:
+    """Median seconds per call of each function, rounds interleaved. ``settle_s``: an untimed pause
+    and call before each timed one, so OpenBLAS's threads (they spin ~0.1 s after numpy's product)
+    do not take a core from the next function's threads (``onnxsat.latency.compare_latency``)."""
     times: list[list[float]] = [[] for _ in fns]
     for f in fns:
         f()
     for r in range(rounds):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
         for i in order:
+            if settle_s > 0:
+                time.sleep(settle_s)
+                fns[i]()
             start = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - start)
@@ -157,7 +162,7 @@ def pools(rounds: int, threads: int) -> list[str]:
         session = ort_session(model, threads=threads)
         got, want = compiled(x=x), session.run(None, {"x": x})
         err = max(float(np.max(np.abs(got[f"y{i}"] - w))) for i, w in enumerate(want))
-        cmp = compare_latency(lambda: session.run(None, {"x": x}), lambda: compiled(x=x), rounds=rounds)  # noqa: B023
+        cmp = compare_latency(lambda: session.run(None, {"x": x}), lambda: compiled(x=x), rounds=rounds, settle_s=0.2)  # noqa: B023
         rows.append(f"| {name} | {cmp.baseline_ms:.3f} | {cmp.candidate_ms:.3f} | {cmp.ratio:.3f} [{cmp.ci_low:.3f}, {cmp.ci_high:.3f}] | {err:.1e} |")
     return rows
 
@@ -178,9 +183,9 @@ def gemm(size: int, rounds: int, threads: int) -> tuple[str, str]:
 
         info = "; ".join(f"{d.get('internal_api')} {d.get('version')} {d.get('architecture')} threads={d.get('num_threads')}" for d in threadpool_info())
         with threadpool_limits(threads):
-            t_ours, t_np = _interleaved([kernel, lambda: np.matmul(a, b, out=out)], rounds)
+            t_ours, t_np = _interleaved([kernel, lambda: np.matmul(a, b, out=out)], rounds, settle_s=0.2)
     except ImportError:
-        t_ours, t_np = _interleaved([kernel, lambda: np.matmul(a, b, out=out)], rounds)
+        t_ours, t_np = _interleaved([kernel, lambda: np.matmul(a, b, out=out)], rounds, settle_s=0.2)
     flops = 2.0 * size**3
     ratio = t_np / t_ours
     row = (

@@ -82,8 +82,15 @@ def compare_latency(
     calls_per_round: int = 5,
     warmup: int = 3,
     seed: int = 0,
+    settle_s: float = 0.0,
 ) -> LatencyComparison:
-    """Time ``baseline`` and ``candidate`` in interleaved rounds; see the module docstring."""
+    """Time ``baseline`` and ``candidate`` in interleaved rounds; see the module docstring.
+
+    ``settle_s``: for two different runtimes in one process, each side's block starts after an
+    untimed pause of this length and one untimed call, so it is not timed while the other runtime's
+    worker threads still spin after their last call (onnxruntime's and OpenBLAS's spin for
+    milliseconds; on two cores that halves the other side's threads), and runs as it would alone.
+    """
     if rounds < 2:
         raise ValueError("rounds must be at least 2")
     for _ in range(warmup):
@@ -92,6 +99,9 @@ def compare_latency(
     times = np.empty((2, rounds))
 
     def one_round(fn: Callable[[], object]) -> float:
+        if settle_s > 0:
+            time.sleep(settle_s)
+            fn()
         samples = []
         for _ in range(calls_per_round):
             t0 = time.perf_counter()

@@ -31,6 +31,28 @@ def test_a_slower_baseline_is_a_win() -> None:
     assert result.verdict == "win" and result.ratio > 1.5, result
 
 
+def test_settling_pause_and_call_are_not_timed() -> None:
+    """With ``settle_s`` each block starts after an untimed pause and call: a side whose first call
+    after a switch is slow (a runtime waking its threads) is timed on its later calls only."""
+    calls = {"a": 0, "b": 0}
+    last: list[str] = []
+
+    def side(name: str, fast: float) -> None:
+        calls[name] += 1
+        time.sleep(0.02 if last[-1:] != [name] else fast)  # slow right after the other side ran
+        last.append(name)
+
+    def run(settle_s: float) -> object:
+        return compare_latency(lambda: side("a", 0.002), lambda: side("b", 0.001), rounds=4, calls_per_round=1, warmup=1, settle_s=settle_s)
+
+    unsettled = run(0.0)
+    assert max(unsettled.baseline_ms, unsettled.candidate_ms) > 15, unsettled  # type: ignore[attr-defined]
+    calls.update(a=0, b=0)
+    settled = run(0.001)
+    assert settled.baseline_ms < 5 and settled.candidate_ms < 5 and settled.ratio > 1.5, settled  # type: ignore[attr-defined]
+    assert calls["a"] == calls["b"] == 1 + 4 * 2
+
+
 def test_compare_models_times_both_sessions() -> None:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])

@@ -141,17 +141,21 @@ class NvvmBuilder(_FunctionBuilder):
         self.stride_loop(self.kernel.parallel_var, tid, extent, stride, lambda: self.stmts(self.kernel.body))
         b.ret_void()
 
+    def warp_ids(self) -> tuple[ir.Value, ir.Value, ir.Value]:
+        """(this thread's warp in the grid, its lane, the grid's number of warps)."""
+        b = self.b
+        ntid = sreg(b, "ntid.x")
+        thread = b.add(b.mul(sreg(b, "ctaid.x"), ntid), sreg(b, "tid.x"))
+        warps = b.udiv(b.mul(sreg(b, "nctaid.x"), ntid), ir.Constant(I64, WARP))
+        return b.udiv(thread, ir.Constant(I64, WARP)), b.urem(thread, ir.Constant(I64, WARP)), warps
+
     def build_warp_reduction(self) -> None:
         """One warp per output value: lane partial results, then a shuffle butterfly."""
         parts = reduction_parts(self.kernel)
         assert parts is not None, "not a reduction kernel"
         decl, loops, assign, store = parts
         b = self.b
-        ntid = sreg(b, "ntid.x")
-        thread = b.add(b.mul(sreg(b, "ctaid.x"), ntid), sreg(b, "tid.x"))
-        warp = b.udiv(thread, ir.Constant(I64, WARP))
-        lane = b.urem(thread, ir.Constant(I64, WARP))
-        warps = b.udiv(b.mul(sreg(b, "nctaid.x"), ntid), ir.Constant(I64, WARP))
+        warp, lane, warps = self.warp_ids()
         shape = tuple(int(lp.stop.value) for lp in loops)  # type: ignore[union-attr]
         red_index = unflatten(Var("__r"), shape)
         step = substitute(assign, {lp.var: ix for lp, ix in zip(loops, red_index, strict=True)})
@@ -179,11 +183,7 @@ class NvvmBuilder(_FunctionBuilder):
         passes = warp_row_passes(self.kernel)
         assert passes is not None, "not a warp-row kernel"
         b = self.b
-        ntid = sreg(b, "ntid.x")
-        thread = b.add(b.mul(sreg(b, "ctaid.x"), ntid), sreg(b, "tid.x"))
-        warp = b.udiv(thread, ir.Constant(I64, WARP))
-        lane = b.urem(thread, ir.Constant(I64, WARP))
-        warps = b.udiv(b.mul(sreg(b, "nctaid.x"), ntid), ir.Constant(I64, WARP))
+        warp, lane, warps = self.warp_ids()
         declared = {s.name: s for s in self.kernel.body if isinstance(s, Decl)}
 
         def one_row() -> None:

@@ -18,8 +18,8 @@ import onnx
 from egglog import EggSmolError, EGraph, Vec, i64, set_, union
 from onnx import helper, numpy_helper
 
-from ..lazy_weights import tensor_array
-from ..modelio import topological_nodes
+from ..base.lazy_weights import tensor_array
+from ..base.modelio import topological_nodes
 from . import lang as L
 from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported

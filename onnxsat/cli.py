@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxsat.errors import BadInputError, OnnxsatError, one_line
-from onnxsat.options import PHASE_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.base.options import PHASE_NAMES, Budgets, Options, PhaseBudget
 
 if TYPE_CHECKING:
     import onnx
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rules_parser(sub)
     _add_calibrate_parser(sub)
-    from onnxsat.kernels.command import add_parser as add_compile_parser
+    from onnxsat.compile_command import add_parser as add_compile_parser
 
     add_compile_parser(sub)
     return parser
@@ -416,9 +416,9 @@ def _add_calibrate_parser(sub: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.extract.calibrate import calibrate, check_models
+    from onnxsat.base.modelio import check_output_path, load_model
+    from onnxsat.calibrate import calibrate, check_models
     from onnxsat.extract.profile import save_profile
-    from onnxsat.modelio import check_output_path, load_model
 
     out = check_output_path(args.output)
     models = {path: load_model(path) for path in args.check_model}
@@ -629,7 +629,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from onnxsat.modelio import (
+    from onnxsat.base.modelio import (
         check_output_path,
         check_weights_not_overwritten,
         load_model,
@@ -778,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "calibrate":
             return _run_calibrate(args)
         if args.command == "compile":
-            from onnxsat.kernels.command import run as run_compile
+            from onnxsat.compile_command import run as run_compile
 
             return run_compile(args)
         return _run_optimize(args)

@@ -12,16 +12,16 @@ from dataclasses import asdict
 import onnx
 from tqdm import tqdm
 
+from onnxsat.base.errors import OnnxsatError, VerificationError
+from onnxsat.base.modelio import check_model_full, serialized_size
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.importer import from_onnx
-from onnxsat.errors import OnnxsatError, VerificationError
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
 from onnxsat.extract.serialized import serialize
-from onnxsat.modelio import check_model_full, serialized_size
-from onnxsat.options import Options
-from onnxsat.report import Report, VerificationSummary
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, saturate, select_rules

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 from egglog import EggSmolError, Schedule, back_off, run
 
-from onnxsat.options import PHASE_NAMES, Budgets, PhaseBudget
-from onnxsat.report import IterationRecord, PhaseRecord, SaturationReport
+from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
+from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules

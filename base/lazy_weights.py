@@ -183,7 +183,7 @@ def ort_model(model: ModelProto) -> tuple[bytes, str]:
 def mark_model(model: ModelProto, base_dir: Path) -> list[TensorProto]:
     """Mark the main graph's large external initializers lazy; returns the other external tensors
     (to be loaded by the caller)."""
-    from onnxsat.modelio import _all_tensors
+    from onnxsat.base.modelio import _all_tensors
 
     for tensor in model.graph.initializer:
         mark_lazy(tensor, base_dir)

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxsat.errors import BadInputError, OnnxsatError, one_line
-from onnxsat.options import PHASE_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.base.options import PHASE_NAMES, Budgets, Options, PhaseBudget
 
 if TYPE_CHECKING:
     import onnx
@@ -390,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rules_parser(sub)
     _add_calibrate_parser(sub)
-    from onnxsat.kernels.command import add_parser as add_compile_parser
+    from onnxsat.compile_command import add_parser as add_compile_parser
 
     add_compile_parser(sub)
     return parser
@@ -432,9 +432,9 @@ def _add_calibrate_parser(sub: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.extract.calibrate import calibrate, check_models
+    from onnxsat.base.modelio import check_output_path, load_model
+    from onnxsat.calibrate import calibrate, check_models
     from onnxsat.extract.profile import save_profile
-    from onnxsat.modelio import check_output_path, load_model
 
     out = check_output_path(args.output)
     models = {path: load_model(path) for path in args.check_model}
@@ -647,7 +647,7 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from onnxsat.modelio import (
+    from onnxsat.base.modelio import (
         check_not_an_input,
         check_output_path,
         check_weights_not_overwritten,
@@ -676,7 +676,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
     if options.verify:  # an unverifiable model or a bad sample file fails now, not after saturation
-        from onnxsat.errors import UnverifiableError
+        from onnxsat.base.errors import UnverifiableError
         from onnxsat.verification_inputs import prepare_samples
 
         try:
@@ -812,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "calibrate":
             return _run_calibrate(args)
         if args.command == "compile":
-            from onnxsat.kernels.command import run as run_compile
+            from onnxsat.compile_command import run as run_compile
 
             return run_compile(args)
         return _run_optimize(args)

@@ -18,8 +18,9 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from onnxsat import latency, lazy_weights, modelio
-from onnxsat.errors import UnverifiableError, VerificationError, one_line
+from onnxsat import latency
+from onnxsat.base import lazy_weights, modelio
+from onnxsat.base.errors import UnverifiableError, VerificationError, one_line
 from onnxsat.verification_inputs import check_verifiable, load_samples, make_inputs
 
 __all__ = [

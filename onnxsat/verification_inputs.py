@@ -21,9 +21,9 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto
 
-from onnxsat import modelio
-from onnxsat.errors import BadInputError, UnverifiableError, one_line
-from onnxsat.options import Options
+from onnxsat.base import modelio
+from onnxsat.base.errors import BadInputError, UnverifiableError, one_line
+from onnxsat.base.options import Options
 
 __all__ = ["check_verifiable", "load_samples", "make_inputs", "prepare_samples", "true_inputs"]
 

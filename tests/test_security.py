@@ -18,7 +18,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxsat import cli, lazy_weights, modelio
+from onnxsat import cli
+from onnxsat.base import lazy_weights, modelio
 from onnxsat.errors import BadInputError
 
 from .hostile_corpus import BUILDERS, CANARY_MARKER, build_case
@@ -188,7 +189,7 @@ def test_unverified_is_written_only_when_allowed(tmp_path: Path, capsys: pytest.
 def test_original_runs_once_per_seed_on_one_session(monkeypatch: pytest.MonkeyPatch) -> None:
     """Verification builds one session per model and runs the original once per seed."""
     from onnxsat import verification
-    from onnxsat.options import Budgets, Options
+    from onnxsat.base.options import Budgets, Options
     from onnxsat.pipeline import optimize
 
     sessions: list[int] = []

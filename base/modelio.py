@@ -21,8 +21,8 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
-from onnxsat import external_data, lazy_weights
-from onnxsat.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.base import external_data, lazy_weights
+from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
     "MAX_PROTO_BYTES",
@@ -96,7 +96,7 @@ def load_model(
     """Load and validate an ONNX model, raising `BadInputError` with a one-line message.
 
     With ``lazy_external_data``, large external initializers are not read into memory but stay
-    references into their file (see `onnxsat.lazy_weights`); everything in onnxsat that reads,
+    references into their file (see `onnxsat.base.lazy_weights`); everything in onnxsat that reads,
     checks, runs or saves a model follows them.
 
     Beyond `onnx.checker`, this rejects what the checker lets through or reports poorly
@@ -563,7 +563,7 @@ def check_model_full(model: ModelProto) -> None:
 
     The checker's C++ side cannot take such a proto in memory, so a large model is checked from a
     temporary external-data copy (written next to nothing the user owns). Lazy weights
-    (`onnxsat.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
+    (`onnxsat.base.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
     values, and the real file was checked when the model was loaded.
     """
     if lazy_weights.lazy_initializers(model):

@@ -5,7 +5,7 @@ copying protos (import, export, fold, the optimized model next to the original) 
 several times over. Instead ``load_model(..., lazy_external_data=True)`` leaves each large
 main-graph initializer as an external reference marked with the real directory its location
 is relative to, under a key that holds a random token of this process (`BASE_KEY`): a model file
-cannot forge the marker, and `onnxsat.external_data` refuses any key outside ONNX's spec on load.
+cannot forge the marker, and `onnxsat.base.external_data` refuses any key outside ONNX's spec on load.
 Such a *lazy* tensor costs a few bytes to copy; its values are read only where a value is needed
 (`tensor_array`), onnxruntime maps it from the file (`ort_model`), and saving streams its bytes
 from the source file (`copy_bytes`). The marker never reaches a written file, the checker or onnxruntime.
@@ -21,7 +21,7 @@ from typing import BinaryIO
 import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from onnxsat.external_data import ExternalRef
+from onnxsat.base.external_data import ExternalRef
 
 BASE_KEY = f"onnxsat-lazy-{secrets.token_hex(16)}"
 """The lazy marker's key: unknown outside this process, so no file can carry it."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto
 
-from onnxsat.errors import BadInputError
+from onnxsat.base.errors import BadInputError
 
 __all__ = ["ALLOWED_KEYS", "ExternalRef", "all_tensors", "read_bytes", "resolve", "uses_external_data"]
 

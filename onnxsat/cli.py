@@ -630,7 +630,10 @@ def _check_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
 
 def _write_text_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same directory and ``os.replace``: never a half-written report."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from onnxsat.base import disk_cache
+
+    disk_cache.sweep_temps(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=disk_cache.temp_name_prefix(path.name), suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

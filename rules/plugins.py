@@ -15,9 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from typing import Any, Literal
 from egglog import RewriteOrRule, Ruleset, String, Vec, eq, f64, i64, rule, set_, var
 from egglog.declarations import BiRewriteDecl, EqDecl, RewriteDecl, RuleDecl, UnboundVarDecl, UnionDecl
 
+from onnxsat.base import disk_cache
 from onnxsat.base.errors import OnnxsatError
 from onnxsat.base.options import Options
 
@@ -415,28 +414,30 @@ def _verify(table: RuleTable, names: list[str], cache_dir: str | Path | None) ->
 
 
 def _read_cache(cache_dir: str | Path | None) -> dict[str, Any]:
-    if cache_dir is None:
-        return {}
-    try:
-        data = json.loads((Path(cache_dir) / CACHE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """Verdicts from the cache file (checksummed JSON in a private directory; never unpickled)."""
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    raw = disk_cache.read(directory / CACHE_FILE) if directory is not None else None
+    if raw is None:
         return {}  # missing or damaged: verify again
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return {}
     return data if isinstance(data, dict) else {}
 
 
 def _write_cache(cache_dir: str | Path | None, cache: dict[str, Any]) -> None:
     """Atomic write; a cache that cannot be written only costs a re-verification next time."""
-    if cache_dir is None:
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    if directory is None:
         return
-    directory = Path(cache_dir)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{CACHE_FILE}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(cache, f, sort_keys=True, default=str)
-        os.replace(tmp, directory / CACHE_FILE)
-    except (OSError, ValueError, TypeError) as exc:
+        payload = json.dumps(cache, sort_keys=True, default=str).encode("utf-8")
+    except (ValueError, TypeError) as exc:
         warnings.warn(f"plugin verification cache not written: {exc}", stacklevel=3)
+        return
+    if not disk_cache.write(directory / CACHE_FILE, payload):
+        warnings.warn(f"plugin verification cache not written to {directory}", stacklevel=3)
 
 
 # ---------------------------------------------------------------- entry points and files

@@ -104,7 +104,11 @@ def test_entry_point_plugin_is_discovered_verified_and_fires(
     assert report.saturation.rule_matches()["softplus-fusion"] >= 1
     assert report.verification.status == "passed"  # onnxruntime agrees with the original
     assert not report.warnings
-    cached = json.loads((tmp_path / "cache" / P.CACHE_FILE).read_text())
+    from onnxsat.base import disk_cache
+
+    entry = disk_cache.read(tmp_path / "cache" / P.CACHE_FILE)  # checksummed JSON
+    assert entry is not None
+    cached = json.loads(entry)
     assert sorted(v["name"] for v in cached.values()) == ["softplus-fusion", "softsign-fusion"]
 
 

@@ -13,39 +13,18 @@ returned.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..egraph.graph_types import CONST_LEAVES, ENode, ExtractedGraph, Ref, SerializedEGraph
 from .cost import CostModel, NodeCtx, known_dims
-from .serialized import CONST_LEAVES, ENode, Ref, SerializedEGraph, gc_paused
+from .serialized import gc_paused
 
 INF = float("inf")
 DAG_PASS_MAX_CLASSES = 60_000
 """Above this the DAG pass is skipped (its bit sets grow as classes squared; ILP remains exact)."""
 _BITS_LOOP_MAX = 48
 """Bit sets with at most this many new members are summed bit by bit, larger ones with numpy."""
-
-
-@dataclass
-class ExtractedGraph:
-    """An acyclic program: ``nodes`` in topological order (e-class, chosen node)."""
-
-    nodes: list[tuple[str, ENode]]
-    roots: list[str]
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    dtypes: dict[str, int] = field(default_factory=dict)
-    origins: dict[str, int] = field(default_factory=dict)
-    const_classes: set[str] = field(default_factory=set)
-    cost: float = 0.0
-    method: str = "greedy-dag"
-    gap: float | None = None
-    """Relative distance to the best proven lower bound (ILP only; ``None`` when unknown)."""
-    optimal: bool = False
-    """True when the extractor proved ``cost`` minimal (ILP only)."""
-
-    def choice(self) -> dict[str, ENode]:
-        return dict(self.nodes)
 
 
 def const_classes(eg: SerializedEGraph) -> set[str]:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from ..egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from .cost import CostModel
-from .greedy import ExtractedGraph, _Pricer, const_classes, dag_cost, extract_greedy, topological
-from .serialized import ENode, SerializedEGraph
+from .greedy import _Pricer, const_classes, dag_cost, extract_greedy, topological
 
 MIP_GAP = 1e-9
 """Relative and absolute gap at which HiGHS stops: costs are microseconds, so this is exact."""

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxsat.latency import compare_latency, ort_session
     from onnxsat.verification import make_inputs
 
-    from .kernels.compiled import compile_model
+    from .compiler import compile_model
 
     if args.target == "cuda":
         from .compile_cuda_command import run_cuda

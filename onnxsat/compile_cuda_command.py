@@ -119,7 +119,7 @@ def _run_on_gpu(args: argparse.Namespace, model: Any, feeds: dict[str, np.ndarra
     from onnxsat.compile_command import ATOL, RTOL
     from onnxsat.latency import ort_session
 
-    from .kernels.cuda.runtime import compile_cuda
+    from .compiler import compile_cuda
 
     compiled = compile_cuda(model, Options(), optimize=not args.no_optimize)
     session = ort_session(model, level="all", threads=args.threads or 1)

@@ -20,12 +20,13 @@ from onnxsat.base.options import Options
 from onnxsat.base.report import SaturationReport
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.egraph.program import Program
 from onnxsat.extract.cost import CostModel
-from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.pinning import Merge, find_merges, pin
-from onnxsat.extract.serialized import ENode, SerializedEGraph, serialize
+from onnxsat.extract.serialized import serialize
 from onnxsat.pipeline import _cost_model, compare
 from onnxsat.rules.partial import PartialRecord, apply_site_rules
 from onnxsat.rules.schedule import saturate, select_rules

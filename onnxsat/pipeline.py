@@ -18,9 +18,10 @@ from onnxsat.base.options import Options
 from onnxsat.base.report import Report, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ExtractedGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.cost import CostModel
-from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins

@@ -33,8 +33,8 @@ from typing import Any
 from egglog import EggSmolError, union
 
 from ..egraph import lang as L
+from ..egraph.graph_types import ENode, Ref, SerializedEGraph
 from ..egraph.shapes import shape_rules
-from ..extract.serialized import ENode, Ref, SerializedEGraph
 from .rule_instances import _Lit, _Node, _tlist, to_egglog
 
 FAMILY = "partial"

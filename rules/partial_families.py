@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..extract.serialized import SerializedEGraph
+from ..egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,

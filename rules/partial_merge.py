@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..extract.serialized import SerializedEGraph
+from ..egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..extract.serialized import SerializedEGraph
+from ..egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,

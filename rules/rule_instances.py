@@ -24,10 +24,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..egraph import lang as L
 from ..egraph.exporter import to_onnx
+from ..egraph.graph_types import ENode, ExtractedGraph, Ref
 from ..egraph.ops import BY_CTOR, OpSpec
 from ..egraph.program import Program
-from ..extract.greedy import ExtractedGraph, topological
-from ..extract.serialized import ENode, Ref
+from ..extract.greedy import topological
 from .instance_sampling import HINTABLE, SAMPLERS, Gen, Known, Want, arg_names
 from .rule_pattern import Invalid, RulePattern, Unsupported, op_name
 

@@ -31,10 +31,11 @@ from onnx import helper
 
 from ..egraph import lang as L
 from ..egraph.exporter import to_onnx
+from ..egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
 from ..egraph.shapes import shape_rules
 from ..extract.cost import NodeCtx
-from ..extract.greedy import ExtractedGraph, _Indexed, _Pricer, _tree_choice, const_classes, topological
-from ..extract.serialized import LIST_OPS, ENode, SerializedEGraph, serialize
+from ..extract.greedy import _Indexed, _Pricer, _tree_choice, const_classes, topological
+from ..extract.serialized import serialize
 from .registry import RULES, RuleTable
 from .rule_instances import (
     LEAVES,

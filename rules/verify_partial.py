@@ -319,7 +319,7 @@ def composite_model(site: Any, original: Any, leaf_names: dict[str, str]) -> Any
     from onnx import ModelProto
 
     from ..egraph.exporter import to_onnx
-    from ..extract.serialized import ENode
+    from ..egraph.graph_types import ENode
 
     model = cast(ModelProto, original)
     weights = {t.name: t for t in model.graph.initializer}

@@ -19,10 +19,10 @@ import pytest
 from onnxsat.base.options import Budgets
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ENode, ExtractedGraph, Ref, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.cost import NodeCtx, RooflineCost
 from onnxsat.extract.greedy import (
-    ExtractedGraph,
     _Pricer,
     const_classes,
     dag_cost,
@@ -30,7 +30,7 @@ from onnxsat.extract.greedy import (
     topological,
 )
 from onnxsat.extract.ilp import extract_ilp
-from onnxsat.extract.serialized import ENode, Ref, SerializedEGraph, serialize
+from onnxsat.extract.serialized import serialize
 from onnxsat.rules.schedule import saturate, select_rules
 from onnxsat.verification import compare_models
 

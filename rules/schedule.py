@@ -264,6 +264,14 @@ def schedule_rulesets(enabled: list[str], budgets: Budgets) -> list[list[str]]:
     return seen
 
 
+def declarations(enabled: list[str], budgets: Budgets) -> tuple[tuple[str, ...], list[Schedule]]:
+    """What a run of the default schedule declares into its e-graph, and a key naming it: the
+    analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``)."""
+    phases = schedule_rulesets(enabled, budgets)
+    key = ("shapes", *("\n".join(names) for names in phases))
+    return key, [shape_rules.saturate(), *(rewrite_step(names, budgets) for names in phases)]
+
+
 def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: list[str]) -> tuple[IterationRecord, bool]:
     """One rewrite iteration, then the analyses to fixpoint; conflicting shapes raise."""
     t0 = time.perf_counter()

@@ -183,13 +183,13 @@ def ort_model(model: ModelProto) -> tuple[bytes, str]:
 def mark_model(model: ModelProto, base_dir: Path) -> list[TensorProto]:
     """Mark the main graph's large external initializers lazy; returns the other external tensors
     (to be loaded by the caller)."""
-    from onnxsat.base.modelio import _all_tensors
+    from onnxsat.base.modelio import all_tensors
 
     for tensor in model.graph.initializer:
         mark_lazy(tensor, base_dir)
     return [
         t
-        for _what, t in _all_tensors(model.graph)
+        for _what, t in all_tensors(model.graph)
         if external_data_helper.uses_external_data(t) and not is_lazy(t)
     ]
 

@@ -127,7 +127,7 @@ def load_model(
             except Exception as e:
                 raise BadInputError(f"cannot load external data: {one_line(e)}") from e
             # onnx leaves data_location explicitly DEFAULT; clear it so the proto equals an in-memory one
-            for _what, tensor in _all_tensors(model.graph):
+            for _what, tensor in all_tensors(model.graph):
                 if tensor.HasField("data_location") and tensor.data_location == TensorProto.DEFAULT:
                     tensor.ClearField("data_location")
         _check_tensor_sizes(model)
@@ -248,7 +248,7 @@ def _check_structure(graph: GraphProto, outer: frozenset[str], where: str) -> No
 
 
 def _check_tensor_sizes(model: ModelProto) -> None:
-    for what, tensor in _all_tensors(model.graph):
+    for what, tensor in all_tensors(model.graph):
         _check_tensor_data(tensor, what)
 
 
@@ -556,7 +556,7 @@ def _serialize(model: ModelProto) -> bytes:
 
 
 def _reject_external_refs(model: ModelProto) -> None:
-    for what, tensor in _all_tensors(model.graph):
+    for what, tensor in all_tensors(model.graph):
         if external_data_helper.uses_external_data(tensor) and not lazy_weights.is_lazy(tensor):
             raise OnnxsatError(
                 f"{what} still refers to external data; load the model with "
@@ -718,7 +718,7 @@ def _free_names(graph: GraphProto) -> set[str]:
     return used - defined
 
 
-def _all_tensors(graph: GraphProto) -> Iterator[tuple[str, TensorProto]]:
+def all_tensors(graph: GraphProto) -> Iterator[tuple[str, TensorProto]]:
     """(label, tensor) for initializers and tensor-valued attributes of a graph and its subgraphs."""
     for tensor in graph.initializer:
         yield f"initializer '{tensor.name}'", tensor
@@ -730,11 +730,11 @@ def _all_tensors(graph: GraphProto) -> Iterator[tuple[str, TensorProto]]:
             for tensor in attr.tensors:
                 yield label, tensor
         for _attr, sub in _subgraphs(node):
-            yield from _all_tensors(sub)
+            yield from all_tensors(sub)
 
 
 def _has_external_refs(model: ModelProto) -> bool:
-    return any(external_data_helper.uses_external_data(t) for _what, t in _all_tensors(model.graph))
+    return any(external_data_helper.uses_external_data(t) for _what, t in all_tensors(model.graph))
 
 
 def _node_label(node: NodeProto, idx: int) -> str:

@@ -645,9 +645,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
             raise BadInputError("--report-json must not be the output model path")
 
     if options.cost_profile is not None:  # a bad profile fails now, not after saturation
-        from onnxsat.pipeline import _cost_model
+        from onnxsat.pipeline import cost_model
 
-        _cost_model(options)
+        cost_model(options)
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
     model = load_model(args.input, lazy_external_data=not options.measure)

@@ -69,7 +69,7 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
-def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
+def rewrite_model(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
     """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
     key, declared = declarations(enabled, options.budgets)
     with warm_egraph(key, declared) as warm:
@@ -83,7 +83,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     report.opset = program.opset
     report.unknown_ops = dict(program.unknown_ops)
     report.opaque_reasons = dict(program.opaque_reasons)
-    cost = _cost_model(options)
+    cost = cost_model(options)
     with _stage(report, "cost-before", progress):
         before = serialize(program.egraph)
         roots = [before.roots[i] for i in range(len(program.outputs))]
@@ -109,7 +109,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     return folded
 
 
-def _cost_model(options: Options) -> CostModel:
+def cost_model(options: Options) -> CostModel:
     """The built-in profile of ``options.target``, or the calibrated ``options.cost_profile`` file."""
     from onnxsat.extract.profile import TARGETS, load_profile
 
@@ -156,7 +156,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     except ValueError as exc:
         raise OptionsError(str(exc)) from exc
     try:
-        optimized = _rewrite(model, options, enabled, report)
+        optimized = rewrite_model(model, options, enabled, report)
     except UnsoundRuleError as exc:
         from onnxsat.minimize import find_unsound_rules
 
@@ -187,7 +187,7 @@ def compare(original: onnx.ModelProto, optimized: onnx.ModelProto, options: Opti
     from onnxsat.regions import compare_by_regions
     from onnxsat.verification import compare_models
 
-    dims = _pinned_dims(original, options)
+    dims = pinned_dims(original, options)
     result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
     if result.skipped_reason:
         return compare_by_regions(original, optimized, seeds=options.verify_seeds), "regionwise"
@@ -233,7 +233,7 @@ def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[s
     return pins
 
 
-def _pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
+def pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
     """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
     dims: dict[str, int] = {}
     for vi in model.graph.input:

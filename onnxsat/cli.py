@@ -630,9 +630,10 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 def _run_optimize(args: argparse.Namespace) -> int:
     from onnxsat.base.modelio import (
+        check_not_an_input,
         check_output_path,
         check_weights_not_overwritten,
-        load_model,
+        load_model_and_sources,
         save_model_atomic,
     )
 
@@ -650,7 +651,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
         cost_model(options)
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
-    model = load_model(args.input, lazy_external_data=not options.measure)
+    model, sources = load_model_and_sources(args.input, lazy_external_data=not options.measure)
+    check_not_an_input(out_path, sources)
+    if report_path is not None:
+        check_not_an_input(report_path, sources, what="--report-json path")
     check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
 

@@ -18,10 +18,11 @@ from onnxsat.base.options import Options
 from onnxsat.base.report import Report, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ExtractedGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.egraph.warm import WarmEGraph, warm_egraph
 from onnxsat.extract.cost import CostModel
-from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
@@ -68,7 +69,7 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
-def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
+def rewrite_model(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
     """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
     key, declared = declarations(enabled, options.budgets)
     with warm_egraph(key, declared) as warm:
@@ -82,7 +83,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     report.opset = program.opset
     report.unknown_ops = dict(program.unknown_ops)
     report.opaque_reasons = dict(program.opaque_reasons)
-    cost = _cost_model(options)
+    cost = cost_model(options)
     with _stage(report, "cost-before", progress):
         before = serialize(program.egraph)
         roots = [before.roots[i] for i in range(len(program.outputs))]
@@ -108,7 +109,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     return folded
 
 
-def _cost_model(options: Options) -> CostModel:
+def cost_model(options: Options) -> CostModel:
     """The built-in profile of ``options.target``, or the calibrated ``options.cost_profile`` file."""
     from onnxsat.extract.profile import TARGETS, load_profile
 
@@ -158,7 +159,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     if isinstance(reference, str) and options.allow_unverified:
         report.warnings.append(f"the optimized model may not be checked: {reference}")
     try:
-        optimized = _rewrite(model, options, enabled, report)
+        optimized = rewrite_model(model, options, enabled, report)
     except UnsoundRuleError as exc:
         from onnxsat.minimize import find_unsound_rules
 
@@ -199,7 +200,7 @@ def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report)
     try:
         samples = prepare_samples(model, options)
         with _stage(report, "reference", options.progress):
-            dims = _pinned_dims(model, options)
+            dims = pinned_dims(model, options)
             return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
     except UnverifiableError as exc:
         if options.allow_unverified:
@@ -231,7 +232,7 @@ def compare(
     if isinstance(reference, Reference):
         return compare_to_reference(reference, original, optimized), "passed"
     if reference is None:
-        dims = _pinned_dims(original, options)
+        dims = pinned_dims(original, options)
         result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
         if not result.skipped_reason:
             return result, "passed"
@@ -291,7 +292,8 @@ def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[s
     return pins
 
 
-def _pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
-    from onnxsat.verification_inputs import pinned_dims
+def pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
+    """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
+    from onnxsat.verification_inputs import pinned_dims as pins
 
-    return pinned_dims(model, options)
+    return pins(model, options)

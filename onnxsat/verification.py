@@ -97,10 +97,10 @@ def run_ort(
     dropped an unused input runs on the original's feeds. Models over 2 GiB go through a temporary
     directory with external data.
     """
-    return _run(_session(model, optimization_level), feeds)
+    return run_session(inference_session(model, optimization_level), feeds)
 
 
-def _session(model: ModelProto, optimization_level: str) -> ort.InferenceSession:
+def inference_session(model: ModelProto, optimization_level: str) -> ort.InferenceSession:
     if optimization_level not in _OPT_LEVELS:
         raise ValueError(
             f"optimization_level must be one of {sorted(_OPT_LEVELS)}, not {optimization_level!r}"
@@ -116,7 +116,7 @@ def _session(model: ModelProto, optimization_level: str) -> ort.InferenceSession
     )
 
 
-def _run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_session(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     wanted = {i.name for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     results = session.run(names, {k: v for k, v in feeds.items() if k in wanted})
@@ -259,7 +259,7 @@ def reference_run(
         raise ValueError("a reference run needs at least one seed or sample")
     start = time.perf_counter()
     try:
-        session = _session(original, "disable_all")
+        session = inference_session(original, "disable_all")
     except Exception as e:
         raise UnverifiableError(f"onnxruntime cannot run the original model ({one_line(e)})") from e
     if samples:
@@ -275,7 +275,7 @@ def reference_run(
     first_error: Exception | None = None
     for origin, feeds in attempts:
         try:
-            outputs = [_run(session, f) for f in feeds]
+            outputs = [run_session(session, f) for f in feeds]
         except Exception as e:
             first_error = first_error or e
             continue
@@ -321,8 +321,8 @@ def compare_to_reference(reference: Reference, original: ModelProto, optimized: 
     if interface:
         return VerificationResult(ok=False, outputs=interface)
     try:
-        session = _session(optimized, "disable_all")
-        results = [_run(session, feeds) for feeds in reference.feeds]
+        session = inference_session(optimized, "disable_all")
+        results = [run_session(session, feeds) for feeds in reference.feeds]
     except Exception as e:
         detail = f"onnxruntime cannot run the optimized model: {one_line(e)}"
         checks = [OutputCheck(name, math.inf, 0.0, False, detail) for name in names]
@@ -332,7 +332,7 @@ def compare_to_reference(reference: Reference, original: ModelProto, optimized: 
     worst: dict[str, OutputCheck] = {}
     for ref, got in zip(reference.outputs, results, strict=True):
         for name in names:
-            check = _compare_values(name, ref[name], got[name], weakest.get(name))
+            check = compare_values(name, ref[name], got[name], weakest.get(name))
             worst[name] = _worse(worst.get(name), check)
     checks = [worst[name] for name in names]
     return VerificationResult(ok=all(c.ok for c in checks), outputs=checks)
@@ -382,7 +382,7 @@ def _worse(old: OutputCheck | None, new: OutputCheck) -> OutputCheck:
     return new if ratio(new) > ratio(old) else old
 
 
-def _compare_values(name: str, ref: object, got: object, weakest: int | None = None) -> OutputCheck:
+def compare_values(name: str, ref: object, got: object, weakest: int | None = None) -> OutputCheck:
     """Compare one output; sequence outputs (lists of arrays) are compared element by element.
 
     ``weakest``: the lowest-precision float type the output is computed in (``weakest_float_types``);
@@ -393,7 +393,7 @@ def _compare_values(name: str, ref: object, got: object, weakest: int | None = N
             return OutputCheck(name, math.inf, 0.0, False, "sequence lengths or kinds differ")
         worst: OutputCheck | None = None
         for r, g in zip(ref, got, strict=True):
-            worst = _worse(worst, _compare_values(name, r, g, weakest))
+            worst = _worse(worst, compare_values(name, r, g, weakest))
         return worst or OutputCheck(name, 0.0, 0.0, True)
     return _compare_arrays(name, np.asarray(ref), np.asarray(got), weakest)
 

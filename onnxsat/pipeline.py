@@ -25,7 +25,7 @@ from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
-from onnxsat.rules.plugins import load_plugins
+from onnxsat.rules.plugins import load_plugins, loaded_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import Reference, VerificationResult
 
@@ -51,14 +51,18 @@ _BAR = "{desc} {bar:24} {n_fmt}/{total_fmt} [{elapsed}]{postfix}"
 
 @contextmanager
 def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterator[Callable[[], None]]:
-    """Time a stage into the report; with ``progress``, show a bar for it on stderr.
+    """Time a stage into the report; with ``progress``, show a bar for it on stderr when stderr is
+    a terminal, else one plain line when the stage ends (no carriage-return frames in a log).
 
     Yields a ``step()`` callback for stages with several steps (saturation iterations).
     """
-    bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if progress else None
+    terminal = progress and sys.stderr.isatty()
+    bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if terminal else None
     start = time.perf_counter()
     yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
     report.stage_seconds[name] = round(time.perf_counter() - start, 4)
+    if progress and bar is None:
+        print(f"onnxsat {name:<11} {report.stage_seconds[name]:.2f}s", file=sys.stderr, flush=True)
     if bar is not None:
         bar.n = bar.total
         bar.set_postfix_str(f"{report.stage_seconds[name]:.2f}s")
@@ -150,6 +154,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     report.pinned_dims = _pins_by_input(model, options)
     report.nodes_before = _op_counts(model)
     report.warnings.extend(load_plugins(options))
+    report.plugins = loaded_plugins(options)
     try:
         enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
         check_phase_budgets(options.budgets)

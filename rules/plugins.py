@@ -468,6 +468,8 @@ def ensure_plugins(
         loads.extend(_ENTRY_POINT_LOADS)
     for file in files:
         path = Path(file)
+        if not path.is_file():  # named by the user: an error even when other problems are warnings
+            raise PluginError(f"--rules {file}: no such file")
 
         def get(path: Path = path) -> Any:
             module = _module_from_file(path)
@@ -498,6 +500,22 @@ def _reset_entry_points() -> None:
     for load in _ENTRY_POINT_LOADS or []:
         unload_plugin(load)
     _ENTRY_POINT_LOADS = None
+
+
+def loaded_plugins(options: Options) -> list[str]:
+    """One line per plugin ``options`` loads (code that ran in this process), for the report."""
+    loads = ensure_plugins(
+        options.rule_files,
+        entry_points=options.entry_point_plugins,
+        strict=False,
+        cache_dir=options.plugin_cache_dir,
+    )
+    lines = []
+    for load in loads:
+        name = load.plugin.name if load.plugin is not None else "?"
+        state = f"not loaded: {load.error}" if load.error else f"{len(load.accepted)} rule(s)"
+        lines.append(f"{name} ({load.source}): {state}")
+    return lines
 
 
 def load_plugins(options: Options) -> list[str]:

@@ -195,7 +195,9 @@ def test_original_runs_once_per_seed_on_one_session(monkeypatch: pytest.MonkeyPa
     sessions: list[int] = []
     real = verification.inference_session
     monkeypatch.setattr(
-        verification, "inference_session", lambda m, level: (sessions.append(len(m.graph.node)), real(m, level))[1]
+        verification,
+        "inference_session",
+        lambda m, level: (sessions.append(len(m.graph.node)), real(m, level))[1],
     )
     model = _reshape_by_input()
     _, report = optimize(model, Options(budgets=Budgets(iterations=2)))
@@ -284,3 +286,78 @@ def test_kernel_cache_rejects_a_damaged_object_and_rebuilds_it(tmp_path: Path) -
     assert not rebuilt.cache_hit and rebuilt.address("inc") != 0
     again = CompiledModule(module(), tmp_path / "kernels")
     assert again.cache_hit and first.key == again.key
+
+
+# ---------------------------------------------------------------------------------------------
+# what is printed
+
+
+def test_missing_rules_file_is_an_error_even_when_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m.onnx"
+    onnx.save(_reshape_by_input(), str(model))
+    assert (
+        cli.main(
+            ["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--rules", "/nonexistent.py", "--quiet"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "/nonexistent.py" in err[0] and not (tmp_path / "o.onnx").exists()
+    assert cli.main(["rules", "list", "--rules", "/nonexistent.py"]) == 2
+
+
+def _log_of_negative() -> onnx.ModelProto:
+    """y = x + Log(c) with c < 0: folding Log(c) makes numpy warn (invalid value)."""
+    graph = helper.make_graph(
+        [helper.make_node("Log", ["c"], ["l"]), helper.make_node("Add", ["x", "l"], ["y"])],
+        "warns",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        initializer=[onnx.numpy_helper.from_array(np.array([-1.0, 1.0, 2.0], np.float32), "c")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_quiet_prints_nothing_and_progress_is_plain_lines_off_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    model = tmp_path / "m.onnx"
+    onnx.save(_log_of_negative(), str(model))
+    out = tmp_path / "o.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # as a fresh process has them
+        assert cli.main(["optimize", str(model), "-o", str(out), "--quiet", *FAST[:4]]) == 0
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == "", captured.err
+        assert cli.main(["optimize", str(model), "-o", str(out), "--no-plugins", *FAST[:4]]) == 0
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err and "onnxsat import" in captured.err  # one line per stage
+    assert "RuntimeWarning" not in captured.err
+
+
+def test_report_lists_the_plugins_that_ran(tmp_path: Path) -> None:
+    from onnxsat.base.options import Budgets, Options
+    from onnxsat.pipeline import optimize
+
+    plugin = Path(__file__).resolve().parent.parent / "examples" / "plugin"
+    files = sorted(plugin.rglob("*.py"))
+    rule_file = next((f for f in files if "PLUGIN" in f.read_text()), None)
+    if rule_file is None:
+        pytest.skip("no example plugin file defines PLUGIN")
+    from onnxsat.rules import plugins
+
+    options = Options(budgets=Budgets(iterations=1), rule_files=(str(rule_file),), entry_point_plugins=False)
+    try:
+        _, report = optimize(_log_of_negative(), options)
+    finally:
+        for load in plugins.ensure_plugins([str(rule_file)], entry_points=False):
+            plugins.unload_plugin(load)
+    assert any(str(rule_file.resolve()) in line for line in report.plugins), report.plugins
+    _, bare = optimize(_log_of_negative(), Options(budgets=Budgets(iterations=1), entry_point_plugins=False))
+    assert bare.plugins == []

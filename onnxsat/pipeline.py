@@ -28,6 +28,7 @@ from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used,
 from onnxsat.rules.plugins import load_plugins, loaded_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import Reference, VerificationResult
+from onnxsat.verification_inputs import pinned_dims
 
 
 class OptionsError(OnnxsatError):
@@ -297,8 +298,3 @@ def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[s
     return pins
 
 
-def pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
-    """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
-    from onnxsat.verification_inputs import pinned_dims as pins
-
-    return pins(model, options)

@@ -195,9 +195,7 @@ def test_original_runs_once_per_seed_on_one_session(monkeypatch: pytest.MonkeyPa
     sessions: list[int] = []
     real = verification.inference_session
     monkeypatch.setattr(
-        verification,
-        "inference_session",
-        lambda m, level: (sessions.append(len(m.graph.node)), real(m, level))[1],
+        verification, "inference_session", lambda m, level: (sessions.append(len(m.graph.node)), real(m, level))[1]
     )
     model = _reshape_by_input()
     _, report = optimize(model, Options(budgets=Budgets(iterations=2)))

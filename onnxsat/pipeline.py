@@ -12,7 +12,7 @@ from dataclasses import asdict
 import onnx
 from tqdm import tqdm
 
-from onnxsat.base.errors import OnnxsatError, UnverifiableError, VerificationError, one_line
+from onnxsat.base.errors import BadInputError, OnnxsatError, UnverifiableError, VerificationError, one_line
 from onnxsat.base.modelio import check_model_full, serialized_size
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, VerificationSummary
@@ -68,6 +68,19 @@ def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterato
         bar.n = bar.total
         bar.set_postfix_str(f"{report.stage_seconds[name]:.2f}s")
         bar.close()
+
+
+def _check_output(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+    """onnx.checker (full) on the result; when it fails, a failing original is bad input (exit 2:
+    models given to the API are not checked on load), a passing one an internal error naming it."""
+    try:
+        check_model_full(optimized)
+    except Exception as exc:
+        try:
+            check_model_full(original)
+        except Exception as original_exc:
+            raise BadInputError(f"the input model fails onnx.checker: {one_line(original_exc)}") from exc
+        raise OnnxsatError(f"the optimized model fails onnx.checker (the input passes): {one_line(exc)}") from exc
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -172,7 +185,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         culprits = find_unsound_rules(model, options, enabled, exc.iteration)
         raise UnsoundRewriteError(culprits, exc.detail) from exc
     with _stage(report, "check", options.progress):
-        check_model_full(optimized)
+        _check_output(model, optimized)
     if options.verify:
         with _stage(report, "verify", options.progress):
             report.verification = _verify(model, optimized, options, enabled, reference)

@@ -19,21 +19,28 @@ from onnxsat.base.report import Report
 
 if TYPE_CHECKING:
     from onnxsat.egraph.program import Program
+    from onnxsat.verification import Reference
 
 
-def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
+def _fails(original: onnx.ModelProto, options: Options, rules: list[str], reference: Reference | None) -> bool:
     from onnxsat.pipeline import compare, rewrite_model
 
     try:
         optimized = rewrite_model(original, options, rules, Report())
     except Exception:
         return True
-    result, _ = compare(original, optimized, options)
+    result, _ = compare(original, optimized, options, reference)
     return not result.ok and not result.skipped_reason
 
 
-def minimal_failing_rules(original: onnx.ModelProto, options: Options, enabled: list[str]) -> list[str]:
-    """A subset of ``enabled`` that still fails, minimal under single-rule removal when time allows."""
+def minimal_failing_rules(
+    original: onnx.ModelProto, options: Options, enabled: list[str], reference: Reference | None = None
+) -> list[str]:
+    """A subset of ``enabled`` that still fails, minimal under single-rule removal when time allows.
+
+    ``reference``: the original's outputs on the verification inputs (the user's samples
+    included), reused by every trial instead of running the original again.
+    """
     from onnxsat.rules.registry import RULES
 
     deadline = time.monotonic() + options.minimize_seconds
@@ -43,20 +50,20 @@ def minimal_failing_rules(original: onnx.ModelProto, options: Options, enabled: 
         alone = [r for r in current if r in family]
         if time.monotonic() > deadline:
             return current
-        if 0 < len(alone) < len(current) and _fails(original, quiet, alone):
+        if 0 < len(alone) < len(current) and _fails(original, quiet, alone, reference):
             current = alone
             break
     for family in RULES.families.values():
         if time.monotonic() > deadline:
             return current
         trial = [r for r in current if r not in family]
-        if len(trial) < len(current) and _fails(original, quiet, trial):
+        if len(trial) < len(current) and _fails(original, quiet, trial, reference):
             current = trial
     for rule in list(current):
         if time.monotonic() > deadline or len(current) == 1:
             break
         trial = [r for r in current if r != rule]
-        if _fails(original, quiet, trial):
+        if _fails(original, quiet, trial, reference):
             current = trial
     return current
 

@@ -84,6 +84,8 @@ class Options:
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
     progress: bool = False
+    dump_dir: str | None = None
+    """A folder each stage of the run writes its artefact to (``onnxsat/dump.py``); None: nothing written."""
     measure: bool = False
     """Time original vs optimized on onnxruntime and never ship a slower model (``onnxsat.measure``)."""
     measure_rounds: int = 30

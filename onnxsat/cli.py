@@ -243,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
     out.add_argument(
+        "--dump-dir",
+        metavar="DIR",
+        help="write each stage's artefact to DIR: saturation.json (e-graph size, rule report),"
+        " extracted.json (the chosen program), optimized.onnx, verification.npz (inputs and both"
+        " models' outputs)",
+    )
+    out.add_argument(
         "--debug",
         action="store_true",
         default=argparse.SUPPRESS,
@@ -567,6 +574,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         materialize_constants=args.materialize_constants,
         allow_contrib_ops=args.allow_contrib_ops,
         progress=not (args.quiet or args.json),
+        dump_dir=args.dump_dir,
     )
 
 
@@ -644,6 +652,15 @@ def _run_optimize(args: argparse.Namespace) -> int:
         if report_path.resolve() == out_path.resolve():
             raise BadInputError("--report-json must not be the output model path")
 
+    if options.dump_dir is not None:  # the dump must not overwrite what is read
+        from onnxsat import dump
+
+        try:
+            Path(options.dump_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInputError(f"--dump-dir {options.dump_dir}: {exc.strerror or exc}") from exc
+        for name in (dump.SATURATION, dump.EXTRACTED, dump.OPTIMIZED, dump.VERIFICATION):
+            check_output_path(Path(options.dump_dir) / name, args.input)
     if options.cost_profile is not None:  # a bad profile fails now, not after saturation
         from onnxsat.pipeline import cost_model
 

@@ -15,17 +15,17 @@ import onnx
 from egglog import EggSmolError
 
 from onnxsat.base.options import Options
-from onnxsat.base.report import Report
 
 if TYPE_CHECKING:
     from onnxsat.egraph.program import Program
 
 
 def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
-    from onnxsat.pipeline import compare, rewrite_model
+    from onnxsat.pipeline import Session, compare
 
     try:
-        optimized = rewrite_model(original, options, rules, Report())
+        with Session(original, options, rules=rules) as session:
+            optimized = session.rewrite()
     except Exception:
         return True
     result, _ = compare(original, optimized, options)

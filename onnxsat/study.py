@@ -262,48 +262,31 @@ def extractor_records(
     """
     import time
 
-    from onnxsat.egraph.importer import from_onnx
-    from onnxsat.extract.greedy import extract_greedy
-    from onnxsat.extract.serialized import serialize
-    from onnxsat.pipeline import cost_model
-    from onnxsat.rules.partial import apply_site_rules
-    from onnxsat.rules.plugins import load_plugins
-    from onnxsat.rules.schedule import saturate, select_rules
+    from onnxsat.pipeline import Session
 
-    options = options or Options()
-    load_plugins(options)
-    program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
-    enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
-    apply_site_rules(program, enabled)  # per-site rules (PET-verified) join before saturation, as in optimize
-    saturate(program, options.budgets, enabled)
-    egraph = serialize(program.egraph)
-    roots = [egraph.roots[i] for i in range(len(program.outputs))]
-    cost = cost_model(options)
-    records = []
-    greedy = None
-    for method in methods:
-        start = time.perf_counter()
-        if method == "ilp":
-            from onnxsat.extract.ilp import extract_ilp
-
-            graph = extract_ilp(egraph, cost, roots, time_limit=options.ilp_time_limit, warm_start=greedy)
-        elif method in ("tree", "greedy-dag"):
-            graph = extract_greedy(egraph, cost, roots, tree_only=method == "tree")
+    with Session(model, options or Options()) as session:  # plugins, rules, the per-site stage as in optimize
+        session.saturate()
+        egraph = session.saturated()
+        records = []
+        greedy = None
+        for method in methods:
+            if method not in ("tree", "greedy-dag", "ilp"):
+                raise ValueError(f"unknown extractor {method!r} (tree, greedy-dag or ilp)")
+            start = time.perf_counter()
+            graph = session.extract(extractor=method, warm_start=greedy)
             greedy = graph if method == "greedy-dag" else greedy
-        else:
-            raise ValueError(f"unknown extractor {method!r} (tree, greedy-dag or ilp)")
-        records.append(
-            {
-                "model": name,
-                "extractor": method,
-                "cost": graph.cost,
-                "seconds": time.perf_counter() - start,
-                "gap": graph.gap,
-                "optimal": graph.optimal,
-                "nodes": sum(1 for _, n in graph.nodes if not n.op.startswith(("Tensor.", "TList."))),
-                "eclasses": len(egraph.classes),
-            }
-        )
+            records.append(
+                {
+                    "model": name,
+                    "extractor": method,
+                    "cost": graph.cost,
+                    "seconds": time.perf_counter() - start,
+                    "gap": graph.gap,
+                    "optimal": graph.optimal,
+                    "nodes": sum(1 for _, n in graph.nodes if not n.op.startswith(("Tensor.", "TList."))),
+                    "eclasses": len(egraph.classes),
+                }
+            )
     return records
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from egglog import EggSmolError, Schedule, back_off, run
 
 from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
-from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport
+from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport, StopReason
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
@@ -165,7 +165,7 @@ def saturate(
         program.egraph.run(rewrite_step(names, budgets) * 0)
     start = time.perf_counter()
     report.phases.append(_analysis(program, len(report.iterations)))
-    global_stop = ""
+    global_stop: StopReason | None = None
     for position, (phase, names) in enumerate(phases):
         share = (start + budgets.seconds - time.perf_counter()) / (len(phases) - position)
         record = _run_phase(program, phase, names, budgets, report, start, share, enabled, on_iteration, stop_before)
@@ -183,7 +183,7 @@ def _analysis(program: Program, index: int) -> PhaseRecord:
     """The analyses to saturation (import ran them; rerun so the record says it)."""
     t0 = time.perf_counter()
     program.egraph.run(shape_rules.saturate())
-    return PhaseRecord("analysis", 0, "saturated", program.node_count(), time.perf_counter() - t0, first_iteration=index)
+    return PhaseRecord("analysis", 0, StopReason.SATURATED, program.node_count(), time.perf_counter() - t0, first_iteration=index)
 
 
 def _run_phase(
@@ -206,27 +206,27 @@ def _run_phase(
     deadline = min(start + budgets.seconds, t0 + (share if phase.seconds is None else phase.seconds))
     step = rewrite_step(names, budgets)
     first = len(report.iterations)
-    stop = "iterations"
+    stop = StopReason.ITERATIONS
     for _ in range(limit):
         index = len(report.iterations)
         if stop_before is not None and index >= stop_before:
-            stop = "replayed"
+            stop = StopReason.REPLAYED
             break
         record, updated = _iterate(program, step, phase.name, index, enabled)
         report.iterations.append(record)
         if on_iteration is not None:
             on_iteration(record)
         if not updated:
-            stop = "saturated"
+            stop = StopReason.SATURATED
             break
         if record.enodes >= enodes:
-            stop = "enodes"
+            stop = StopReason.ENODES
             break
         if time.perf_counter() >= deadline:
-            stop = "seconds"
+            stop = StopReason.SECONDS
             break
     if limit <= 0:
-        stop = "no iterations"
+        stop = StopReason.NO_ITERATIONS
     return PhaseRecord(
         phase.name,
         len(report.iterations) - first,
@@ -241,21 +241,21 @@ def _run_phase(
 
 def _global_budget_hit(record: PhaseRecord, program: Program, budgets: Budgets, start: float) -> bool:
     """Whether a phase was stopped by a global budget (which ends the schedule) or by its own."""
-    if record.stop_reason == "replayed":
+    if record.stop_reason == StopReason.REPLAYED:
         return True
-    if record.stop_reason == "enodes":
+    if record.stop_reason == StopReason.ENODES:
         return program.node_count() >= budgets.enodes
-    if record.stop_reason == "seconds":
+    if record.stop_reason == StopReason.SECONDS:
         return time.perf_counter() - start >= budgets.seconds
     return False
 
 
-def _overall(phases: list[PhaseRecord]) -> str:
+def _overall(phases: list[PhaseRecord]) -> StopReason:
     """One word for the whole run: saturated when every phase was, else the first phase budget hit."""
     if not phases:
-        return "no rules enabled"
+        return StopReason.NO_RULES
     reasons = [p.stop_reason for p in phases]
-    return next((r for r in reasons if r != "saturated"), "saturated")
+    return next((r for r in reasons if r != StopReason.SATURATED), StopReason.SATURATED)
 
 
 def schedule_rulesets(enabled: list[str], budgets: Budgets) -> list[list[str]]:

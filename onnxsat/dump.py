@@ -102,8 +102,8 @@ def verification(session: Session, optimized: onnx.ModelProto) -> None:
     folder = _folder(session)
     if folder is None:
         return
-    from onnxsat.pipeline import pinned_dims
     from onnxsat.verification import inference_session, make_inputs, run_session
+    from onnxsat.verification_inputs import pinned_dims
 
     seed = session.options.verify_seeds[0] if session.options.verify_seeds else 0
     feeds = make_inputs(session.model, seed=seed, dim_values=pinned_dims(session.model, session.options))

@@ -129,6 +129,7 @@ class _Importer:
         self.trust_onnx_shapes = trust_onnx_shapes
         self.seed_shapes = seed_shapes
         self.actions: list[Any] = []
+        self.input_symbols: set[int] = set()
 
     # ------------------------------------------------------------ helpers
     def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
@@ -341,13 +342,21 @@ class _Importer:
             filled = []
             for name in frontier:
                 info = self.infos.get(name)
-                if info is not None and info.dims is not None:
+                if info is not None and info.dims is not None and self._seedable(info.dims):
                     filled.append(set_(L.shape(self.terms[name])).to(_dims_vec(tuple(info.dims))))
             if not filled:
                 return
             self.egraph.register(*filled)
             done = set(frontier)
             pending = [n for n in missing if n not in done]
+
+    def _seedable(self, dims: tuple[int, ...]) -> bool:
+        """Whether ONNX's shape may be given to a tensor the analysis cannot shape yet: every dim
+        known or a symbol of a graph input. A symbol ONNX inference invents (``unk__3``, or an
+        exporter's name for a computed size) stands for a value a rewrite may later let the
+        analysis compute (a Slice end folded to 2): seeding it would make that sound rewrite meet
+        a second, different shape in the e-class, so such tensors stay unshaped until then."""
+        return all(d >= 0 or d in self.input_symbols for d in dims)
 
     def _inputs_shaped(self, name: str) -> bool:
         producer = self.producers.get(name)
@@ -366,7 +375,10 @@ class _Importer:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception:  # inference is advisory: shapes then come from the analysis alone
             inferred = model
-        for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        for vi in inferred.graph.input:
+            self.infos[vi.name] = _type_info(vi.type, self.symbols)
+        self.input_symbols = set(self.symbols.names)
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             self.infos[vi.name] = _type_info(vi.type, self.symbols)
         initializers = {t.name: t for t in graph.initializer}
         input_names = [i.name for i in graph.input]

@@ -13,10 +13,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..base.lazy_weights import tensor_array
+from ..base.modelio import model_shell
 from ..extract.greedy import ExtractedGraph
 from ..extract.serialized import ENode, Ref
-from ..lazy_weights import tensor_array
-from ..modelio import model_shell
 from .ops import BY_CTOR
 from .ops.registry import ExportNode
 from .program import Program

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInputError
+from ..base.errors import BadInputError
 from .cost import OP_CLASSES, ClassConstants, RooflineCost
 
 FORMAT = "onnxsat-cost-profile/1"

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxsat.errors import OnnxsatError
+from onnxsat.base.errors import OnnxsatError
+from onnxsat.base.options import Options
 from onnxsat.lowering.lower import LoweringError, lower, value_inputs
-from onnxsat.options import Options
 
 from .executable import Executable, ExecutableStats
 from .jit import default_cache_dir

@@ -6,8 +6,8 @@ CompiledModel``, ``Options``/``Budgets`` and ``Report``. Everything else is inte
 
 from __future__ import annotations
 
-from .options import Budgets, Options
-from .report import Report
+from .base.options import Budgets, Options
+from .base.report import Report
 
 __version__ = "0.1.0"
 __all__ = ["optimize", "compile", "Options", "Budgets", "Report", "__version__"]

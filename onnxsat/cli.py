@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxsat.errors import BadInputError, OnnxsatError, one_line
-from onnxsat.options import PHASE_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.base.options import PHASE_NAMES, Budgets, Options, PhaseBudget
 
 if TYPE_CHECKING:
     import onnx
@@ -374,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rules_parser(sub)
     _add_calibrate_parser(sub)
-    from onnxsat.kernels.command import add_parser as add_compile_parser
+    from onnxsat.compile_command import add_parser as add_compile_parser
 
     add_compile_parser(sub)
     return parser
@@ -416,9 +416,9 @@ def _add_calibrate_parser(sub: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.extract.calibrate import calibrate, check_models
+    from onnxsat.base.modelio import check_output_path, load_model
+    from onnxsat.calibrate import calibrate, check_models
     from onnxsat.extract.profile import save_profile
-    from onnxsat.modelio import check_output_path, load_model
 
     out = check_output_path(args.output)
     models = {path: load_model(path) for path in args.check_model}
@@ -629,10 +629,11 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from onnxsat.modelio import (
+    from onnxsat.base.modelio import (
+        check_not_an_input,
         check_output_path,
         check_weights_not_overwritten,
-        load_model,
+        load_model_and_sources,
         save_model_atomic,
     )
 
@@ -650,7 +651,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
         _cost_model(options)
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
-    model = load_model(args.input, lazy_external_data=not options.measure)
+    model, sources = load_model_and_sources(args.input, lazy_external_data=not options.measure)
+    check_not_an_input(out_path, sources)
+    if report_path is not None:
+        check_not_an_input(report_path, sources, what="--report-json path")
     check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
 
@@ -778,7 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "calibrate":
             return _run_calibrate(args)
         if args.command == "compile":
-            from onnxsat.kernels.command import run as run_compile
+            from onnxsat.compile_command import run as run_compile
 
             return run_compile(args)
         return _run_optimize(args)

@@ -24,8 +24,8 @@ import onnx
 from onnxsat.latency import LatencyComparison, compare_models
 
 if TYPE_CHECKING:
-    from onnxsat.options import Options
-    from onnxsat.report import Report
+    from onnxsat.base.options import Options
+    from onnxsat.base.report import Report
 
 EXACT_FAMILY = "core"
 """Rules whose result equals the input exactly (up to float rounding of folded weights)."""
@@ -107,7 +107,7 @@ def keep_if_faster(
 
 def _why_not_runnable(model: onnx.ModelProto) -> str | None:
     """onnxruntime's one-line reason for refusing ``model``, or None when it builds a session."""
-    from onnxsat.errors import one_line
+    from onnxsat.base.errors import one_line
     from onnxsat.latency import ort_session
 
     try:

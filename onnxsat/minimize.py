@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import onnx
 from egglog import EggSmolError
 
-from onnxsat.options import Options
-from onnxsat.report import Report
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report
 
 if TYPE_CHECKING:
     from onnxsat.egraph.program import Program

@@ -12,19 +12,20 @@ from dataclasses import asdict
 import onnx
 from tqdm import tqdm
 
+from onnxsat.base.errors import OnnxsatError, VerificationError, one_line
+from onnxsat.base.modelio import check_model_full, serialized_size
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.importer import from_onnx
-from onnxsat.errors import OnnxsatError, VerificationError, one_line
+from onnxsat.egraph.warm import WarmEGraph, warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
 from onnxsat.extract.serialized import serialize
-from onnxsat.modelio import check_model_full, serialized_size
-from onnxsat.options import Options
-from onnxsat.report import Report, VerificationSummary
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
-from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, saturate, select_rules
+from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import VerificationResult
 
 
@@ -69,9 +70,15 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
     """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
+    key, declared = declarations(enabled, options.budgets)
+    with warm_egraph(key, declared) as warm:
+        return _rewrite_in(model, options, enabled, report, warm)
+
+
+def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, warm: WarmEGraph) -> onnx.ModelProto:
     progress = options.progress
     with _stage(report, "import", progress):
-        program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
+        program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
     report.opset = program.opset
     report.unknown_ops = dict(program.unknown_ops)
     report.opaque_reasons = dict(program.opaque_reasons)

@@ -21,9 +21,9 @@ from typing import Any
 
 import onnx
 
-from onnxsat.options import Options
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report
 from onnxsat.pipeline import optimize
-from onnxsat.report import Report
 
 __all__ = [
     "Run",

@@ -16,8 +16,9 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from onnxsat import latency, lazy_weights, modelio
-from onnxsat.errors import VerificationError, one_line
+from onnxsat import latency
+from onnxsat.base import lazy_weights, modelio
+from onnxsat.base.errors import VerificationError, one_line
 
 __all__ = [
     "OutputCheck",

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 from egglog import EggSmolError, Schedule, back_off, run
 
-from onnxsat.options import PHASE_NAMES, Budgets, PhaseBudget
-from onnxsat.report import IterationRecord, PhaseRecord, SaturationReport
+from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
+from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
@@ -262,6 +262,14 @@ def schedule_rulesets(enabled: list[str], budgets: Budgets) -> list[list[str]]:
         if names and names not in seen:
             seen.append(names)
     return seen
+
+
+def declarations(enabled: list[str], budgets: Budgets) -> tuple[tuple[str, ...], list[Schedule]]:
+    """What a run of the default schedule declares into its e-graph, and a key naming it: the
+    analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``)."""
+    phases = schedule_rulesets(enabled, budgets)
+    key = ("shapes", *("\n".join(names) for names in phases))
+    return key, [shape_rules.saturate(), *(rewrite_step(names, budgets) for names in phases)]
 
 
 def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: list[str]) -> tuple[IterationRecord, bool]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import onnx
 import pytest
 
+from onnxsat.base.options import Budgets
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.importer import from_onnx
@@ -30,7 +31,6 @@ from onnxsat.extract.greedy import (
 )
 from onnxsat.extract.ilp import extract_ilp
 from onnxsat.extract.serialized import ENode, Ref, SerializedEGraph, serialize
-from onnxsat.options import Budgets
 from onnxsat.rules.schedule import saturate, select_rules
 from onnxsat.verification import compare_models
 

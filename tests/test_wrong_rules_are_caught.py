@@ -11,8 +11,8 @@ from egglog import Vec, i64, vars_
 
 import onnxsat
 from onnxsat import pipeline
+from onnxsat.base.errors import VerificationError
 from onnxsat.egraph import lang as L
-from onnxsat.errors import VerificationError
 from onnxsat.rules.registry import RULES, rewrite_rule
 
 from .models import EXAMPLES

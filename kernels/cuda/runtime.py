@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxsat.errors import OnnxsatError
+from onnxsat.base.errors import OnnxsatError
 from onnxsat.lowering.kernel_ir import NUMPY_DTYPES
 from onnxsat.lowering.lower import LoweringError, lower, value_inputs
 from onnxsat.lowering.program import KernelProgram, step_buffers, step_writes

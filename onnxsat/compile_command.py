@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsat.errors import BadInputError, VerificationError
+from onnxsat.base.errors import BadInputError, VerificationError
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -78,15 +78,15 @@ def _pin(model: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsat.base.modelio import load_model
+    from onnxsat.base.options import Options
     from onnxsat.latency import compare_latency, ort_session
-    from onnxsat.modelio import load_model
-    from onnxsat.options import Options
     from onnxsat.verification import make_inputs
 
-    from .compiled import compile_model
+    from .kernels.compiled import compile_model
 
     if args.target == "cuda":
-        from .cuda.command import run_cuda
+        from .compile_cuda_command import run_cuda
 
         return run_cuda(args)
     if args.emit_ptx or args.emit_check:

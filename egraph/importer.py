@@ -67,6 +67,22 @@ def _type_info(tp: onnx.TypeProto, symbols: _Symbols) -> TensorInfo:
     return TensorInfo(tt.elem_type or None, dims)
 
 
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+_SMALL_CHECK_ELEMENTS = 1 << 20
+"""Weights up to this many elements are read to tell ``small_const`` (larger ones never are)."""
+
+
+def _small_magnitude(tensor: onnx.TensorProto) -> bool:
+    """Whether a float weight's values all lie within ``L.SMALL_MAGNITUDE`` (unread ones: no)."""
+    if tensor.data_type not in _FLOAT_TYPES or np.prod(tensor.dims) > _SMALL_CHECK_ELEMENTS:
+        return False
+    try:
+        values = tensor_array(tensor).astype(np.float64)
+    except Exception:  # external data not loaded, or a type numpy cannot hold
+        return False
+    return bool(np.all(np.abs(values) <= L.SMALL_MAGNITUDE))
+
+
 def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The value of a Constant node as a TensorProto (None for sparse values)."""
     attr = node.attribute[0] if node.attribute else None
@@ -190,6 +206,8 @@ class _Importer:
             return
         self.weights[name] = tensor
         self._bind(name, L.Tensor.weight(name), leaf=True)
+        if _small_magnitude(tensor):
+            self.actions.append(L.small_const(L.Tensor.weight(name)))
 
     def _tied_weight(self, name: str, tensor: onnx.TensorProto) -> str | None:
         """An earlier weight with the same type, dims and values, else None (this one is remembered)."""

@@ -652,6 +652,9 @@ shape_rules.append(rule(eq(t).to(L.Tensor.weight(str_a))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.splat(fa, va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.ints(va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.none())).then(L.is_const(t)))
+_small = (fa <= f64(L.SMALL_MAGNITUDE), fa >= f64(-L.SMALL_MAGNITUDE))
+shape_rules.append(rule(eq(t).to(L.Tensor.splat(fa, va, ia)), *_small).then(L.small_const(t)))
+shape_rules.append(rule(eq(t).to(L.neg(a)), L.small_const(a)).then(L.small_const(t)))
 
 _ATTR_SORTS: dict[str, type] = {"int": i64, "float": f64, "string": String, "ints": Vec[i64]}
 for _spec in OPS.values():

@@ -4,3 +4,5 @@
 setting of a run), ``modelio`` (loading, checking and saving ONNX files), ``lazy_weights``
 (initializers kept in their file until needed) and ``report`` (the records a run fills in).
 """
+
+__version__ = "0.1.0"

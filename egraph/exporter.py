@@ -15,8 +15,7 @@ from onnx import helper, numpy_helper
 
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import model_shell
-from ..extract.greedy import ExtractedGraph
-from ..extract.serialized import ENode, Ref
+from .graph_types import ENode, ExtractedGraph, Ref
 from .ops import BY_CTOR
 from .ops.registry import ExportNode
 from .program import Program

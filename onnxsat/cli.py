@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
-from onnxsat.base.options import PHASE_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, PhaseBudget
 
 if TYPE_CHECKING:
     import onnx
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
-TARGETS = ("ort-cpu", "onnxsat-cpu", "h200")
 EXTRACTORS = ("greedy-dag", "tree", "ilp")
 
 EXIT_OK = 0
@@ -333,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugin_flags(sel)
     sel.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=TARGET_NAMES,
         default=_DEFAULT_OPTIONS.target,
         help="cost model the extractor minimizes: ort-cpu prices what onnxruntime runs (with its own"
         " fusions), onnxsat-cpu onnxsat's CPU kernels, h200 an NVIDIA H200 from published figures"
@@ -646,9 +645,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
             raise BadInputError("--report-json must not be the output model path")
 
     if options.cost_profile is not None:  # a bad profile fails now, not after saturation
-        from onnxsat.pipeline import _cost_model
+        from onnxsat.pipeline import cost_model
 
-        _cost_model(options)
+        cost_model(options)
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
     model, sources = load_model_and_sources(args.input, lazy_external_data=not options.measure)
@@ -684,17 +683,14 @@ def _run_optimize(args: argparse.Namespace) -> int:
 def _expand_rule_names(names: list[str]) -> list[str] | None:
     """Rule and family names -> rule names in table order (None: every rule)."""
     from onnxsat.rules import RULES
+    from onnxsat.rules.schedule import expand_rule_names
 
     if not names:
         return None
-    chosen: set[str] = set()
-    for name in names:
-        if name in RULES.families:
-            chosen.update(RULES.families[name])
-        elif name in RULES.egg_rules:
-            chosen.add(name)
-        else:
-            raise BadInputError(f"unknown rule or family '{name}' (see `onnxsat rules list`)")
+    try:
+        chosen = expand_rule_names(names)
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from exc
     return [n for n in RULES.names() if n in chosen]
 
 

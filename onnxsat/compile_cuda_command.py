@@ -24,7 +24,7 @@ from onnxsat.base.errors import BadInputError, VerificationError
 def run_cuda(args: argparse.Namespace) -> int:
     from onnxsat.base.modelio import load_model
     from onnxsat.base.options import Options
-    from onnxsat.compile_command import _pin, _shapes
+    from onnxsat.compile_command import parse_input_shapes, pin_input_shapes
     from onnxsat.verification import make_inputs
 
     from .kernels.cuda.plan import Launch
@@ -33,7 +33,7 @@ def run_cuda(args: argparse.Namespace) -> int:
     if args.emit_check and args.emit_ptx is None:
         raise BadInputError("--emit-check needs --emit-ptx DIR")
     target_machine(args.arch)  # a bad --arch fails before any work
-    original = _pin(load_model(args.input), _shapes(args.input_shape))
+    original = pin_input_shapes(load_model(args.input), parse_input_shapes(args.input_shape))
     feeds = make_inputs(original, seed=0)
     if args.emit_ptx is None:
         return _run_on_gpu(args, original, feeds)
@@ -119,7 +119,7 @@ def _run_on_gpu(args: argparse.Namespace, model: Any, feeds: dict[str, np.ndarra
     from onnxsat.compile_command import ATOL, RTOL
     from onnxsat.latency import ort_session
 
-    from .kernels.cuda.runtime import compile_cuda
+    from .compiler import compile_cuda
 
     compiled = compile_cuda(model, Options(), optimize=not args.no_optimize)
     session = ort_session(model, level="all", threads=args.threads or 1)

@@ -70,10 +70,10 @@ def _fmt(c: dict[str, Any]) -> str:
 
 
 def _compare(original: onnx.ModelProto, candidate: onnx.ModelProto, options: Options) -> LatencyComparison:
-    from onnxsat.pipeline import _pinned_dims
+    from onnxsat.pipeline import pinned_dims
     from onnxsat.verification import make_inputs
 
-    feeds = make_inputs(original, seed=0, dim_values=_pinned_dims(original, options))
+    feeds = make_inputs(original, seed=0, dim_values=pinned_dims(original, options))
     return compare_models(
         original, candidate, feeds, threads=options.measure_threads, rounds=options.measure_rounds
     )

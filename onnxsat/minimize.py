@@ -22,10 +22,10 @@ if TYPE_CHECKING:
 
 
 def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
-    from onnxsat.pipeline import _rewrite, compare
+    from onnxsat.pipeline import compare, rewrite_model
 
     try:
-        optimized = _rewrite(original, options, rules, Report())
+        optimized = rewrite_model(original, options, rules, Report())
     except Exception:
         return True
     result, _ = compare(original, optimized, options)

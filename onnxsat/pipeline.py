@@ -18,10 +18,11 @@ from onnxsat.base.options import Options
 from onnxsat.base.report import Report, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ExtractedGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.egraph.warm import WarmEGraph, warm_egraph
 from onnxsat.extract.cost import CostModel
-from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
@@ -68,7 +69,7 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
-def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
+def rewrite_model(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
     """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
     key, declared = declarations(enabled, options.budgets)
     with warm_egraph(key, declared) as warm:
@@ -82,7 +83,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     report.opset = program.opset
     report.unknown_ops = dict(program.unknown_ops)
     report.opaque_reasons = dict(program.opaque_reasons)
-    cost = _cost_model(options)
+    cost = cost_model(options)
     with _stage(report, "cost-before", progress):
         before = serialize(program.egraph)
         roots = [before.roots[i] for i in range(len(program.outputs))]
@@ -108,7 +109,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     return folded
 
 
-def _cost_model(options: Options) -> CostModel:
+def cost_model(options: Options) -> CostModel:
     """The built-in profile of ``options.target``, or the calibrated ``options.cost_profile`` file."""
     from onnxsat.extract.profile import TARGETS, load_profile
 
@@ -192,7 +193,7 @@ def _verified_rewrite(model: onnx.ModelProto, options: Options, enabled: list[st
 def _attempt(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
     """One run with ``enabled`` rules: rewrite, check, verify (raising on an unsound rule or a mismatch)."""
     try:
-        optimized = _rewrite(model, options, enabled, report)
+        optimized = rewrite_model(model, options, enabled, report)
     except UnsoundRuleError as exc:
         from onnxsat.minimize import find_unsound_rules
 
@@ -256,7 +257,7 @@ def compare(original: onnx.ModelProto, optimized: onnx.ModelProto, options: Opti
     from onnxsat.regions import compare_by_regions
     from onnxsat.verification import compare_models
 
-    dims = _pinned_dims(original, options)
+    dims = pinned_dims(original, options)
     result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
     if result.skipped_reason:
         return compare_by_regions(original, optimized, seeds=options.verify_seeds), "regionwise"
@@ -302,7 +303,7 @@ def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[s
     return pins
 
 
-def _pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
+def pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
     """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
     dims: dict[str, int] = {}
     for vi in model.graph.input:

@@ -32,9 +32,9 @@ from onnxsat.base.errors import OnnxsatError
 from onnxsat.base.options import Options
 
 from ..egraph import lang as L
+from ..egraph.graph_types import CHOICE_OPS
 from ..egraph.ops import BY_CTOR, OPS, OpSpec, ctor_name
 from ..egraph.shapes import shape_rules
-from ..extract.serialized import CHOICE_OPS
 from .registry import RULES, RuleTable, rewrite_rule
 
 __all__ = [

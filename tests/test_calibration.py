@@ -29,9 +29,9 @@ from onnxsat.calibrate import (
     fit_class,
     samples,
 )
+from onnxsat.egraph.graph_types import ENode, Ref
 from onnxsat.extract.cost import OP_CLASSES, ClassConstants, NodeCtx, op_class
 from onnxsat.extract.profile import TARGETS, ProfileError, load_profile, save_profile
-from onnxsat.extract.serialized import ENode, Ref
 from onnxsat.latency import LatencyComparison
 
 from .models import EXAMPLES

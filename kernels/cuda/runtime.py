@@ -135,17 +135,3 @@ def _nearest_arch(device_arch: str) -> str:
     if not usable:
         raise CudaTargetError(f"GPU {device_arch} is older than the oldest supported target {ARCHS[0]}")
     return usable[-1]
-
-
-def compile_cuda(model: onnx.ModelProto, options: Any = None, *, optimize: bool = True) -> CudaModel:
-    """``onnxsat.compile(model, target="cuda")``: open the GPU first (a clear error without one),
-    then optimize (verified on onnxruntime) and return the ``CudaModel``."""
-    device = open_device()
-    report = None
-    if optimize:
-        from onnxsat.pipeline import optimize as run_optimize
-
-        model, report = run_optimize(model, options)
-    cm = CudaModel(model, device)
-    cm.optimize_report = report
-    return cm

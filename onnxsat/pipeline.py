@@ -143,8 +143,11 @@ def _extract(program, cost: CostModel, options: Options) -> ExtractedGraph:  # t
 def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[onnx.ModelProto, Report]:
     """Optimize a model; the result is checked against the original before it is returned.
 
-    Raises ``VerificationError`` (naming a minimal failing rule set) instead of returning a
-    model whose outputs differ from the original's.
+    A rule found unsound (conflicting shapes) or behind a verification failure is left out and
+    the run repeated (``Options.rule_retries`` times, then once without rewrites); the report
+    names the dropped rules. Raises ``VerificationError`` only when even the run without
+    rewrites cannot be verified. A result worse than the input (estimated cost, nodes, weight
+    bytes) is replaced by the input itself (``Report.kept_original`` says why).
     """
     options = options or Options()
     report = Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
@@ -159,6 +162,44 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     reference = _prepare_reference(model, options, report) if options.verify else None
     if isinstance(reference, str) and options.allow_unverified:
         report.warnings.append(f"the optimized model may not be checked: {reference}")
+    optimized = _verified_rewrite(model, options, enabled, report, reference)
+    if options.measure:
+        from onnxsat.measure import keep_if_faster
+
+        with _stage(report, "measure", options.progress):
+            optimized = keep_if_faster(model, optimized, options, report)
+    optimized = _never_worse(model, optimized, report)
+    report.nodes_after = _op_counts(optimized)
+    report.file_bytes_after = serialized_size(optimized)
+    return optimized, report
+
+
+def _verified_rewrite(
+    model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, reference: Reference | str | None
+) -> onnx.ModelProto:
+    """The best verified result: rules that break a run are dropped and the run repeated, within
+    ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    for attempt in range(options.rule_retries + 2):
+        last = attempt > options.rule_retries or not enabled
+        rules = [] if attempt > options.rule_retries else enabled
+        try:
+            return _attempt(model, options, rules, report, reference)
+        except (UnsoundRewriteError, VerificationError) as exc:
+            if last:
+                raise
+            named = exc.rules if isinstance(exc, UnsoundRewriteError) else exc.culprit_rules
+            culprits = [r for r in named if r in enabled] or list(enabled)
+            why = "unsound: two shapes for one tensor" if isinstance(exc, UnsoundRewriteError) else "verification failed"
+            report.dropped_rules.update({r: f"{why} ({one_line(exc, 200)})" for r in culprits})
+            report.warnings.append(f"rule(s) {', '.join(culprits)} left out and the run repeated: {one_line(exc, 200)}")
+            enabled = [r for r in enabled if r not in culprits]
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _attempt(
+    model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, reference: Reference | str | None
+) -> onnx.ModelProto:
+    """One run with ``enabled`` rules: rewrite, check, verify (raising on an unsound rule or a mismatch)."""
     try:
         optimized = rewrite_model(model, options, enabled, report)
     except UnsoundRuleError as exc:
@@ -176,14 +217,47 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         )
     else:
         report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
-    if options.measure:
-        from onnxsat.measure import keep_if_faster
+    return optimized
 
-        with _stage(report, "measure", options.progress):
-            optimized = keep_if_faster(model, optimized, options, report)
-    report.nodes_after = _op_counts(optimized)
-    report.file_bytes_after = serialized_size(optimized)
-    return optimized, report
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers and Constant tensors (from their dims and types)."""
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
+    total = 0
+    for tensor in tensors:
+        count = 1
+        for d in tensor.dims:
+            count *= int(d)
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            itemsize = 1
+        total += count * itemsize
+    return total
+
+
+def _never_worse(model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report) -> onnx.ModelProto:
+    """The input itself when the result is worse than it: a higher estimated cost, or more nodes
+    or weight bytes at no lower cost. Growth the cost model prices lower is kept, with a warning
+    that says so (a verified merge of parallel MatMuls adds a Split, a folded Expand adds bytes)."""
+    cheaper = report.cost_after < report.cost_before
+    growth = []
+    nodes_before, nodes_after = len(model.graph.node), len(optimized.graph.node)
+    if nodes_after > nodes_before:
+        growth.append(f"nodes {nodes_before} -> {nodes_after}")
+    bytes_before, bytes_after = weight_bytes(model), weight_bytes(optimized)
+    if bytes_after > bytes_before:
+        growth.append(f"weight bytes {bytes_before:,} -> {bytes_after:,}")
+    costs = f"estimated cost {report.cost_before:,.1f} -> {report.cost_after:,.1f} us"
+    if cheaper or (not growth and report.cost_after <= report.cost_before * (1 + 1e-9)):
+        if growth:
+            report.warnings.append(f"{', '.join(growth)}: kept because the cost model prices the result lower ({costs})")
+        return optimized
+    report.kept_original = "; ".join([costs, *growth])
+    report.warnings.append(f"the optimized model was not better than the input ({report.kept_original}): the input is returned")
+    report.cost_after = report.cost_before
+    return model
 
 
 def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report) -> Reference | str:

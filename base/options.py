@@ -91,6 +91,9 @@ class Options:
     """Allow folded constants to grow the file by more than max(1 MiB, 10%)."""
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
+    rule_retries: int = 2
+    """When a rewrite is found unsound or verification fails: how many reruns without the rules
+    found responsible, before the last resort, a run without rewrites (``onnxsat.pipeline``)."""
     progress: bool = False
     dump_dir: str | None = None
     """A folder each stage of the run writes its artefact to (``onnxsat/dump.py``); None: nothing written."""

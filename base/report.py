@@ -126,6 +126,10 @@ class Report:
     """Per-site rules (PET partial rules, and exact ones such as the sub-pixel ConvTranspose): each site
     found (rule, shapes, emitted/rejected/too-large, boxes, and whether the extracted program uses its
     mutant + correction)."""
+    dropped_rules: dict[str, str] = field(default_factory=dict)
+    """Rules a run left out after they made a rewrite unsound or verification fail -> why."""
+    kept_original: str = ""
+    """Why the input model was returned unchanged (the result was worse than it), else empty."""
     measured: dict[str, Any] | None = None
     """``--measure``: onnxruntime latency before/after (medians, 95% CI, verdict) and what shipped."""
 

@@ -84,13 +84,20 @@ class Session:
     context manager: the reused e-graph (``egraph.warm``) it imports into goes back on ``close``.
 
     ``rules``: the enabled rule names (default: chosen from ``options`` after loading plugins;
-    minimization passes subsets).
+    reruns and minimization pass others); ``report``: one to fill in (a rerun's is the first run's).
     """
 
-    def __init__(self, model: onnx.ModelProto, options: Options | None = None, *, rules: list[str] | None = None):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        options: Options | None = None,
+        *,
+        rules: list[str] | None = None,
+        report: Report | None = None,
+    ):
         self.model = model
         self.options = options = options or Options()
-        self.report = Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
+        self.report = report or Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
         if rules is None:
             self.report.pinned_dims = _pins_by_input(model, options)
             self.report.nodes_before = _op_counts(model)
@@ -110,6 +117,12 @@ class Session:
         """The ``saturate`` stage's report (None until it ran)."""
         self._saturated: SerializedEGraph | None = None
         self._held = ExitStack()
+
+    def with_rules(self, rules: list[str]) -> Session:
+        """A new session of the same model, options, report and reference with other rules (a rerun)."""
+        other = Session(self.model, self.options, rules=rules, report=self.report)
+        other.reference = self.reference
+        return other
 
     def __enter__(self) -> Session:
         return self
@@ -279,34 +292,105 @@ def cost_model(options: Options) -> CostModel:
 def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[onnx.ModelProto, Report]:
     """Optimize a model; the result is checked against the original before it is returned.
 
-    Raises ``VerificationError`` (naming a minimal failing rule set) instead of returning a
-    model whose outputs differ from the original's.
+    A rule found unsound (conflicting shapes) or behind a verification failure is left out and
+    the run repeated (``Options.rule_retries`` times, then once without rewrites); the report
+    names the dropped rules. Raises ``VerificationError`` only when even the run without
+    rewrites cannot be verified. A result worse than the input (estimated cost, nodes, weight
+    bytes) is replaced by the input itself (``Report.kept_original`` says why).
     """
     options = options or Options()
     session = Session(model, options)
     report = session.report
-    try:
-        if options.verify:
-            session.prepare_reference()
-        with session:
-            optimized = session.rewrite()
-    except UnsoundRuleError as exc:
-        from onnxsat.minimize import find_unsound_rules
-
-        culprits = find_unsound_rules(model, options, session.rules, exc.iteration)
-        raise UnsoundRewriteError(culprits, exc.detail) from exc
     if options.verify:
-        session.verify(optimized)
-    else:
-        report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
+        session.prepare_reference()
+    optimized = _verified_rewrite(session)
     if options.measure:
         from onnxsat.measure import keep_if_faster
 
         with _stage(report, "measure", options.progress):
             optimized = keep_if_faster(model, optimized, options, report)
+    optimized = _never_worse(model, optimized, report)
     report.nodes_after = _op_counts(optimized)
     report.file_bytes_after = serialized_size(optimized)
     return optimized, report
+
+
+def _verified_rewrite(session: Session) -> onnx.ModelProto:
+    """The best verified result: rules that break a run are dropped and the run repeated, within
+    ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    options, report, enabled = session.options, session.report, list(session.rules)
+    for attempt in range(options.rule_retries + 2):
+        last = attempt > options.rule_retries or not enabled
+        rules = [] if attempt > options.rule_retries else enabled
+        try:
+            return _attempt(session if attempt == 0 else session.with_rules(rules))
+        except (UnsoundRewriteError, VerificationError) as exc:
+            if last:
+                raise
+            named = exc.rules if isinstance(exc, UnsoundRewriteError) else exc.culprit_rules
+            culprits = [r for r in named if r in enabled] or list(enabled)
+            why = "unsound: two shapes for one tensor" if isinstance(exc, UnsoundRewriteError) else "verification failed"
+            report.dropped_rules.update({r: f"{why} ({one_line(exc, 200)})" for r in culprits})
+            report.warnings.append(f"rule(s) {', '.join(culprits)} left out and the run repeated: {one_line(exc, 200)}")
+            enabled = [r for r in enabled if r not in culprits]
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _attempt(session: Session) -> onnx.ModelProto:
+    """One run of the session's rules: rewrite, check, verify (raising on an unsound rule or a mismatch)."""
+    try:
+        with session:
+            optimized = session.rewrite()
+    except UnsoundRuleError as exc:
+        from onnxsat.minimize import find_unsound_rules
+
+        culprits = find_unsound_rules(session.model, session.options, session.rules, exc.iteration)
+        raise UnsoundRewriteError(culprits, exc.detail) from exc
+    if session.options.verify:
+        session.verify(optimized)
+    else:
+        session.report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
+    return optimized
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers and Constant tensors (from their dims and types)."""
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
+    total = 0
+    for tensor in tensors:
+        count = 1
+        for d in tensor.dims:
+            count *= int(d)
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            itemsize = 1
+        total += count * itemsize
+    return total
+
+
+def _never_worse(model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report) -> onnx.ModelProto:
+    """The input itself when the result is worse than it: a higher estimated cost, or more nodes
+    or weight bytes at no lower cost. Growth the cost model prices lower is kept, with a warning
+    that says so (a verified merge of parallel MatMuls adds a Split, a folded Expand adds bytes)."""
+    cheaper = report.cost_after < report.cost_before
+    growth = []
+    nodes_before, nodes_after = len(model.graph.node), len(optimized.graph.node)
+    if nodes_after > nodes_before:
+        growth.append(f"nodes {nodes_before} -> {nodes_after}")
+    bytes_before, bytes_after = weight_bytes(model), weight_bytes(optimized)
+    if bytes_after > bytes_before:
+        growth.append(f"weight bytes {bytes_before:,} -> {bytes_after:,}")
+    costs = f"estimated cost {report.cost_before:,.1f} -> {report.cost_after:,.1f} us"
+    if cheaper or (not growth and report.cost_after <= report.cost_before * (1 + 1e-9)):
+        if growth:
+            report.warnings.append(f"{', '.join(growth)}: kept because the cost model prices the result lower ({costs})")
+        return optimized
+    report.kept_original = "; ".join([costs, *growth])
+    report.warnings.append(f"the optimized model was not better than the input ({report.kept_original}): the input is returned")
+    report.cost_after = report.cost_before
+    return model
 
 
 def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report) -> Reference | str:

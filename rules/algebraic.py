@@ -39,8 +39,24 @@ _NOT_LOW_PRECISION = (ne(dt).to(i64(10)), ne(dt).to(i64(16)))
 _WIDE_FLOATS = (Vec(i64(1), i64(11)).contains(dt),)
 
 
+# Additive folds change how x is rounded, not only the constants: (x + 1e8) - 1e8 in float32
+# rounds x to a multiple of 8, x + (1e8 - 1e8) is x. On floats they need both constants small
+# (``small_const``: |values| <= 2**12, so x is rounded by at most 2**-12 more or less); integer
+# sums wrap exactly, so int32/int64 fold whatever the values.
+_SMALL_TERMS = (*_WIDE_FLOATS, L.small_const(a), L.small_const(b))
+_EXACT_INTS = {
+    name: (L.dtype(x) == i64(code), L.dtype(a) == i64(code), L.dtype(b) == i64(code))
+    for name, code in (("int64", 7), ("int32", 6))
+}
+
+
 def _const_fold(
-    name: str, inner: Op, outer: Op, rhs: L.Tensor, types: tuple[FactLike, ...] = _NOT_LOW_PRECISION
+    name: str,
+    inner: Op,
+    outer: Op,
+    rhs: L.Tensor,
+    types: tuple[FactLike, ...] = _NOT_LOW_PRECISION,
+    variant: str = "",
 ) -> None:
     """(x inner a) outer b => rhs. (``ne(inner).to(x)`` skips an inner op that an identity already
     merged with x, as in x == x + 0: folding it again would add a new constant term every iteration.)"""
@@ -55,20 +71,31 @@ def _const_fold(
         ne(inner(x, a)).to(x),
         L.dtype(x) == dt,
         *types,
+        variant=variant,
     )
 
 
-_const_fold("add-const-assoc", L.add, L.add, L.add(x, L.add(a, b)))  # (x+a)+b => x+(a+b)
+def _additive_fold(name: str, inner: Op, outer: Op, rhs: L.Tensor) -> None:
+    """An additive fold: on float32/float64 with small constants, on int32/int64 with any."""
+    _const_fold(name, inner, outer, rhs, _SMALL_TERMS, variant="float")
+    for _int, _pinned in _EXACT_INTS.items():
+        _const_fold(name, inner, outer, rhs, _pinned, variant=_int)
+
+
+_additive_fold("add-const-assoc", L.add, L.add, L.add(x, L.add(a, b)))  # (x+a)+b => x+(a+b)
 _const_fold("mul-const-assoc", L.mul, L.mul, L.mul(x, L.mul(a, b)))  # (x*a)*b => x*(a*b)
-_const_fold("sub-add-const", L.sub, L.add, L.add(x, L.sub(b, a)))  # (x-a)+b => x+(b-a)
-_const_fold("add-sub-const", L.add, L.sub, L.add(x, L.sub(a, b)))  # (x+a)-b => x+(a-b)
-_const_fold("sub-sub-const", L.sub, L.sub, L.sub(x, L.add(a, b)))  # (x-a)-b => x-(a+b)
+_additive_fold("sub-add-const", L.sub, L.add, L.add(x, L.sub(b, a)))  # (x-a)+b => x+(b-a)
+_additive_fold("add-sub-const", L.add, L.sub, L.add(x, L.sub(a, b)))  # (x+a)-b => x+(a-b)
+_additive_fold("sub-sub-const", L.sub, L.sub, L.sub(x, L.add(a, b)))  # (x-a)-b => x-(a+b)
 _const_fold("div-mul-const", L.div, L.mul, L.mul(x, L.div(b, a)), _WIDE_FLOATS)  # (x/a)*b => x*(b/a)
 _const_fold("mul-div-const", L.mul, L.div, L.mul(x, L.div(a, b)), _WIDE_FLOATS)  # (x*a)/b => x*(a/b)
 _const_fold("div-div-const", L.div, L.div, L.div(x, L.mul(a, b)), _WIDE_FLOATS)  # (x/a)/b => x/(a*b)
 # (x+a)*b => x*b + a*b (TASO's distributivity, towards the affine form x*s + t every chain of
 # constant scales and shifts folds into).
-_const_fold("mul-add-const-distribute", L.add, L.mul, L.add(L.mul(x, b), L.mul(a, b)))
+# (x + a rounds x like the additive folds: small constants on floats.)
+_const_fold("mul-add-const-distribute", L.add, L.mul, L.add(L.mul(x, b), L.mul(a, b)), _SMALL_TERMS, variant="float")
+for _int, _pinned in _EXACT_INTS.items():
+    _const_fold("mul-add-const-distribute", L.add, L.mul, L.add(L.mul(x, b), L.mul(a, b)), _pinned, variant=_int)
 # x - c => x + (-c) (exact) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above
 # apply (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
 _add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a), L.varies(x))

@@ -153,6 +153,8 @@ def _run_round(
                     set_(L.shape(node)).to(L.ivec(list(leaf.shape))),
                     set_(L.dtype(node)).to(i64(leaf.dtype)),
                 ]
+                if leaf.weight:  # sampled values (normal * 4, ints within 100) are far below its bound
+                    actions.append(L.small_const(node))
             for k, name in enumerate(inst.marker_leaves()):
                 actions.append(union(L.tensor_ref(index * 64 + k)).with_(leaf_exprs[name]))
             for root in inst.roots:

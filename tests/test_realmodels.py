@@ -46,7 +46,13 @@ KNOWN_OPEN: dict[str, str] = {
 }
 """Corpus models onnxsat fails on today: name -> what goes wrong. Delete an entry when fixed."""
 
-SLOW = {"swin_t-ts-static", "bert-ts-dynamic", "shufflenet_v2_x1_0-ts-static", "bert-dynamo-dynamic", "bert-ts-static-fp16"}
+SLOW = {
+    "swin_t-ts-static",
+    "bert-ts-dynamic",
+    "shufflenet_v2_x1_0-ts-static",
+    "bert-dynamo-dynamic",
+    "bert-ts-static-fp16",
+}
 """The heaviest cases (largest graphs, or a refusal's rule search): marked slow."""
 
 OPTIONS = Options(minimize_seconds=10.0)
@@ -93,7 +99,9 @@ def test_realmodel_optimizes_exactly(name: str) -> None:
         optimized, report = onnxsat.optimize(original, OPTIONS)
     except OnnxsatError as err:  # exit-3 refusals and every other reported failure
         pytest.fail(f"onnxsat refused {name} (exit {err.exit_code}): {err}")
-    assert report.verification is not None and report.verification.status in ("passed", "regionwise"), report.verification
+    assert report.verification is not None and report.verification.status in ("passed", "regionwise"), (
+        report.verification
+    )
     onnx.checker.check_model(optimized, full_check=True)
 
     feeds = feeds_for(record["inputs"], seed=CHECK_SEED)

@@ -79,7 +79,8 @@ def build_torchvision(config: dict[str, Any]) -> Any:
     if builder == "ConvNeXt":
         ch, depths = c["channels"], c["depths"]
         setting = [
-            convnext.CNBlockConfig(ch[i], ch[i + 1] if i + 1 < len(ch) else None, depths[i]) for i in range(len(ch))
+            convnext.CNBlockConfig(ch[i], ch[i + 1] if i + 1 < len(ch) else None, depths[i])
+            for i in range(len(ch))
         ]
         return convnext.ConvNeXt(setting, stochastic_depth_prob=0.0, num_classes=classes)
     if builder == "ShuffleNetV2":
@@ -103,7 +104,9 @@ def build_transformers(arch: dict[str, Any], size: str) -> tuple[Any, Any]:
     return getattr(transformers, arch["class"])(config), config
 
 
-def wrap(entry: dict[str, Any], arch: dict[str, Any], size: str, defaults: dict[str, Any]) -> tuple[Any, tuple, list, list, dict]:
+def wrap(
+    entry: dict[str, Any], arch: dict[str, Any], size: str, defaults: dict[str, Any]
+) -> tuple[Any, tuple, list, list, dict]:
     """(module, example args, input specs, output names, dynamic axes) for one manifest entry."""
     dynamic = entry["shapes"] == "dynamic"
     batch = defaults["dynamic_example_batch"] if dynamic else defaults["batch"]
@@ -114,9 +117,16 @@ def wrap(entry: dict[str, Any], arch: dict[str, Any], size: str, defaults: dict[
         if config["builder"] == "VisionTransformer":
             config["image_size"] = image
         module = build_torchvision(config)
-        specs = [{"name": "pixel_values", "dtype": "float32", "shape": [batch, 3, image, image], "values": "normal"}]
+        specs = [
+            {
+                "name": "pixel_values",
+                "dtype": "float32",
+                "shape": [batch, 3, image, image],
+                "values": "normal",
+            }
+        ]
         axes = {"pixel_values": {0: "batch"}, "logits": {0: "batch"}} if dynamic else {}
-        return _Plain(module), _example(specs), specs, ["logits"], axes
+        return module.eval(), _example(specs), specs, ["logits"], axes
     model, config = build_transformers(arch, size)
     vocab = getattr(config, "vocab_size", None)
     cls = arch["class"]
@@ -126,28 +136,56 @@ def wrap(entry: dict[str, Any], arch: dict[str, Any], size: str, defaults: dict[
     if entry["step"] == "decode":
         return _decode_step(model, config, batch, defaults["past_sequence"], dynamic)
     if cls == "BertModel":
-        types = {"name": "token_type_ids", "dtype": "int64", "shape": [batch, seq], "values": "ids", "high": config.type_vocab_size}
+        types = {
+            "name": "token_type_ids",
+            "dtype": "int64",
+            "shape": [batch, seq],
+            "values": "ids",
+            "high": config.type_vocab_size,
+        }
         specs, outputs = [ids, mask, types], ["last_hidden_state", "pooler_output"]
-        axes = {"input_ids": bs, "attention_mask": bs, "token_type_ids": bs, "last_hidden_state": bs, "pooler_output": {0: "batch"}}
+        axes = {
+            "input_ids": bs,
+            "attention_mask": bs,
+            "token_type_ids": bs,
+            "last_hidden_state": bs,
+            "pooler_output": {0: "batch"},
+        }
     elif cls == "WhisperEncoder":
         frames = 2 * config.max_source_positions
-        specs = [{"name": "input_features", "dtype": "float32", "shape": [batch, config.num_mel_bins, frames], "values": "normal"}]
-        outputs, axes = ["last_hidden_state"], {"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}}
+        specs = [
+            {
+                "name": "input_features",
+                "dtype": "float32",
+                "shape": [batch, config.num_mel_bins, frames],
+                "values": "normal",
+            }
+        ]
+        outputs, axes = (
+            ["last_hidden_state"],
+            {"input_features": {0: "batch"}, "last_hidden_state": {0: "batch"}},
+        )
     else:
         specs = [ids, mask]
-        outputs = ["logits"] if cls.endswith("ForCausalLM") or cls.endswith("LMHeadModel") else ["last_hidden_state"]
+        outputs = (
+            ["logits"]
+            if cls.endswith("ForCausalLM") or cls.endswith("LMHeadModel")
+            else ["last_hidden_state"]
+        )
         axes = {"input_ids": bs, "attention_mask": bs, outputs[0]: bs}
-    return _Named(model, [s["name"] for s in specs], outputs[0] if len(outputs) == 1 else None), _example(specs), specs, outputs, (axes if dynamic else {})
+    return (
+        _Named(model, [s["name"] for s in specs], outputs[0] if len(outputs) == 1 else None),
+        _example(specs),
+        specs,
+        outputs,
+        (axes if dynamic else {}),
+    )
 
 
 def _example(specs: list[dict[str, Any]]) -> tuple:
     import torch
 
     return tuple(torch.from_numpy(v) for v in feeds_for(specs, seed=0).values())
-
-
-def _Plain(module: Any) -> Any:
-    return module.eval()
 
 
 def _Named(model: Any, input_names: list[str], single: str | None) -> Any:
@@ -171,7 +209,9 @@ def _Named(model: Any, input_names: list[str], single: str | None) -> Any:
     return Named().eval()
 
 
-def _decode_step(model: Any, config: Any, batch: int, past: int, dynamic: bool) -> tuple[Any, tuple, list, list, dict]:
+def _decode_step(
+    model: Any, config: Any, batch: int, past: int, dynamic: bool
+) -> tuple[Any, tuple, list, list, dict]:
     """One new token with past keys/values per layer in, logits and present keys/values out."""
     import torch
     from transformers import DynamicCache
@@ -180,12 +220,25 @@ def _decode_step(model: Any, config: Any, batch: int, past: int, dynamic: bool) 
     kv_heads = config.num_key_value_heads
     head_dim = config.hidden_size // config.num_attention_heads
     specs: list[dict[str, Any]] = [
-        {"name": "input_ids", "dtype": "int64", "shape": [batch, 1], "values": "ids", "high": config.vocab_size},
+        {
+            "name": "input_ids",
+            "dtype": "int64",
+            "shape": [batch, 1],
+            "values": "ids",
+            "high": config.vocab_size,
+        },
         {"name": "attention_mask", "dtype": "int64", "shape": [batch, past + 1], "values": "ones"},
     ]
     for i in range(layers):
         for kind in ("key", "value"):
-            specs.append({"name": f"past_{kind}_{i}", "dtype": "float32", "shape": [batch, kv_heads, past, head_dim], "values": "normal"})
+            specs.append(
+                {
+                    "name": f"past_{kind}_{i}",
+                    "dtype": "float32",
+                    "shape": [batch, kv_heads, past, head_dim],
+                    "values": "normal",
+                }
+            )
     outputs = ["logits"] + [f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
 
     class DecodeStep(torch.nn.Module):
@@ -212,7 +265,11 @@ def _decode_step(model: Any, config: Any, batch: int, past: int, dynamic: bool) 
 
     axes: dict[str, dict[int, str]] = {}
     if dynamic:
-        axes = {"input_ids": {0: "batch"}, "attention_mask": {0: "batch", 1: "total_sequence"}, "logits": {0: "batch"}}
+        axes = {
+            "input_ids": {0: "batch"},
+            "attention_mask": {0: "batch", 1: "total_sequence"},
+            "logits": {0: "batch"},
+        }
         for i in range(layers):
             for kind in ("key", "value"):
                 axes[f"past_{kind}_{i}"] = {0: "batch", 2: "past_sequence"}
@@ -224,7 +281,16 @@ def _decode_step(model: Any, config: Any, batch: int, past: int, dynamic: bool) 
 # Export, randomize, transform, check
 
 
-def export_torch(module: Any, args: tuple, path: Path, exporter: str, inputs: list[str], outputs: list[str], axes: dict, opset: int) -> None:
+def export_torch(
+    module: Any,
+    args: tuple,
+    path: Path,
+    exporter: str,
+    inputs: list[str],
+    outputs: list[str],
+    axes: dict,
+    opset: int,
+) -> None:
     import torch
 
     with torch.no_grad():
@@ -233,13 +299,26 @@ def export_torch(module: Any, args: tuple, path: Path, exporter: str, inputs: li
             # vit_b_16) has no TorchScript symbolic: export the composite ops it stands for.
             torch.backends.mha.set_fastpath_enabled(False)
             torch.onnx.export(
-                module, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
-                output_names=outputs, dynamic_axes=axes or None, do_constant_folding=True,
+                module,
+                args,
+                str(path),
+                dynamo=False,
+                opset_version=opset,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes=axes or None,
+                do_constant_folding=True,
             )
         else:
             torch.onnx.export(
-                module, args, str(path), dynamo=True, input_names=inputs, output_names=outputs,
-                dynamic_shapes=_dynamic_shapes(module, inputs, axes), external_data=False,
+                module,
+                args,
+                str(path),
+                dynamo=True,
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_shapes=_dynamic_shapes(module, inputs, axes),
+                external_data=False,
             )
 
 
@@ -323,8 +402,13 @@ def to_qdq(model: onnx.ModelProto, specs: list[dict[str, Any]], seed: int, work:
     src, dst = work / "float.onnx", work / "qdq.onnx"
     onnx.save(model, src)
     quantize_static(
-        str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+        str(src),
+        str(dst),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
     )
     return onnx.load(dst)
 
@@ -340,13 +424,16 @@ def check_finite(path: Path, specs: list[dict[str, Any]], seed: int) -> None:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for name, value in zip([o.name for o in session.get_outputs()], session.run(None, feeds_for(specs, seed)), strict=True):
+    for name, value in zip(
+        [o.name for o in session.get_outputs()], session.run(None, feeds_for(specs, seed)), strict=True
+    ):
         if not np.all(np.isfinite(value)):
             raise RuntimeError(f"output {name} is not finite on onnxruntime")
 
 
 def graph_shapes(model: onnx.ModelProto) -> dict[str, list]:
     """Each graph input's and output's dims as exported (ints or symbolic names)."""
+
     def dims(vi: onnx.ValueInfoProto) -> list:
         return [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
 
@@ -381,12 +468,23 @@ def export_one(entry: dict[str, Any], manifest: dict[str, Any], size: str, out: 
     kind = arch["kind"] if entry["step"] == "forward" else "decode-step"
     print(f"{entry['name']}: exported in {time.perf_counter() - start:.1f} s", flush=True)
     return {
-        "name": entry["name"], "file": path.name, "architecture": entry["architecture"], "source": arch["source"],
-        "kind": entry["transform"] or kind, "exporter": entry["exporter"], "shapes": entry["shapes"], "step": entry["step"],
-        "size": size, "seed": entry["seed"], "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-        "nodes": len(model.graph.node), "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        "name": entry["name"],
+        "file": path.name,
+        "architecture": entry["architecture"],
+        "source": arch["source"],
+        "kind": entry["transform"] or kind,
+        "exporter": entry["exporter"],
+        "shapes": entry["shapes"],
+        "step": entry["step"],
+        "size": size,
+        "seed": entry["seed"],
+        "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        "nodes": len(model.graph.node),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
         "randomized_tensors": randomized,
-        "graph_shapes": graph_shapes(model), "inputs": specs,
+        "graph_shapes": graph_shapes(model),
+        "inputs": specs,
     }
 
 
@@ -410,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     index_path = args.out / "INDEX.json"
     index: dict[str, Any] = json.loads(index_path.read_text()) if index_path.exists() else {}
     # --only picks models by name at either size; without it, the models listed for that size.
-    entries = [e for e in manifest["models"] if (e["name"] in args.only if args.only else args.size in e["sizes"])]
+    entries = [
+        e for e in manifest["models"] if (e["name"] in args.only if args.only else args.size in e["sizes"])
+    ]
     unknown = set(args.only or ()) - {e["name"] for e in manifest["models"]}
     if unknown:
         parser.error(f"not in the manifest: {', '.join(sorted(unknown))}")
@@ -423,7 +523,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # one model's failure must not stop the others
             failures += 1
             reason = _one_line(exc)
-            record = {"name": entry["name"], "exporter": entry["exporter"], "shapes": entry["shapes"], "error": reason}
+            record = {
+                "name": entry["name"],
+                "exporter": entry["exporter"],
+                "shapes": entry["shapes"],
+                "error": reason,
+            }
             print(f"{entry['name']}: FAILED {reason}", flush=True)
         if "file" in record and not args.out.resolve().is_relative_to(ROOT):
             record["path"] = str((args.out / record["file"]).resolve())  # corpora shared outside the repo

@@ -40,7 +40,10 @@ def run_tool(tool: str, src: Path, peers_python: str, timeout: float) -> dict:
         start = time.perf_counter()
         try:
             done = subprocess.run(
-                _command(tool, src, dst, peers_python), capture_output=True, text=True, timeout=timeout,
+                _command(tool, src, dst, peers_python),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
             )
         except subprocess.TimeoutExpired:
@@ -67,26 +70,36 @@ def write_table(index: dict, results: dict, out: Path, header: str) -> None:
     ]
     for name, record in sorted(index.items()):
         if "error" in record:
-            rows.append(f"| {name} | | {record['exporter']} | {record['shapes']} | export failed: {record['error'][:120]} | | | |")
+            rows.append(
+                f"| {name} | | {record['exporter']} | {record['shapes']} | export failed: {record['error'][:120]} | | | |"
+            )
             continue
         cells = [_cell(results[name][t]) if t in results.get(name, {}) else "" for t in TOOLS]
         rows.append(
-            f"| {name} | {record['kind']} | {record['exporter']} | {record['shapes']} | {record['nodes']:,} | " + " | ".join(cells) + " |"
+            f"| {name} | {record['kind']} | {record['exporter']} | {record['shapes']} | {record['nodes']:,} | "
+            + " | ".join(cells)
+            + " |"
         )
     notes = []
     for name in sorted(results):
         for tool in TOOLS:
             result = results[name].get(tool, {})
             if "exit" in result:
-                notes.append(f"- {name}, {tool}: exit {result['exit']} after {result['seconds']} s: `{result['message']}`")
+                notes.append(
+                    f"- {name}, {tool}: exit {result['exit']} after {result['seconds']} s: `{result['message']}`"
+                )
             elif "timeout" in result:
                 notes.append(f"- {name}, {tool}: stopped after {result['timeout']:.0f} s")
-    out.write_text(header + "\n".join(rows) + "\n\n" + ("Failures:\n\n" + "\n".join(notes) + "\n" if notes else ""))
+    out.write_text(
+        header + "\n".join(rows) + "\n\n" + ("Failures:\n\n" + "\n".join(notes) + "\n" if notes else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, required=True, help="directory with INDEX.json and the exports")
+    parser.add_argument(
+        "--corpus", type=Path, required=True, help="directory with INDEX.json and the exports"
+    )
     parser.add_argument("--peers-python", required=True, help="python that has onnxslim and onnxsim")
     parser.add_argument("--out", type=Path, required=True, help="markdown table to write")
     parser.add_argument("--results", type=Path, help="JSON of raw results, kept between runs (resume)")

@@ -120,6 +120,8 @@ class Report:
     unknown_ops: dict[str, int] = field(default_factory=dict)
     opaque_reasons: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    plugins: list[str] = field(default_factory=list)
+    """Every rule plugin loaded (entry points and --rules files): their code ran in this process."""
     pinned_dims: dict[str, dict[str, int]] = field(default_factory=dict)
     """``--input-shape``: per input, the dims that were not fixed in the model (symbol or "dim K") -> value."""
     partial: list[dict[str, Any]] = field(default_factory=list)
@@ -207,6 +209,8 @@ class Report:
                 for name, dims in self.pinned_dims.items()
             )
             lines.append(f"  pinned dims      {pins} (the output is specialized to these sizes)")
+        if self.plugins:
+            lines.append("  plugins          " + "; ".join(self.plugins))
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         return "\n".join(lines)

@@ -477,6 +477,12 @@ def _add_plugin_flags(group: Any) -> None:
         " before use, see docs/plugins.md",
     )
     group.add_argument(
+        "--no-plugins",
+        action="store_true",
+        help="do not load the installed plugins of the onnxsat.rules entry-point group (their code runs"
+        " on every invocation otherwise; the report lists each one loaded)",
+    )
+    group.add_argument(
         "--strict-plugins",
         action="store_true",
         help="fail (exit 2) when a plugin does not load or a plugin rule fails verification,"
@@ -548,6 +554,14 @@ def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def _existing_files(paths: Sequence[str]) -> list[str]:
+    """``--rules`` files, each of which must exist (an error even under --quiet, before any work)."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise BadInputError(f"--rules {path}: no such file")
+    return list(paths)
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     """Map parsed ``optimize`` flags onto ``Options``; flags not given keep the dataclass defaults."""
     budget_changes: dict[str, Any] = {}
@@ -577,7 +591,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
         enable_rules=_flatten(args.enable_rules),
-        rule_files=tuple(args.rule_files),
+        rule_files=tuple(_existing_files(args.rule_files)),
+        entry_point_plugins=not args.no_plugins,
         strict_plugins=args.strict_plugins,
         plugin_cache_dir=_plugin_cache_dir(),
         target=args.target,
@@ -637,7 +652,10 @@ def _check_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
 
 def _write_text_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same directory and ``os.replace``: never a half-written report."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from onnxsat.base import disk_cache
+
+    disk_cache.sweep_temps(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=disk_cache.temp_name_prefix(path.name), suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -705,7 +723,11 @@ def _run_optimize(args: argparse.Namespace) -> int:
     from onnxsat.rules.plugins import PluginWarning
 
     warnings.simplefilter("ignore", PluginWarning)  # the report lists them
-    optimized, report = optimize(model, options)
+    # numpy's RuntimeWarnings (overflow, invalid value) from folding and onnx.reference say nothing
+    # the user can act on; verification judges the values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        optimized, report = optimize(model, options)
     if report.verification.status == "failed":
         # The pipeline raises VerificationError; this guards against a report that only records it.
         detail = f" ({report.verification.detail})" if report.verification.detail else ""
@@ -716,6 +738,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if report_path is not None:
         _write_text_atomic(report_path, report.to_json() + "\n")
 
+    if args.quiet:  # what changed the written model (a plugin rule left out, ...) still shows
+        for text in report.warnings:
+            print(f"{PROG}: warning: {text}", file=sys.stderr)
     if args.json:
         print(report.to_json())
     elif not args.quiet:
@@ -752,7 +777,12 @@ def _run_rules(args: argparse.Namespace) -> int:
         args.rules_parser.print_help(sys.stderr)
         return EXIT_USAGE
     warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
-    loads = ensure_plugins(args.rule_files, strict=args.strict_plugins, cache_dir=_plugin_cache_dir())
+    loads = ensure_plugins(
+        _existing_files(args.rule_files),
+        entry_points=not args.no_plugins,
+        strict=args.strict_plugins,
+        cache_dir=_plugin_cache_dir(),
+    )
     for text in (t for load in loads for t in load.messages()):
         print(f"{PROG}: warning: {text}", file=sys.stderr)
     if args.rules_command == "verify":

@@ -13,7 +13,7 @@ import onnx
 from tqdm import tqdm
 
 from onnxsat import dump
-from onnxsat.base.errors import OnnxsatError, UnverifiableError, VerificationError, one_line
+from onnxsat.base.errors import BadInputError, OnnxsatError, UnverifiableError, VerificationError, one_line
 from onnxsat.base.modelio import check_model_full, serialized_size
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
@@ -27,7 +27,7 @@ from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
-from onnxsat.rules.plugins import load_plugins
+from onnxsat.rules.plugins import load_plugins, loaded_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
@@ -54,18 +54,35 @@ _BAR = "{desc} {bar:24} {n_fmt}/{total_fmt} [{elapsed}]{postfix}"
 
 @contextmanager
 def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterator[Callable[[], None]]:
-    """Time a stage into the report; with ``progress``, show a bar for it on stderr.
+    """Time a stage into the report; with ``progress``, show a bar for it on stderr when stderr is
+    a terminal, else one plain line when the stage ends (no carriage-return frames in a log).
 
     Yields a ``step()`` callback for stages with several steps (saturation iterations).
     """
-    bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if progress else None
+    terminal = progress and sys.stderr.isatty()
+    bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if terminal else None
     start = time.perf_counter()
     yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
     report.stage_seconds[name] = round(time.perf_counter() - start, 4)
+    if progress and bar is None:
+        print(f"onnxsat {name:<11} {report.stage_seconds[name]:.2f}s", file=sys.stderr, flush=True)
     if bar is not None:
         bar.n = bar.total
         bar.set_postfix_str(f"{report.stage_seconds[name]:.2f}s")
         bar.close()
+
+
+def _check_output(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+    """onnx.checker (full) on the result; when it fails, a failing original is bad input (exit 2:
+    models given to the API are not checked on load), a passing one an internal error naming it."""
+    try:
+        check_model_full(optimized)
+    except Exception as exc:
+        try:
+            check_model_full(original)
+        except Exception as original_exc:
+            raise BadInputError(f"the input model fails onnx.checker: {one_line(original_exc)}") from exc
+        raise OnnxsatError(f"the optimized model fails onnx.checker (the input passes): {one_line(exc)}") from exc
 
 
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -102,6 +119,7 @@ class Session:
             self.report.pinned_dims = _pins_by_input(model, options)
             self.report.nodes_before = _op_counts(model)
             self.report.warnings.extend(load_plugins(options))
+            self.report.plugins = loaded_plugins(options)
             try:
                 rules = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
                 check_phase_budgets(options.budgets)
@@ -248,7 +266,7 @@ class Session:
             exported = to_onnx(self.program, graph, allow_contrib_ops=options.allow_contrib_ops)
             folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
         with self._stage("check"):
-            check_model_full(folded)
+            _check_output(self.model, folded)
         dump.exported(self, folded)
         return folded
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +26,7 @@ from typing import Any, Literal
 from egglog import RewriteOrRule, Ruleset, String, Vec, eq, f64, i64, rule, set_, var
 from egglog.declarations import BiRewriteDecl, EqDecl, RewriteDecl, RuleDecl, UnboundVarDecl, UnionDecl
 
+from onnxsat.base import disk_cache
 from onnxsat.base.errors import OnnxsatError
 from onnxsat.base.options import Options
 
@@ -415,28 +414,30 @@ def _verify(table: RuleTable, names: list[str], cache_dir: str | Path | None) ->
 
 
 def _read_cache(cache_dir: str | Path | None) -> dict[str, Any]:
-    if cache_dir is None:
-        return {}
-    try:
-        data = json.loads((Path(cache_dir) / CACHE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """Verdicts from the cache file (checksummed JSON in a private directory; never unpickled)."""
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    raw = disk_cache.read(directory / CACHE_FILE) if directory is not None else None
+    if raw is None:
         return {}  # missing or damaged: verify again
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return {}
     return data if isinstance(data, dict) else {}
 
 
 def _write_cache(cache_dir: str | Path | None, cache: dict[str, Any]) -> None:
     """Atomic write; a cache that cannot be written only costs a re-verification next time."""
-    if cache_dir is None:
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    if directory is None:
         return
-    directory = Path(cache_dir)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{CACHE_FILE}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(cache, f, sort_keys=True, default=str)
-        os.replace(tmp, directory / CACHE_FILE)
-    except (OSError, ValueError, TypeError) as exc:
+        payload = json.dumps(cache, sort_keys=True, default=str).encode("utf-8")
+    except (ValueError, TypeError) as exc:
         warnings.warn(f"plugin verification cache not written: {exc}", stacklevel=3)
+        return
+    if not disk_cache.write(directory / CACHE_FILE, payload):
+        warnings.warn(f"plugin verification cache not written to {directory}", stacklevel=3)
 
 
 # ---------------------------------------------------------------- entry points and files
@@ -467,6 +468,8 @@ def ensure_plugins(
         loads.extend(_ENTRY_POINT_LOADS)
     for file in files:
         path = Path(file)
+        if not path.is_file():  # named by the user: an error even when other problems are warnings
+            raise PluginError(f"--rules {file}: no such file")
 
         def get(path: Path = path) -> Any:
             module = _module_from_file(path)
@@ -497,6 +500,22 @@ def _reset_entry_points() -> None:
     for load in _ENTRY_POINT_LOADS or []:
         unload_plugin(load)
     _ENTRY_POINT_LOADS = None
+
+
+def loaded_plugins(options: Options) -> list[str]:
+    """One line per plugin ``options`` loads (code that ran in this process), for the report."""
+    loads = ensure_plugins(
+        options.rule_files,
+        entry_points=options.entry_point_plugins,
+        strict=False,
+        cache_dir=options.plugin_cache_dir,
+    )
+    lines = []
+    for load in loads:
+        name = load.plugin.name if load.plugin is not None else "?"
+        state = f"not loaded: {load.error}" if load.error else f"{len(load.accepted)} rule(s)"
+        lines.append(f"{name} ({load.source}): {state}")
+    return lines
 
 
 def load_plugins(options: Options) -> list[str]:

@@ -87,7 +87,8 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
     with _stage(report, "cost-before", progress):
         before = serialize(program.egraph)
         roots = [before.roots[i] for i in range(len(program.outputs))]
-        report.cost_before = extract_greedy(before, cost, roots).cost
+        original = extract_greedy(before, cost, roots)
+        report.cost_before = original.cost
     partial: list[PartialRecord] = []
     on_sites = site_rules(enabled, before)  # per-site rules (PET-verified), only where their ops occur
     if on_sites:
@@ -97,6 +98,13 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
         report.saturation = saturate(program, options.budgets, enabled, on_iteration=lambda _: step())
     with _stage(report, "extract", progress):
         graph = _extract(program, cost, options)
+    if graph.cost > original.cost:
+        # The saturated e-graph still holds the original program, so an extraction dearer than it
+        # is a miss of the extractor (greedy choices are local): the original's is kept instead.
+        report.warnings.append(
+            f"extraction found {graph.cost:,.1f} us, above the input's {original.cost:,.1f} us: the input's program is kept"
+        )
+        graph = original
     report.cost_after = graph.cost
     if partial:
         mark_used(partial, graph.choice(), graph.origins)

@@ -134,6 +134,8 @@ class Session:
         self.saturation: SaturationReport | None = None
         """The ``saturate`` stage's report (None until it ran)."""
         self._saturated: SerializedEGraph | None = None
+        self.original: ExtractedGraph | None = None
+        """The imported program's own extraction (``saturate`` prices it before rewriting)."""
         self._held = ExitStack()
 
     def with_rules(self, rules: list[str]) -> Session:
@@ -188,7 +190,8 @@ class Session:
         with self._stage("cost-before"):
             before = serialize(program.egraph)
             roots = [before.roots[i] for i in range(len(program.outputs))]
-            report.cost_before = extract_greedy(before, cost, roots).cost
+            self.original = extract_greedy(before, cost, roots)
+            report.cost_before = self.original.cost
         on_sites = site_rules(self.rules, before)  # per-site rules (PET-verified), only where their ops occur
         if on_sites:
             with self._stage("partial"):
@@ -287,7 +290,17 @@ class Session:
         """load, saturate, extract and export: the optimized model, not verified."""
         self.load()
         self.saturate()
-        return self.export(self.extract())
+        graph = self.extract()
+        if self.original is not None and graph.cost > self.original.cost:
+            # The saturated e-graph still holds the original program, so an extraction dearer than
+            # it is a miss of the extractor (greedy choices are local): the original's is kept.
+            self.report.warnings.append(
+                f"extraction found {graph.cost:,.1f} us, above the input's {self.original.cost:,.1f} us:"
+                " the input's program is kept"
+            )
+            graph = self.original
+            self.report.cost_after = graph.cost
+        return self.export(graph)
 
 
 def cost_model(options: Options) -> CostModel:

@@ -72,7 +72,7 @@ def test_refused_only_when_the_run_without_rewrites_fails(monkeypatch: pytest.Mo
     """Exit 3 remains for a model whose unrewritten export cannot be verified; the retries are bounded."""
     calls: list[int] = []
 
-    def always_fails(original, optimized, options, enabled):  # type: ignore[no-untyped-def]
+    def always_fails(original, optimized, options, enabled, reference=None):  # type: ignore[no-untyped-def]
         calls.append(len(enabled))
         raise VerificationError("y", 1.0, "outputs differ")
 

@@ -25,6 +25,8 @@ from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, Ph
 if TYPE_CHECKING:
     import onnx
 
+    from onnxsat.rules.registry import RuleTable
+
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
@@ -680,25 +682,23 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _expand_rule_names(names: list[str]) -> list[str] | None:
-    """Rule and family names -> rule names in table order (None: every rule)."""
-    from onnxsat.rules import RULES
+def _expand_rule_names(names: list[str], table: RuleTable) -> list[str] | None:
+    """Rule and family names of ``table`` -> rule names in table order (None: every rule)."""
     from onnxsat.rules.schedule import expand_rule_names
 
     if not names:
         return None
     try:
-        chosen = expand_rule_names(names)
+        chosen = expand_rule_names(names, table)
     except ValueError as exc:
         raise BadInputError(str(exc)) from exc
-    return [n for n in RULES.names() if n in chosen]
+    return [n for n in table.names() if n in chosen]
 
 
 def _run_rules(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.rules import RULES
-    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, rule_source
+    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
     from onnxsat.rules.verify import describe_rule, verify_rules
 
     if args.rules_command is None:
@@ -708,10 +708,11 @@ def _run_rules(args: argparse.Namespace) -> int:
     loads = ensure_plugins(args.rule_files, strict=args.strict_plugins, cache_dir=_plugin_cache_dir())
     for text in (t for load in loads for t in load.messages()):
         print(f"{PROG}: warning: {text}", file=sys.stderr)
+    table = run_table(loads)
     if args.rules_command == "verify":
-        names = _expand_rule_names(args.names)
+        names = _expand_rule_names(args.names, table)
     else:
-        names = RULES.names()
+        names = table.names()
     results = {}
     if args.rules_command == "verify" or args.verify:
         budget = {
@@ -719,12 +720,13 @@ def _run_rules(args: argparse.Namespace) -> int:
             "min_instances": args.min_instances,
             "max_candidates": args.max_candidates,
         }
-        results = {r.name: r for r in verify_rules(names, **budget)}
+        with plugin_ops(loads):
+            results = {r.name: r for r in verify_rules(names, **budget, table=table)}
     if args.rules_command == "list":
         rows = []
-        for name in RULES.names():
-            row = describe_rule(RULES, name)
-            row["source"] = rule_source(name)
+        for name in table.names():
+            row = describe_rule(table, name)
+            row["source"] = table.source_of(name)
             r = results.get(name)
             row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
             if r is not None:

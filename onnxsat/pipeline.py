@@ -25,7 +25,8 @@ from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
-from onnxsat.rules.plugins import load_plugins
+from onnxsat.rules.plugins import load_plugins, plugin_messages, plugin_ops
+from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import VerificationResult
 
@@ -69,14 +70,23 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
-def rewrite_model(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
-    """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
-    key, declared = declarations(enabled, options.budgets)
+def rewrite_model(
+    model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, table: RuleTable | None = None
+) -> onnx.ModelProto:
+    """Import, saturate with ``enabled`` rules of ``table`` (the run's rule table; default: the one
+    ``options`` asks for), extract, export and fold (no verification)."""
+    if table is None:
+        table, loads = load_plugins(options)
+        with plugin_ops(loads):
+            return rewrite_model(model, options, enabled, report, table)
+    key, declared = declarations(enabled, options.budgets, table)
     with warm_egraph(key, declared) as warm:
-        return _rewrite_in(model, options, enabled, report, warm)
+        return _rewrite_in(model, options, enabled, report, warm, table)
 
 
-def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, warm: WarmEGraph) -> onnx.ModelProto:
+def _rewrite_in(
+    model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, warm: WarmEGraph, table: RuleTable
+) -> onnx.ModelProto:
     progress = options.progress
     with _stage(report, "import", progress):
         program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
@@ -94,7 +104,7 @@ def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], re
         with _stage(report, "partial", progress):
             partial = apply_partial_rules(program, before, on_sites)
     with _stage(report, "saturate", progress, total=options.budgets.iterations) as step:
-        report.saturation = saturate(program, options.budgets, enabled, on_iteration=lambda _: step())
+        report.saturation = saturate(program, options.budgets, enabled, on_iteration=lambda _: step(), table=table)
     with _stage(report, "extract", progress):
         graph = _extract(program, cost, options)
     report.cost_after = graph.cost
@@ -149,14 +159,20 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     report = Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
     report.pinned_dims = _pins_by_input(model, options)
     report.nodes_before = _op_counts(model)
-    report.warnings.extend(load_plugins(options))
+    table, loads = load_plugins(options)  # the run's rule table: plugins asked for here, seen here only
+    report.warnings.extend(plugin_messages(loads))
+    with plugin_ops(loads):
+        return _optimize(model, options, report, table)
+
+
+def _optimize(model: onnx.ModelProto, options: Options, report: Report, table: RuleTable) -> tuple[onnx.ModelProto, Report]:
     try:
-        enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
-        check_phase_budgets(options.budgets)
+        enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules, table)
+        check_phase_budgets(options.budgets, table)
     except ValueError as exc:
         raise OptionsError(str(exc)) from exc
     try:
-        optimized = rewrite_model(model, options, enabled, report)
+        optimized = rewrite_model(model, options, enabled, report, table)
     except UnsoundRuleError as exc:
         from onnxsat.minimize import find_unsound_rules
 

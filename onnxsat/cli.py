@@ -698,12 +698,18 @@ def _expand_rule_names(names: list[str], table: RuleTable) -> list[str] | None:
 def _run_rules(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
-    from onnxsat.rules.verify import describe_rule, verify_rules
+    from onnxsat.rules.listing import in_tree_rows, installed_plugins, rows_of
 
     if args.rules_command is None:
         args.rules_parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.rules_command == "list" and not (args.verify or args.rule_files or installed_plugins()):
+        _print_rule_rows(in_tree_rows(_plugin_cache_dir()), {}, args.json)  # plain data: no rule is built
+        return EXIT_OK
+
+    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
+    from onnxsat.rules.verify import verify_rules
+
     warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
     loads = ensure_plugins(args.rule_files, strict=args.strict_plugins, cache_dir=_plugin_cache_dir())
     for text in (t for load in loads for t in load.messages()):
@@ -723,19 +729,7 @@ def _run_rules(args: argparse.Namespace) -> int:
         with plugin_ops(loads):
             results = {r.name: r for r in verify_rules(names, **budget, table=table)}
     if args.rules_command == "list":
-        rows = []
-        for name in table.names():
-            row = describe_rule(table, name)
-            row["source"] = table.source_of(name)
-            r = results.get(name)
-            row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
-            if r is not None:
-                row["verification"]["status"] = "verified" if r.ok else "failed"
-            rows.append(row)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(_rules_table(rows))
+        _print_rule_rows(rows_of(table), results, args.json)
     elif args.json:
         print(json.dumps([r.to_dict() for r in results.values()], indent=2))
     else:
@@ -745,6 +739,18 @@ def _run_rules(args: argparse.Namespace) -> int:
             if r.counterexample is not None:
                 print("  " + r.counterexample.render())
     return EXIT_OK if all(r.ok for r in results.values()) else EXIT_INTERNAL
+
+
+def _print_rule_rows(rows: list[dict[str, Any]], results: dict[str, Any], as_json: bool) -> None:
+    """``onnxsat rules list``: each row with its verification (``results``: rule -> RuleVerification)."""
+    import json
+
+    for row in rows:
+        r = results.get(row["name"])
+        row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
+        if r is not None:
+            row["verification"]["status"] = "verified" if r.ok else "failed"
+    print(json.dumps(rows, indent=2) if as_json else _rules_table(rows))
 
 
 def _rules_table(rows: list[dict[str, Any]]) -> str:

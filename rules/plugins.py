@@ -39,6 +39,7 @@ from ..egraph import lang as L
 from ..egraph.graph_types import CHOICE_OPS
 from ..egraph.ops import BY_CTOR, OPS, OpSpec, ctor_name
 from ..egraph.shapes import shape_rules
+from .listing import ENTRY_POINT_GROUP
 from .registry import Family, RuleTable, rewrite_rule
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
     "unload_plugin",
 ]
 
-ENTRY_POINT_GROUP = "onnxsat.rules"
 IN_TREE = "in-tree"
 CACHE_FILE = "plugin-verification.json"
 VERIFY_SETTINGS = {"seeds": 3, "min_instances": 5, "max_candidates": 300, "seed": 0}

@@ -75,19 +75,19 @@ def in_tree_rows(cache_dir: str | Path | None) -> list[dict[str, Any]]:
             pass  # missing or damaged: build the rows again
     from .registry import RuleTable
 
-    rows = rows_of(RuleTable.default())
+    rows = rows_of(RuleTable.default(cache_dir))
     if path is not None:
-        _write_atomic(path, {"key": key, "rows": rows})
+        write_atomic(path, json.dumps({"key": key, "rows": rows}).encode())
     return rows
 
 
-def _write_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON via a temporary file; a cache that cannot be written only costs time."""
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` via a temporary file and a rename; a cache that cannot be written only costs time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
-    except (OSError, TypeError, ValueError):
+    except OSError:
         pass

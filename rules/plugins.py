@@ -506,9 +506,11 @@ def ensure_plugins(
     """Load the installed plugins (looked up once per process) and ``files`` (each once).
 
     Returns the loads of the installed plugins and of ``files``; with ``strict``, any plugin that
-    failed to load or any rejected rule among them raises ``PluginError``.
+    failed to load or any rejected rule among them raises ``PluginError``. ``cache_dir`` also keeps
+    the built in-tree rules between processes (``table_cache``).
     """
     global _ENTRY_POINT_LOADS
+    RuleTable.default(cache_dir)  # the in-tree rules first (read from ``cache_dir`` when it has them)
     loads: list[PluginLoad] = []
     if entry_points:
         if _ENTRY_POINT_LOADS is None:

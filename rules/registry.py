@@ -2,9 +2,10 @@
 
 A ``Family`` collects one family's rules, one call per rule (``rewrite``, ``rule`` for
 multi-pattern rules, ``custom_rule`` for rules applied outside egglog); each in-tree module
-fills its own at import and lists them in ``FAMILIES``. ``RuleTable.default()`` is the in-tree table, its families in one visible
-order (``IN_TREE_ORDER``); a run that loads plugins extends a copy (``with_rules``), so what a
-plugin adds is seen by that run only. The scheduler builds the egglog ruleset of the enabled
+fills its own at import and lists them in ``FAMILIES``. ``RuleTable.default()`` is the in-tree
+table, its families in one visible order (``IN_TREE_ORDER``), built once per process (or read
+from the disk cache, ``table_cache``); a run that loads plugins extends a copy (``with_rules``),
+so what a plugin adds is seen by that run only. The scheduler builds the egglog ruleset of the enabled
 rules from the run's table, and run reports map egglog rule names back to onnxsat names.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from egglog import RewriteOrRule, Ruleset, eq, rule, ruleset, union, vars_
@@ -103,6 +105,9 @@ IN_TREE_MODULES = (  # each defines FAMILIES: the Family objects it adds rules t
 )
 """The modules of ``onnxsat.rules`` whose ``FAMILIES`` make the in-tree table, in this order."""
 
+SITE_RULE_MODULES = ("partial_families", "partial_merge", "partial_subpixel")
+"""Modules of PET site rules (Python verifiers, not egglog rules): always imported, never cached."""
+
 IN_TREE_ORDER = (
     "algebraic",
     "core",
@@ -119,6 +124,23 @@ IN_TREE_ORDER = (
 """The in-tree families in table order (``onnxsat rules list``, ``select_rules``)."""
 
 _DEFAULT: RuleTable | None = None
+
+
+def _in_tree_families(cache_dir: str | Path | None) -> list[Family]:
+    """The in-tree families in ``IN_TREE_ORDER``, a family's rules in module order (whatever
+    imported the modules first), from ``cache_dir`` when it holds them."""
+    from . import table_cache
+
+    stored = table_cache.load(cache_dir) if cache_dir is not None else None
+    built: dict[str, list[Family]] = {}
+    for module in IN_TREE_MODULES:
+        if stored is not None and module in stored:
+            built[module] = stored[module]
+        else:
+            built[module] = list(importlib.import_module(f"{__package__}.{module}").FAMILIES)
+    if cache_dir is not None and stored is None:
+        table_cache.store(cache_dir, {m: built[m] for m in IN_TREE_MODULES if m not in SITE_RULE_MODULES})
+    return [fam for name in IN_TREE_ORDER for module in IN_TREE_MODULES for fam in built[module] if fam.name == name]
 
 
 @dataclass
@@ -142,15 +164,15 @@ class RuleTable:
     """Rule name -> where it came from, for plugin rules (in-tree rules are absent)."""
 
     @classmethod
-    def default(cls) -> RuleTable:
-        """The in-tree table (built once per process; plugins extend a copy, see ``with_rules``)."""
+    def default(cls, cache_dir: str | Path | None = None) -> RuleTable:
+        """The in-tree table, built once per process (plugins extend a copy, see ``with_rules``).
+
+        With ``cache_dir``, the first call in a process reads the built rules from there
+        (``table_cache``) instead of building them, or stores them there after building.
+        """
         global _DEFAULT
         if _DEFAULT is None:
-            parts: dict[str, list[Family]] = {name: [] for name in IN_TREE_ORDER}
-            for module in IN_TREE_MODULES:  # a family's rules in module order, whatever imported them first
-                for fam in importlib.import_module(f"{__package__}.{module}").FAMILIES:
-                    parts[fam.name].append(fam)
-            _DEFAULT = cls.of(fam for name in IN_TREE_ORDER for fam in parts[name])
+            _DEFAULT = cls.of(_in_tree_families(cache_dir))
         return _DEFAULT
 
     @classmethod
@@ -263,11 +285,13 @@ def rewrite_rule(
     variant: str = "",
     rtol: float | None = None,
 ) -> None:
-    """Add ``lhs => rhs`` to ``table`` directly (tests that need a rule outside any family)."""
-    if rtol is not None:
-        table.tolerances[name] = max(rtol, table.tolerances.get(name, 0.0))
-    egg_name, built = _rewrite(name, lhs, rhs, guards, variant)
-    table.add(family, name, built, egg_name)
+    """Add ``lhs => rhs`` to ``table`` directly (plugins' own tables; tests that need a rule outside
+    any family), as ``Family.rewrite`` does."""
+    rows = Family(family)
+    rows.rewrite(name, lhs, rhs, *guards, variant=variant, rtol=rtol)
+    if name in rows.tolerances:
+        rows.tolerances[name] = max(rows.tolerances[name], table.tolerances.get(name, 0.0))
+    table.add_family(rows)
 
 
 def __getattr__(name: str) -> Any:

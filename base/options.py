@@ -65,7 +65,8 @@ class Options:
     strict_plugins: bool = False
     """A plugin that fails to load or a plugin rule that fails verification is an error, not a warning."""
     plugin_cache_dir: str | None = None
-    """Where plugin rules' verification verdicts are cached (None: verify in every process)."""
+    """Where plugin rules' verification verdicts and the built in-tree rules are cached between
+    processes (None: verify and build in every process). The CLI uses ``$XDG_CACHE_HOME/onnxsat``."""
     target: str = "ort-cpu"
     """Cost-model target: ort-cpu (what onnxruntime runs, with its fusions), onnxsat-cpu or h200."""
     cost_profile: str | None = None

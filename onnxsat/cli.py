@@ -25,6 +25,8 @@ from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, Ph
 if TYPE_CHECKING:
     import onnx
 
+    from onnxsat.rules.registry import RuleTable
+
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
@@ -752,30 +754,34 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _expand_rule_names(names: list[str]) -> list[str] | None:
-    """Rule and family names -> rule names in table order (None: every rule)."""
-    from onnxsat.rules import RULES
+def _expand_rule_names(names: list[str], table: RuleTable) -> list[str] | None:
+    """Rule and family names of ``table`` -> rule names in table order (None: every rule)."""
     from onnxsat.rules.schedule import expand_rule_names
 
     if not names:
         return None
     try:
-        chosen = expand_rule_names(names)
+        chosen = expand_rule_names(names, table)
     except ValueError as exc:
         raise BadInputError(str(exc)) from exc
-    return [n for n in RULES.names() if n in chosen]
+    return [n for n in table.names() if n in chosen]
 
 
 def _run_rules(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.rules import RULES
-    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, rule_source
-    from onnxsat.rules.verify import describe_rule, verify_rules
+    from onnxsat.rules.listing import in_tree_rows, installed_plugins, rows_of
 
     if args.rules_command is None:
         args.rules_parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.rules_command == "list" and not (args.verify or args.rule_files or installed_plugins()):
+        _print_rule_rows(in_tree_rows(_plugin_cache_dir()), {}, args.json)  # plain data: no rule is built
+        return EXIT_OK
+
+    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
+    from onnxsat.rules.verify import verify_rules
+
     warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
     loads = ensure_plugins(
         _existing_files(args.rule_files),
@@ -785,10 +791,11 @@ def _run_rules(args: argparse.Namespace) -> int:
     )
     for text in (t for load in loads for t in load.messages()):
         print(f"{PROG}: warning: {text}", file=sys.stderr)
+    table = run_table(loads)
     if args.rules_command == "verify":
-        names = _expand_rule_names(args.names)
+        names = _expand_rule_names(args.names, table)
     else:
-        names = RULES.names()
+        names = table.names()
     results = {}
     if args.rules_command == "verify" or args.verify:
         budget = {
@@ -796,21 +803,10 @@ def _run_rules(args: argparse.Namespace) -> int:
             "min_instances": args.min_instances,
             "max_candidates": args.max_candidates,
         }
-        results = {r.name: r for r in verify_rules(names, **budget)}
+        with plugin_ops(loads):
+            results = {r.name: r for r in verify_rules(names, **budget, table=table)}
     if args.rules_command == "list":
-        rows = []
-        for name in RULES.names():
-            row = describe_rule(RULES, name)
-            row["source"] = rule_source(name)
-            r = results.get(name)
-            row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
-            if r is not None:
-                row["verification"]["status"] = "verified" if r.ok else "failed"
-            rows.append(row)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(_rules_table(rows))
+        _print_rule_rows(rows_of(table), results, args.json)
     elif args.json:
         print(json.dumps([r.to_dict() for r in results.values()], indent=2))
     else:
@@ -820,6 +816,18 @@ def _run_rules(args: argparse.Namespace) -> int:
             if r.counterexample is not None:
                 print("  " + r.counterexample.render())
     return EXIT_OK if all(r.ok for r in results.values()) else EXIT_INTERNAL
+
+
+def _print_rule_rows(rows: list[dict[str, Any]], results: dict[str, Any], as_json: bool) -> None:
+    """``onnxsat rules list``: each row with its verification (``results``: rule -> RuleVerification)."""
+    import json
+
+    for row in rows:
+        r = results.get(row["name"])
+        row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
+        if r is not None:
+            row["verification"]["status"] = "verified" if r.ok else "failed"
+    print(json.dumps(rows, indent=2) if as_json else _rules_table(rows))
 
 
 def _rules_table(rows: list[dict[str, Any]]) -> str:

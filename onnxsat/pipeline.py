@@ -27,7 +27,8 @@ from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
-from onnxsat.rules.plugins import load_plugins, loaded_plugins
+from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
+from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
@@ -111,6 +112,8 @@ class Session:
         *,
         rules: list[str] | None = None,
         report: Report | None = None,
+        table: RuleTable | None = None,
+        loads: list[PluginLoad] | None = None,
     ):
         self.model = model
         self.options = options = options or Options()
@@ -118,14 +121,19 @@ class Session:
         if rules is None:
             self.report.pinned_dims = _pins_by_input(model, options)
             self.report.nodes_before = _op_counts(model)
-            self.report.warnings.extend(load_plugins(options))
-            self.report.plugins = loaded_plugins(options)
+            table, loads = load_plugins(options)  # the run's rule table: plugins asked for here, seen here only
+            self.report.warnings.extend(plugin_messages(loads))
+            self.report.plugins = plugin_summary(loads)
             try:
-                rules = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
-                check_phase_budgets(options.budgets)
+                rules = select_rules(options.rules_only, options.disable_rules, options.enable_rules, table)
+                check_phase_budgets(options.budgets, table)
             except ValueError as exc:
                 raise OptionsError(str(exc)) from exc
         self.rules = rules
+        self.table = table or RuleTable.default()
+        """The run's rule table (in-tree rules plus the plugins its options load)."""
+        self.loads = loads or []
+        """The run's plugins, whose op rows are in the op table while a stage runs (``plugin_ops``)."""
         self.program: Program | None = None
         self.cost: CostModel | None = None
         self.partial: list[PartialRecord] = []
@@ -140,7 +148,7 @@ class Session:
 
     def with_rules(self, rules: list[str]) -> Session:
         """A new session of the same model, options, report and reference with other rules (a rerun)."""
-        other = Session(self.model, self.options, rules=rules, report=self.report)
+        other = Session(self.model, self.options, rules=rules, report=self.report, table=self.table, loads=self.loads)
         other.reference = self.reference
         return other
 
@@ -171,7 +179,8 @@ class Session:
     def load(self) -> Program:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
         options, report = self.options, self.report
-        key, declared = declarations(self.rules, options.budgets)
+        self._held.enter_context(plugin_ops(self.loads))
+        key, declared = declarations(self.rules, options.budgets, self.table)
         warm = self._held.enter_context(warm_egraph(key, declared))
         with self._stage("import"):
             program = from_onnx(self.model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
@@ -197,7 +206,7 @@ class Session:
             with self._stage("partial"):
                 self.partial = apply_partial_rules(program, before, on_sites)
         with self._stage("saturate", total=options.budgets.iterations) as step:
-            report.saturation = saturate(program, options.budgets, self.rules, on_iteration=lambda _: step())
+            report.saturation = saturate(program, options.budgets, self.rules, on_iteration=lambda _: step(), table=self.table)
         self.saturation = report.saturation
         self._saturated = None
         dump.saturation(self)

@@ -25,6 +25,8 @@ from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, Ph
 if TYPE_CHECKING:
     import onnx
 
+    from onnxsat.rules.registry import RuleTable
+
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
@@ -244,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the report as JSON on stdout instead of the table (no progress)",
     )
     out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
+    out.add_argument(
+        "--dump-dir",
+        metavar="DIR",
+        help="write each stage's artefact to DIR: saturation.json (e-graph size, rule report),"
+        " extracted.json (the chosen program), optimized.onnx, verification.npz (inputs and both"
+        " models' outputs)",
+    )
     out.add_argument(
         "--verify-inputs",
         metavar="FILE.npz",
@@ -600,6 +609,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         materialize_constants=args.materialize_constants,
         allow_contrib_ops=args.allow_contrib_ops,
         progress=not (args.quiet or args.json),
+        dump_dir=args.dump_dir,
     )
 
 
@@ -680,6 +690,15 @@ def _run_optimize(args: argparse.Namespace) -> int:
         if report_path.resolve() == out_path.resolve():
             raise BadInputError("--report-json must not be the output model path")
 
+    if options.dump_dir is not None:  # the dump must not overwrite what is read
+        from onnxsat import dump
+
+        try:
+            Path(options.dump_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInputError(f"--dump-dir {options.dump_dir}: {exc.strerror or exc}") from exc
+        for name in (dump.SATURATION, dump.EXTRACTED, dump.OPTIMIZED, dump.VERIFICATION):
+            check_output_path(Path(options.dump_dir) / name, args.input)
     if options.cost_profile is not None:  # a bad profile fails now, not after saturation
         from onnxsat.pipeline import cost_model
 
@@ -735,30 +754,34 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _expand_rule_names(names: list[str]) -> list[str] | None:
-    """Rule and family names -> rule names in table order (None: every rule)."""
-    from onnxsat.rules import RULES
+def _expand_rule_names(names: list[str], table: RuleTable) -> list[str] | None:
+    """Rule and family names of ``table`` -> rule names in table order (None: every rule)."""
     from onnxsat.rules.schedule import expand_rule_names
 
     if not names:
         return None
     try:
-        chosen = expand_rule_names(names)
+        chosen = expand_rule_names(names, table)
     except ValueError as exc:
         raise BadInputError(str(exc)) from exc
-    return [n for n in RULES.names() if n in chosen]
+    return [n for n in table.names() if n in chosen]
 
 
 def _run_rules(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.rules import RULES
-    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, rule_source
-    from onnxsat.rules.verify import describe_rule, verify_rules
+    from onnxsat.rules.listing import in_tree_rows, installed_plugins, rows_of
 
     if args.rules_command is None:
         args.rules_parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.rules_command == "list" and not (args.verify or args.rule_files or installed_plugins()):
+        _print_rule_rows(in_tree_rows(_plugin_cache_dir()), {}, args.json)  # plain data: no rule is built
+        return EXIT_OK
+
+    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
+    from onnxsat.rules.verify import verify_rules
+
     warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
     loads = ensure_plugins(
         _existing_files(args.rule_files),
@@ -768,10 +791,11 @@ def _run_rules(args: argparse.Namespace) -> int:
     )
     for text in (t for load in loads for t in load.messages()):
         print(f"{PROG}: warning: {text}", file=sys.stderr)
+    table = run_table(loads)
     if args.rules_command == "verify":
-        names = _expand_rule_names(args.names)
+        names = _expand_rule_names(args.names, table)
     else:
-        names = RULES.names()
+        names = table.names()
     results = {}
     if args.rules_command == "verify" or args.verify:
         budget = {
@@ -779,21 +803,10 @@ def _run_rules(args: argparse.Namespace) -> int:
             "min_instances": args.min_instances,
             "max_candidates": args.max_candidates,
         }
-        results = {r.name: r for r in verify_rules(names, **budget)}
+        with plugin_ops(loads):
+            results = {r.name: r for r in verify_rules(names, **budget, table=table)}
     if args.rules_command == "list":
-        rows = []
-        for name in RULES.names():
-            row = describe_rule(RULES, name)
-            row["source"] = rule_source(name)
-            r = results.get(name)
-            row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
-            if r is not None:
-                row["verification"]["status"] = "verified" if r.ok else "failed"
-            rows.append(row)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(_rules_table(rows))
+        _print_rule_rows(rows_of(table), results, args.json)
     elif args.json:
         print(json.dumps([r.to_dict() for r in results.values()], indent=2))
     else:
@@ -803,6 +816,18 @@ def _run_rules(args: argparse.Namespace) -> int:
             if r.counterexample is not None:
                 print("  " + r.counterexample.render())
     return EXIT_OK if all(r.ok for r in results.values()) else EXIT_INTERNAL
+
+
+def _print_rule_rows(rows: list[dict[str, Any]], results: dict[str, Any], as_json: bool) -> None:
+    """``onnxsat rules list``: each row with its verification (``results``: rule -> RuleVerification)."""
+    import json
+
+    for row in rows:
+        r = results.get(row["name"])
+        row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
+        if r is not None:
+            row["verification"]["status"] = "verified" if r.ok else "failed"
+    print(json.dumps(rows, indent=2) if as_json else _rules_table(rows))
 
 
 def _rules_table(rows: list[dict[str, Any]]) -> str:

@@ -83,7 +83,12 @@ class Saturated:
         cost = cost or _cost_model(self.options)
         eg = pin(self.egraph, pins) if pins else self.egraph
         graph = extract_greedy(eg, cost, self.roots)
-        exported = to_onnx(self.program, graph, allow_contrib_ops=self.options.allow_contrib_ops)
+        exported = to_onnx(
+            self.program,
+            graph,
+            allow_contrib_ops=self.options.allow_contrib_ops,
+            upgrade_opset=self.options.upgrade_opset,
+        )
         model, _ = fold_constants(
             exported, serialized_size(self.model), materialize=self.options.materialize_constants
         )

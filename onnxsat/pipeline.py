@@ -96,7 +96,13 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
     report.extractor = graph.method
     report.extraction_gap = graph.gap
     with _stage(report, "export", progress):
-        exported = to_onnx(program, graph, allow_contrib_ops=options.allow_contrib_ops)
+        exported = to_onnx(
+            program,
+            graph,
+            allow_contrib_ops=options.allow_contrib_ops,
+            upgrade_opset=options.upgrade_opset,
+            notes=report.warnings,
+        )
         folded, _ = fold_constants(exported, serialized_size(model), materialize=options.materialize_constants)
     return folded
 
@@ -167,6 +173,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         with _stage(report, "measure", options.progress):
             optimized = keep_if_faster(model, optimized, options, report)
     report.nodes_after = _op_counts(optimized)
+    report.opset_after = next((o.version for o in optimized.opset_import if o.domain in ("", "ai.onnx")), 0)
     report.file_bytes_after = serialized_size(optimized)
     return optimized, report
 

@@ -1,6 +1,6 @@
 """Does the calibrated cost model predict what onnxruntime measures? (issue 4, "Must show")
 
-1. Calibrate (``onnxsat.extract.calibrate``, full sample set) and report predicted vs measured
+1. Calibrate (``onnxsat.calibrate``, full sample set) and report predicted vs measured
    time per node on the held-out shapes (never used in the fit): floor, median relative error
    <= 25%.
 2. Pairs (A, B) of equivalent models: parallel MatMuls and parallel 1x1 Convs that share an
@@ -203,7 +203,7 @@ def light_models() -> list[Path]:
 
 def model_pairs(only: str | None) -> list[Pair]:
     """Each light model and example vs its onnxsat.optimize output (default options)."""
-    from onnxsat.options import Options
+    from onnxsat.base.options import Options
     from onnxsat.pipeline import optimize
 
     pairs = []
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from onnxsat.extract.calibrate import calibrate, predict_model_us
+    from onnxsat.calibrate import calibrate, predict_model_us
     from onnxsat.extract.profile import save_profile
 
     start = time.perf_counter()

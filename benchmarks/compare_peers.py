@@ -81,7 +81,7 @@ def _cpu_seconds() -> float:
 
 def child_main(tool: str, src: str, dst: str, result: str) -> int:
     """Load, optimize (timed), save; the parent reads ``result`` (JSON) and ``dst``."""
-    from onnxsat.errors import one_line
+    from onnxsat.base.errors import one_line
 
     model = onnx.load(src)
     out: dict[str, object] = {}
@@ -272,7 +272,7 @@ def measure_latency(
 def benchmark_model(
     name: str, path: Path, tools: list[str], workdir: Path, args: argparse.Namespace
 ) -> ModelResult:
-    from onnxsat.errors import one_line
+    from onnxsat.base.errors import one_line
     from onnxsat.verification import make_inputs
 
     original = onnx.load(str(path))

@@ -86,9 +86,9 @@ def _extract_all(eg: Any, roots: list[str], out: dict[str, Any], save: Any, ilp_
 def child_model(path: str, out: dict[str, Any], save: Any, ilp_seconds: float) -> None:
     import onnx
 
+    from onnxsat.base.options import Budgets
     from onnxsat.egraph.importer import from_onnx
     from onnxsat.extract.serialized import serialize
-    from onnxsat.options import Budgets
     from onnxsat.rules.schedule import saturate, select_rules
 
     model = onnx.load(path)

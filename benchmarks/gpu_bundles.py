@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args(argv)
 
-    from onnxsat.kernels.cuda.command import emit_bundle
-    from onnxsat.options import Options
+    from onnxsat.base.options import Options
+    from onnxsat.compile_cuda_command import emit_bundle
     from onnxsat.pipeline import optimize
     from onnxsat.verification import make_inputs
 

@@ -76,8 +76,8 @@ def display_name(path: Path) -> str:
 def child_main(model_path: str, result_path: str, verify: bool) -> int:
     """Runs in the fresh process: load, optimize (timed), and write what the parent tabulates."""
     import onnxsat
-    from onnxsat.errors import one_line
-    from onnxsat.modelio import load_model
+    from onnxsat.base.errors import one_line
+    from onnxsat.base.modelio import load_model
 
     out: dict[str, object] = {}
     code = 0

@@ -35,7 +35,7 @@ def fingerprint(path: Path) -> dict:
     import onnx
 
     import onnxsat
-    from onnxsat.errors import OnnxsatError, one_line
+    from onnxsat.base.errors import OnnxsatError, one_line
 
     model = onnx.load(str(path))
     options = onnxsat.Options(budgets=onnxsat.Budgets(seconds=1e9))

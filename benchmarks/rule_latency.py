@@ -39,11 +39,11 @@ import onnx
 import onnxruntime as ort
 
 import onnxsat
+from onnxsat.base.options import Options
 from onnxsat.extract.ilp import extract_ilp
 from onnxsat.extract.profile import load_profile
 from onnxsat.forced import Saturated
 from onnxsat.latency import LatencyComparison, compare_models
-from onnxsat.options import Options
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PROFILE = Path(__file__).resolve().parent.parent / "profiles" / "ort-cpu-dev-2core.json"

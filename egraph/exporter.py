@@ -13,10 +13,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..extract.greedy import ExtractedGraph
-from ..extract.serialized import ENode, Ref
-from ..lazy_weights import tensor_array
-from ..modelio import model_shell
+from ..base.lazy_weights import tensor_array
+from ..base.modelio import model_shell
+from .graph_types import ENode, ExtractedGraph, Ref
 from .ops import BY_CTOR
 from .ops.registry import ExportNode
 from .opset_upgrade import UpgradeError, convert_whole_model, has_placeholders

@@ -14,8 +14,8 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxsat.lazy_weights import tensor_array
-from onnxsat.modelio import model_shell, serialized_size
+from onnxsat.base.lazy_weights import tensor_array
+from onnxsat.base.modelio import model_shell, serialized_size
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Relu", "Sigmoid", "Tanh", "Erf",

@@ -18,13 +18,14 @@ import onnx
 from egglog import EggSmolError, EGraph, Vec, i64, set_, union
 from onnx import helper, numpy_helper
 
-from ..lazy_weights import tensor_array
-from ..modelio import topological_nodes
+from ..base.lazy_weights import tensor_array
+from ..base.modelio import topological_nodes
 from . import lang as L
 from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
 from .program import OpaqueNode, Program, TensorInfo
 from .shapes import shape_rules
+from .warm import WarmEGraph
 
 SMALL_INTS = 64
 """int64 constants up to this many elements (rank <= 1) become ``Tensor.ints`` that rules read."""
@@ -109,10 +110,11 @@ class _Importer:
         input_shapes: dict[str, list[int]] | None,
         trust_onnx_shapes: bool,
         seed_shapes: bool,
+        egraph: EGraph,
     ):
         self.model = model
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        self.egraph = EGraph()
+        self.egraph = egraph
         self.symbols = _Symbols()
         self.infos: dict[str, TensorInfo] = {}
         self.terms: dict[str, Any] = {}
@@ -441,7 +443,11 @@ def _literal(kind: str, value: Any) -> Any:
 
 
 def from_onnx(
-    model: onnx.ModelProto, input_shapes: dict[str, list[int]] | None = None, *, trust_onnx_shapes: bool = True
+    model: onnx.ModelProto,
+    input_shapes: dict[str, list[int]] | None = None,
+    *,
+    trust_onnx_shapes: bool = True,
+    warm: WarmEGraph | None = None,
 ) -> Program:
     """Import a (checked) model into a fresh e-graph with its analyses run.
 
@@ -450,12 +456,18 @@ def from_onnx(
     the two ever disagree, the import is redone with the egglog analysis alone.
     ``trust_onnx_shapes=False`` uses the egglog analysis alone and leaves tensors it cannot
     shape without a shape (tests use it to check the analysis against ONNX shape inference).
+    ``warm``: import into that reused e-graph (rules already declared, see ``egraph.warm``) instead
+    of a new one.
     """
+
+    def fresh() -> EGraph:
+        return warm.fresh() if warm is not None else EGraph()
+
     if trust_onnx_shapes:
         try:
-            return _Importer(model, input_shapes, True, seed_shapes=True).run()
+            return _Importer(model, input_shapes, True, seed_shapes=True, egraph=fresh()).run()
         except EggSmolError as exc:
-            program = _Importer(model, input_shapes, True, seed_shapes=False).run()
+            program = _Importer(model, input_shapes, True, seed_shapes=False, egraph=fresh()).run()
             program.warnings.append(f"shape analysis disagreed with ONNX shape inference: {exc}".splitlines()[0])
             return program
-    return _Importer(model, input_shapes, False, seed_shapes=False).run()
+    return _Importer(model, input_shapes, False, seed_shapes=False, egraph=fresh()).run()

@@ -45,7 +45,7 @@ def _is_one(x: i64) -> i64:
     return i64(1) - (x - 1).max(i64(1) - x).min(1)
 
 
-def _is_zero(x: i64) -> i64:
+def is_zero(x: i64) -> i64:
     return i64(1) - x.max(i64(0) - x).min(1)
 
 
@@ -67,16 +67,16 @@ def bdim(a: i64, b: i64) -> i64:
     fa = a - _is_one(a) * (_BIG + 1)
     fb = b - _is_one(b) * (_BIG + 1)
     r = fa.max(fb)
-    r = r + _is_zero(r + _BIG) * (_BIG + 1)
+    r = r + is_zero(r + _BIG) * (_BIG + 1)
     lo, hi = a.min(b), a.max(b)
     pair = i64(0) - (i64(PAIR_BASE) + ((i64(0) - lo) % (1 << 20)) * (1 << 20) + (i64(0) - hi) % (1 << 20))
-    two_symbols = _is_negative(a) * _is_negative(b) * (i64(1) - _is_zero(a - b))
+    two_symbols = _is_negative(a) * _is_negative(b) * (i64(1) - is_zero(a - b))
     return r + two_symbols * (pair - r)
 
 
 def _eq(x: i64, y: i64) -> i64:
     """1 when ``x == y`` else 0."""
-    return _is_zero(x - y)
+    return is_zero(x - y)
 
 
 def _ge(x: i64, y: i64) -> i64:
@@ -89,7 +89,7 @@ def norm_axis(axis: i64, rank: i64) -> i64:
     return axis + rank * _is_negative(axis)
 
 
-def _clamp(x: i64, lo: i64 | int, hi: i64 | int) -> i64:
+def clamp(x: i64, lo: i64 | int, hi: i64 | int) -> i64:
     return x.max(lo).min(hi)
 
 
@@ -100,7 +100,7 @@ def _unsqueezed(dims: list, axes: list) -> list:
     for i in range(len(dims) + len(axes)):
         is_axis = sum((_eq(i64(i), a) for a in axes), i64(0))
         before = sum((i64(1) - _ge(a, i64(i)) for a in axes), i64(0))  # axes strictly before i
-        src = _clamp(i64(i) - before, 0, len(dims))
+        src = clamp(i64(i) - before, 0, len(dims))
         out.append(is_axis + (i64(1) - is_axis) * padded[src])
     return out
 
@@ -426,7 +426,7 @@ for _q in range(MAX_RANK + 1):
 _ONES = Vec(*[i64(1)] * MAX_RANK)
 for _r in range(MAX_RANK + 1):
     padded = sa.append(_ONES)
-    zeros_copied = [va[i] + _is_zero(va[i]) * (padded[i] - va[i]) for i in range(_r)]
+    zeros_copied = [va[i] + is_zero(va[i]) * (padded[i] - va[i]) for i in range(_r)]
     target = L.reshape(a, L.Tensor.ints(va, i64(1)), i64(0))
     shape_rules.append(
         rule(eq(t).to(target), L.shape(a) == sa, va.length() == i64(_r), *[va[i] >= i64(0) for i in range(_r)]).then(
@@ -438,7 +438,7 @@ for _r in range(MAX_RANK + 1):
     shape_rules.append(rule(eq(t).to(target), L.shape(a) == sa, va.length() == i64(_r)).then(numel_req(sa)))
     known = i64(1)
     for i in range(_r):
-        known = known * (zeros_copied[i] + _is_zero(va[i] + 1) * 2)  # -1 counts as 1
+        known = known * (zeros_copied[i] + is_zero(va[i] + 1) * 2)  # -1 counts as 1
     shape_rules.append(
         rule(
             eq(t).to(target),
@@ -448,7 +448,7 @@ for _r in range(MAX_RANK + 1):
             *[va[i] >= i64(-1) for i in range(_r)],
         ).then(
             set_(L.shape(t)).to(
-                _vec([zeros_copied[i] + _is_zero(va[i] + 1) * (ib / known + 1) for i in range(_r)])
+                _vec([zeros_copied[i] + is_zero(va[i] + 1) * (ib / known + 1) for i in range(_r)])
             )
         )
     )
@@ -595,8 +595,8 @@ for _n in (1, 2, 3):
                 axis = norm_axis(vc[k], sa.length()) if _with_axes else i64(k)
                 dim = sa[axis]
                 step = vd[k] if _with_steps else i64(1)
-                start = _clamp(norm_axis(va[k], dim), 0, dim)
-                end = _clamp(norm_axis(vb[k], dim), 0, dim)
+                start = clamp(norm_axis(va[k], dim), 0, dim)
+                end = clamp(norm_axis(vb[k], dim), 0, dim)
                 sliced = sliced.set(axis, (end - start + step - 1).max(0) / step)
             guards: list = [va.length() == i64(_n), vb.length() == i64(_n)]
             if _with_axes:
@@ -619,8 +619,8 @@ shape_rules.append(
         set_(L.shape(t)).to(
             Vec(
                 (
-                    _clamp(norm_axis(ib.min(i64(2**62)), sa.length()), 0, sa.length())
-                    - _clamp(norm_axis(ia, sa.length()), 0, sa.length())
+                    clamp(norm_axis(ib.min(i64(2**62)), sa.length()), 0, sa.length())
+                    - clamp(norm_axis(ia, sa.length()), 0, sa.length())
                 ).max(0)
             )
         )

@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..egraph.graph_types import ENode, Ref
 from ..egraph.ops import BY_CTOR
 from ..egraph.ops.registry import CostCtx, numel
-from .serialized import ENode, Ref
 
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape_of"})

@@ -1,25 +1,26 @@
 """Sharing-aware greedy extraction (tree pass, then a greedy-DAG pass) and DAG scoring.
 
-Both passes run on an integer-indexed copy of the e-graph (``_Indexed``) so that 100k-node
+Both passes run on an integer-indexed copy of the e-graph (``IndexedEGraph``) so that 100k-node
 graphs take seconds. The tree pass is Knuth's generalization of Dijkstra: with non-negative
 node costs, classes are settled in order of their cheapest tree cost, each once, so the result
 is the exact minimum tree cost and never a cycle. The DAG pass prices a candidate by the union
 of the sub-DAG it needs (a tensor used twice is paid once), with each class's sub-DAG kept as a
 bit set (a Python int), and skips any candidate whose sub-DAG contains its own class. Every
-result is scored by one independent function, ``dag_cost``, and the cheaper of the two is
+result is scored by one independent function, ``pricing.dag_cost``, and the cheaper of the two is
 returned.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from ..egraph.ops import BY_CTOR
-from .cost import CostModel, NodeCtx, known_dims
-from .serialized import CONST_LEAVES, ENode, Ref, SerializedEGraph, gc_paused
+from .cost import CostModel
+from .pricing import IndexedEGraph, Pricer, const_classes, dag_cost
+from .serialized import gc_paused
 
 INF = float("inf")
 DAG_PASS_MAX_CLASSES = 60_000
@@ -28,149 +29,7 @@ _BITS_LOOP_MAX = 48
 """Bit sets with at most this many new members are summed bit by bit, larger ones with numpy."""
 
 
-@dataclass
-class ExtractedGraph:
-    """An acyclic program: ``nodes`` in topological order (e-class, chosen node)."""
-
-    nodes: list[tuple[str, ENode]]
-    roots: list[str]
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    dtypes: dict[str, int] = field(default_factory=dict)
-    origins: dict[str, int] = field(default_factory=dict)
-    const_classes: set[str] = field(default_factory=set)
-    cost: float = 0.0
-    method: str = "greedy-dag"
-    gap: float | None = None
-    """Relative distance to the best proven lower bound (ILP only; ``None`` when unknown)."""
-    optimal: bool = False
-    """True when the extractor proved ``cost`` minimal (ILP only)."""
-
-    def choice(self) -> dict[str, ENode]:
-        return dict(self.nodes)
-
-
-def const_classes(eg: SerializedEGraph) -> set[str]:
-    """E-classes computable from weights alone: a worklist from the constant leaves upwards."""
-    waiting: dict[tuple[str, int], int] = {}
-    users: dict[str, list[tuple[str, int]]] = {}
-    ready: list[str] = []
-    for eclass, nodes in eg.classes.items():
-        for i, node in enumerate(nodes):
-            if node.op in ("Tensor.input", "opaque"):
-                continue
-            if node.op in CONST_LEAVES or node.op == "TList.nil":
-                ready.append(eclass)
-                continue
-            kids = set(node.children)
-            if not kids:
-                continue  # a constructor without tensor inputs that is no constant leaf
-            waiting[(eclass, i)] = len(kids)
-            for kid in kids:
-                users.setdefault(kid, []).append((eclass, i))
-    const: set[str] = set()
-    while ready:
-        eclass = ready.pop()
-        if eclass in const:
-            continue
-        const.add(eclass)
-        for key in users.get(eclass, ()):
-            waiting[key] -= 1
-            if waiting[key] == 0 and key[0] not in const:
-                ready.append(key[0])
-    return const
-
-
-class _Pricer:
-    """``price(eclass, node)``: the cost model's price of one e-node, cached per node."""
-
-    def __init__(self, eg: SerializedEGraph, cost: CostModel, const: set[str]):
-        self.eg, self.cost, self.const = eg, cost, const
-        self.cache: dict[int, tuple[ENode, float]] = {}
-        self.class_ops: dict[str, frozenset[str]] = {}
-        self._class_info: dict[str, tuple[tuple[int, ...] | None, int | None, frozenset[str], bool]] = {}
-        self.by_signature: dict[tuple[object, ...], float] = {}
-
-    def ops_of(self, eclass: str) -> frozenset[str]:
-        """Every op an e-class can be computed by (what ORT may fuse a consumer into)."""
-        ops = self.class_ops.get(eclass)
-        if ops is None:
-            ops = self.class_ops[eclass] = frozenset(n.op for n in self.eg.classes.get(eclass, ()))
-        return ops
-
-    def _info(self, eclass: str) -> tuple[tuple[int, ...] | None, int | None, frozenset[str], bool]:
-        """What the cost model sees of an e-class: shape (known dims), dtype, ops, constness."""
-        info = self._class_info.get(eclass)
-        if info is None:
-            shape = known_dims(self.eg.shapes.get(eclass))
-            info = (shape, self.eg.dtypes.get(eclass), self.ops_of(eclass), eclass in self.const)
-            self._class_info[eclass] = info
-        return info
-
-    def __call__(self, eclass: str, node: ENode) -> float:
-        # Keyed by identity (nodes live in ``eg.classes`` for the pricer's lifetime); the node is
-        # kept in the entry so an id is never reused by another object while cached.
-        hit = self.cache.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        children = node.children
-        op = node.op
-        shape, dtype, ops, const = (
-            zip(*map(self._info, children), strict=True) if children else ((), (), (), ())
-        )
-        out_shape, out_dtype, _, out_const = self._info(eclass)
-        node_const = op in CONST_LEAVES or (out_const and op != "opaque" and all(const))
-        # Nodes that agree on everything the cost model sees cost the same (saturation makes many).
-        literals = tuple(a for a in node.args if not isinstance(a, Ref))
-        signature = (op, literals, out_shape, out_dtype, shape, dtype, node_const, ops, const)
-        value = self.by_signature.get(signature)
-        if value is None:
-            ctx = NodeCtx(node, out_shape, out_dtype, list(shape), list(dtype), node_const, ops, const)
-            value = self.by_signature[signature] = max(0.0, float(self.cost.node_cost(ctx)))
-        self.cache[id(node)] = (node, value)
-        return value
-
-
-class _Indexed:
-    """The e-graph with classes and nodes numbered: children and parents as int lists."""
-
-    def __init__(self, eg: SerializedEGraph, price: _Pricer):
-        self.names = sorted(eg.classes)
-        index = {c: i for i, c in enumerate(self.names)}
-        self.nodes: list[ENode] = []
-        self.node_class: list[int] = []
-        self.kids: list[tuple[int, ...]] = []
-        """Children of each node, with repeats (tree cost counts a repeated child twice)."""
-        self.distinct: list[tuple[int, ...]] = []
-        self.class_nodes: list[list[int]] = []
-        self.parents: list[list[int]] = [[] for _ in self.names]
-        self.prices: list[float] = []
-        missing = len(self.names)  # children without a class: an index no class has
-        nodes, node_class, all_kids, all_distinct = self.nodes, self.node_class, self.kids, self.distinct
-        parents, prices, get = self.parents, self.prices, index.get
-        for ci, eclass in enumerate(self.names):
-            own = []
-            for node in eg.classes[eclass]:
-                n = len(nodes)
-                kids = tuple([get(k, missing) for k in node.children])
-                distinct = (
-                    kids if len(kids) < 2 or len(set(kids)) == len(kids) else tuple(dict.fromkeys(kids))
-                )
-                nodes.append(node)
-                node_class.append(ci)
-                all_kids.append(kids)
-                all_distinct.append(distinct)
-                prices.append(price(eclass, node))
-                for k in distinct:
-                    if k != missing:
-                        parents[k].append(n)
-                own.append(n)
-            self.class_nodes.append(own)
-
-    def as_choice(self, choice: list[int]) -> dict[str, ENode]:
-        return {self.names[c]: self.nodes[n] for c, n in enumerate(choice) if n >= 0}
-
-
-def _tree_choice(ix: _Indexed) -> list[int]:
+def tree_choice(ix: IndexedEGraph) -> list[int]:
     """Per class the node of minimum tree cost (Knuth's algorithm; -1 for classes without a term)."""
     n_classes = len(ix.names)
     best = [INF] * (n_classes + 1)  # the extra slot is the "missing child" class
@@ -191,7 +50,7 @@ def _tree_choice(ix: _Indexed) -> list[int]:
     return choice
 
 
-def _dag_choice(ix: _Indexed, start: list[int], order: list[int]) -> list[int]:
+def _dag_choice(ix: IndexedEGraph, start: list[int], order: list[int]) -> list[int]:
     """Greedy-DAG: each class keeps the cheapest candidate by the cost of the union of its sub-DAG.
 
     A class's sub-DAG is a bit set over class numbers; ``member`` holds the price each member
@@ -315,11 +174,6 @@ def complete_kernels(
         return nodes
 
 
-def dag_cost(nodes: list[tuple[str, ENode]], price: _Pricer) -> float:
-    """The independent score of an extracted program: each chosen node paid once."""
-    return sum(price(eclass, node) for eclass, node in nodes)
-
-
 def extract_greedy(
     eg: SerializedEGraph, cost: CostModel, roots: list[str], *, tree_only: bool = False
 ) -> ExtractedGraph:
@@ -332,9 +186,9 @@ def _extract_greedy(
     eg: SerializedEGraph, cost: CostModel, roots: list[str], tree_only: bool
 ) -> ExtractedGraph:
     const = const_classes(eg)
-    price = _Pricer(eg, cost, const)
-    ix = _Indexed(eg, price)
-    tree_index = _tree_choice(ix)
+    price = Pricer(eg, cost, const)
+    ix = IndexedEGraph(eg, price)
+    tree_index = tree_choice(ix)
     tree = ix.as_choice(tree_index)
     missing = [r for r in roots if r not in tree]
     if missing:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
+from ..egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from .cost import CostModel
-from .greedy import ExtractedGraph, _Pricer, const_classes, dag_cost, extract_greedy, topological
-from .serialized import ENode, SerializedEGraph
+from .greedy import extract_greedy, topological
+from .pricing import Pricer, const_classes, dag_cost
 
 MIP_GAP = 1e-9
 """Relative and absolute gap at which HiGHS stops: costs are microseconds, so this is exact."""
@@ -65,7 +66,7 @@ def extract_ilp(
     """
     deadline = time.perf_counter() + time_limit
     const = const_classes(eg)
-    price = _Pricer(eg, cost, const)
+    price = Pricer(eg, cost, const)
     if warm_start is None:
         warm_start = extract_greedy(eg, cost, roots)
     warm_cost = dag_cost(warm_start.nodes, price)
@@ -211,7 +212,7 @@ def _build_model(eg: SerializedEGraph, roots: list[str]) -> _Model:
     return _Model(nodes, class_col, node_cols)
 
 
-def _lp(model: _Model, price: _Pricer, roots: list[str]) -> highspy.HighsLp:
+def _lp(model: _Model, price: Pricer, roots: list[str]) -> highspy.HighsLp:
     """Rows: sum(x_n for n in c) - y_c = 0 per class; y_k - x_n >= 0 per node and child class."""
     starts, index, value, lower, upper = [0], [], [], [], []
     for eclass, cols in model.node_cols.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .serialized import ENode, Ref, SerializedEGraph
+from ..egraph.graph_types import ENode, Ref, SerializedEGraph
 
 MERGEABLE_OPS = ("matmul", "gemm", "conv")
 """Ops the multi-pattern rules merge (their weight is the second argument)."""

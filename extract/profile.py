@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInputError
+from ..base.errors import BadInputError
+from ..base.options import TARGET_NAMES
 from .cost import OP_CLASSES, ClassConstants, RooflineCost
 
 FORMAT = "onnxsat-cost-profile/1"
@@ -29,25 +30,29 @@ _ORT_CPU_POOL = ClassConstants(peak_gflops=15.0, bandwidth_gbs=10.0, overhead_us
 on 3x3 to 13x13 windows by ``onnxsat calibrate`` on the 2-core development machine), far below the
 default class's rate: without it a large window looks as cheap as its separable passes' bytes."""
 
+_ORT_CPU, _ONNXSAT_CPU, _H200_TARGET = TARGET_NAMES  # fails here when a target is added without a profile
 TARGETS: dict[str, RooflineCost] = {
-    "ort-cpu": RooflineCost(
-        name="ort-cpu",
-        classes={"pool": _ORT_CPU_POOL},
-        fusion="ort",
-        source="built-in defaults (run `onnxsat calibrate` to measure)",
-    ),
-    "onnxsat-cpu": RooflineCost(
-        name="onnxsat-cpu", fusion="none", source="built-in defaults (onnxsat's CPU kernels, not measured)"
-    ),
-    "h200": RooflineCost(
-        name="h200",
-        default=_H200,
-        view_overhead_us=0.1,
-        fusion="none",
-        source="published NVIDIA H200 SXM figures (FP32 67 TFLOP/s, 4.8 TB/s), not measured",
-    ),
+    cost.name: cost
+    for cost in (
+        RooflineCost(
+            name=_ORT_CPU,
+            classes={"pool": _ORT_CPU_POOL},
+            fusion="ort",
+            source="built-in defaults (run `onnxsat calibrate` to measure)",
+        ),
+        RooflineCost(
+            name=_ONNXSAT_CPU, fusion="none", source="built-in defaults (onnxsat's CPU kernels, not measured)"
+        ),
+        RooflineCost(
+            name=_H200_TARGET,
+            default=_H200,
+            view_overhead_us=0.1,
+            fusion="none",
+            source="published NVIDIA H200 SXM figures (FP32 67 TFLOP/s, 4.8 TB/s), not measured",
+        ),
+    )
 }
-"""Built-in profiles per ``--target``; none of them is calibrated."""
+"""Built-in profiles per ``--target`` (``base.options.TARGET_NAMES``); none of them is calibrated."""
 
 
 class ProfileError(BadInputError):

@@ -13,54 +13,12 @@ import json
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from egglog import EGraph
 
-from ..egraph.ops import BY_CTOR
-
-LEAF_OPS = {"Tensor.input", "Tensor.weight", "Tensor.splat", "Tensor.ints", "Tensor.none"}
-LIST_OPS = {"TList.nil", "TList.cons"}
-CHOICE_OPS = LEAF_OPS | LIST_OPS | {"opaque"} | set(BY_CTOR)
-CONST_LEAVES = {"Tensor.weight", "Tensor.splat", "Tensor.ints", "Tensor.none"}
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A reference to an e-class (a tensor or list argument)."""
-
-    eclass: str
-
-
-@dataclass(frozen=True)
-class ENode:
-    """One choice: constructor name and arguments (``Ref`` for e-classes, literals as Python values)."""
-
-    op: str
-    args: tuple[Any, ...]
-    children: tuple[str, ...] = field(init=False, compare=False, repr=False)
-    """The e-classes among ``args``, in order (computed once: extraction reads them constantly)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "children", tuple(a.eclass for a in self.args if isinstance(a, Ref)))
-
-
-@dataclass
-class SerializedEGraph:
-    """E-classes with their candidate e-nodes and per-class analysis values."""
-
-    classes: dict[str, list[ENode]]
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    dtypes: dict[str, int] = field(default_factory=dict)
-    origins: dict[str, int] = field(default_factory=dict)
-    """E-class -> smallest original tensor index in it (from ``tensor_ref`` markers)."""
-    roots: dict[int, str] = field(default_factory=dict)
-    """Graph output index -> its e-class."""
-
-    def num_nodes(self) -> int:
-        return sum(len(v) for v in self.classes.values())
+from ..egraph.graph_types import CHOICE_OPS, ENode, Ref, SerializedEGraph
 
 
 class SerializationTruncated(RuntimeError):

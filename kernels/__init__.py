@@ -3,5 +3,5 @@
 ``codegen`` (kernel IR -> LLVM IR with IRBuilder) and ``mathlib`` (vectorizable exp/erf/tanh);
 ``gemm`` (packed GEMM micro-kernel); ``jit`` (MCJIT + on-disk cache); ``blas`` (OpenBLAS via
 ctypes); ``arena`` (liveness memory plan); ``executable`` (one compiled program and its step
-runners); ``compiled`` (``CompiledModel``, ``compile_model``); ``command`` (``onnxsat compile``).
+runners); ``compiled`` (``CompiledModel``); compiling with optimization first is ``onnxsat.compiler``.
 """

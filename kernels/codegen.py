@@ -64,11 +64,17 @@ def storage_type(dtype: str) -> ir.Type:
     return I8 if dtype == "bool" else LL_TYPES[dtype]
 
 
-class _FunctionBuilder:
-    stream_stores = False
-    """Whether large elementwise loops become streaming vector loops: set by the CPU constructor
-    only, so a subclass for another target (kernels/cuda/nvvm.py) with its own constructor keeps
-    plain loops."""
+class FunctionBuilder:
+    """Builds one kernel's LLVM function with IRBuilder.
+
+    A builder for another target (kernels/cuda/nvvm.py) subclasses it and overrides the hooks:
+    ``declare_function`` (the function's signature and attributes), ``parameter_pointers`` (the
+    buffer pointers known at entry), ``stream_stores`` and the expression/loop methods it emits
+    differently.
+    """
+
+    stream_stores = True
+    """Whether large elementwise loops become streaming vector loops (CPU only)."""
     lanes: int | None = None
     """Set while emitting a streaming vector loop: expressions then yield ``<lanes x float>``."""
     vector_var = ""
@@ -77,16 +83,24 @@ class _FunctionBuilder:
     def __init__(self, module: ir.Module, kernel: Kernel):
         self.module = module
         self.kernel = kernel
-        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64])
-        self.fn = ir.Function(module, fnty, name=kernel.name)
-        self.fn.args[0].name, self.fn.args[1].name, self.fn.args[2].name = "args", "begin", "end"
+        self.fn = self.declare_function()
         self.entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
         self.slots: dict[str, ir.Value] = {}
-        self.ptrs: dict[str, ir.Value] = {}
+        self.ptrs: dict[str, ir.Value] = self.parameter_pointers()
         self.scopes: list[dict[Expr, ir.Value]] = [{}]
         self.written = set(kernel.outputs)
-        self.stream_stores = True
+
+    def declare_function(self) -> ir.Function:
+        """The kernel's function: ``void name(i8** args, i64 begin, i64 end)`` on the CPU."""
+        fnty = ir.FunctionType(ir.VoidType(), [I8.as_pointer().as_pointer(), I64, I64])
+        fn = ir.Function(self.module, fnty, name=self.kernel.name)
+        fn.args[0].name, fn.args[1].name, fn.args[2].name = "args", "begin", "end"
+        return fn
+
+    def parameter_pointers(self) -> dict[str, ir.Value]:
+        """Buffer name -> typed pointer known at entry (none on the CPU: ``build`` loads them from ``args``)."""
+        return {}
 
     # ------------------------------------------------------------ helpers
     def intrinsic(self, name: str, ty: ir.Type, nargs: int = 1) -> ir.Function:
@@ -415,7 +429,7 @@ def build_module(kernels: list[Kernel], name: str = "onnxsat") -> ir.Module:
     """One LLVM module holding a function per kernel."""
     module = ir.Module(name=name)
     for kernel in kernels:
-        _FunctionBuilder(module, kernel).build()
+        FunctionBuilder(module, kernel).build()
     return module
 
 

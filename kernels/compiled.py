@@ -17,9 +17,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxsat.errors import OnnxsatError
 from onnxsat.lowering.lower import LoweringError, lower, value_inputs
-from onnxsat.options import Options
 
 from .executable import Executable, ExecutableStats
 from .jit import default_cache_dir
@@ -116,33 +114,3 @@ class CompiledModel:
             self.workers.close()
         if self.pool is not None:
             self.pool.shutdown(wait=False)
-
-
-class UnsupportedTargetError(OnnxsatError):
-    exit_code = 2
-
-
-def compile_model(
-    model: onnx.ModelProto,
-    target: str = "cpu",
-    options: Options | None = None,
-    *,
-    optimize: bool = True,
-    threads: int | None = None,
-    cache_dir: Path | str | None = "default",
-) -> CompiledModel:
-    """Optimize ``model`` (unless ``optimize=False``) and compile it to native kernels.
-
-    The optimized model is verified against the original by ``onnxsat.optimize`` before it is
-    lowered; ``CompiledModel.optimize_report`` keeps that report.
-    """
-    if target != "cpu":
-        raise UnsupportedTargetError(f"target {target!r} is not available (only 'cpu' is built)")
-    report = None
-    if optimize:
-        from onnxsat.pipeline import optimize as run_optimize
-
-        model, report = run_optimize(model, options)
-    compiled = CompiledModel(model, threads=threads, cache_dir=cache_dir)
-    compiled.optimize_report = report
-    return compiled

@@ -414,7 +414,7 @@ class Executable:
         for name, buf in self.program.inputs:
             value = np.asarray(inputs[name])
             if value.dtype != NUMPY_DTYPES[buf.dtype]:
-                from onnxsat.errors import BadInputError
+                from onnxsat.base.errors import BadInputError
 
                 raise BadInputError(f"input {name!r} has dtype {value.dtype}, the model wants {NUMPY_DTYPES[buf.dtype]}")
             given[buf.name] = value

@@ -40,7 +40,7 @@ class HostTarget:
 
     @property
     def fingerprint(self) -> str:
-        from onnxsat import __version__
+        from onnxsat.base import __version__
 
         return f"{self.triple}|{self.cpu}|{self.features}|llvm{llvm.llvm_version_info}|llvmlite{llvmlite.__version__}|onnxsat{__version__}"
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxsat.errors import OnnxsatError
+from onnxsat.base.errors import OnnxsatError
 
 from .kernel_ir import Buffer, dtype_of_numpy
 from .loops import buffers_of, materialize_kernel

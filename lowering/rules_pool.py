@@ -41,7 +41,7 @@ from .kernel_ir import (
     mul,
 )
 from .loops import buffers_of, for_nest, outer_kernel
-from .rules_reduce import _lowest
+from .rules_reduce import lowest_value
 from .table import NotLowered, lowering
 from .values import Index, Lazy, general, of_buffer
 
@@ -186,7 +186,7 @@ def _pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         raise NotLowered(f"pool window {kernel} wider than {MAX_UNROLLED_WINDOW}")
     # pad once: every window position read below lies inside the padded tensor
     end = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
-    fill = _lowest(x.dtype) if is_max else Const(0.0, x.dtype)
+    fill = lowest_value(x.dtype) if is_max else Const(0.0, x.dtype)
     op = "maxsel" if is_max else "add"
     windowed = [i for i, k in enumerate(kernel) if k > 1] or [n - 1]
     if n == 2 and windowed == [0, 1] and (strides[0] > 1 or not (begin[0] or end[0])):
@@ -295,7 +295,7 @@ def _pool_with_indices(cx: Any, nv: Any, x: Lazy, kernel: list[int], strides: li
             Assign("acc", Select(better, value, acc)),
         )
         return (
-            Decl("acc", dt, _lowest(dt)),
+            Decl("acc", dt, lowest_value(dt)),
             Decl("arg", "i64", i64(0)),
             *for_nest(names, tuple(kernel), inner),
             Store(out, p, acc),

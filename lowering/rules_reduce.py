@@ -37,7 +37,7 @@ from .table import NotLowered, lowering
 from .values import Index, Lazy, broadcast_to, elementwise, of_buffer
 
 
-def _lowest(dtype: str) -> Const:
+def lowest_value(dtype: str) -> Const:
     if is_float(dtype):
         return Const(-math.inf, dtype)
     return Const(int(np.iinfo(NUMPY_DTYPES[dtype]).min), dtype)
@@ -76,7 +76,7 @@ def _reduce(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if op == "add":
         init = Const(0, dt)
     elif op == "max":
-        init = _lowest(dt)
+        init = lowest_value(dt)
     else:
         init = Const(math.inf, dt) if is_float(dt) else Const(int(np.iinfo(NUMPY_DTYPES[dt]).max), dt)
     if nv.op_type == "ReduceMean" and not is_float(dt):
@@ -139,7 +139,7 @@ def _softmax(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         m, s = Local("m", dt), Local("s", dt)
         e = Unary("exp", Binary("sub", x.gen(idx), m))
         return (
-            Decl("m", dt, _lowest(dt)),
+            Decl("m", dt, lowest_value(dt)),
             *for_nest(names, red_shape, (Assign("m", Binary("max", m, x.gen(idx))),)),
             Decl("s", dt, Const(0.0, dt)),
             *for_nest(names, red_shape, (Decl("e", dt, e), Store(out, at, Local("e", dt)), Assign("s", Binary("add", s, Local("e", dt))))),
@@ -234,7 +234,7 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
                 red_shape,
                 lambda o, r: x.gen(_merge([0, 1], red, o, r, rank)),
                 "max" if is_max else "add",
-                _lowest(x.dtype) if is_max else Const(0.0, x.dtype),
+                lowest_value(x.dtype) if is_max else Const(0.0, x.dtype),
                 finish,
                 buffers_of(x),
                 x.size,

@@ -6,10 +6,10 @@ CompiledModel``, ``Options``/``Budgets`` and ``Report``. Everything else is inte
 
 from __future__ import annotations
 
-from .options import Budgets, Options
-from .report import Report
+from .base import __version__
+from .base.options import Budgets, Options
+from .base.report import Report
 
-__version__ = "0.1.0"
 __all__ = ["optimize", "compile", "Options", "Budgets", "Report", "__version__"]
 
 
@@ -21,15 +21,15 @@ def optimize(model, options=None):  # type: ignore[no-untyped-def]
 
 
 def compile(model, target="cpu", options=None, *, optimize=True, threads=None):  # type: ignore[no-untyped-def]  # noqa: A001
-    """Optimize and compile an ONNX ModelProto to native kernels; see ``onnxsat.kernels.compiled``.
+    """Optimize and compile an ONNX ModelProto to native kernels; see ``onnxsat.compiler``.
 
     Returns a ``CompiledModel``: ``cm(input_name=array, ...)`` gives a dict of output arrays.
     ``target="cuda"`` returns a ``CudaModel`` (needs cuda-python and a GPU: ``onnxsat[cuda]``).
     """
     if target == "cuda":
-        from .kernels.cuda.runtime import compile_cuda
+        from .compiler import compile_cuda
 
         return compile_cuda(model, options, optimize=optimize)
-    from .kernels.compiled import compile_model
+    from .compiler import compile_model
 
     return compile_model(model, target, options, optimize=optimize, threads=threads)

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxsat.errors import BadInputError, OnnxsatError, one_line
-from onnxsat.options import PHASE_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, PhaseBudget
 
 if TYPE_CHECKING:
     import onnx
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
-TARGETS = ("ort-cpu", "onnxsat-cpu", "h200")
 EXTRACTORS = ("greedy-dag", "tree", "ilp")
 
 EXIT_OK = 0
@@ -333,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plugin_flags(sel)
     sel.add_argument(
         "--target",
-        choices=TARGETS,
+        choices=TARGET_NAMES,
         default=_DEFAULT_OPTIONS.target,
         help="cost model the extractor minimizes: ort-cpu prices what onnxruntime runs (with its own"
         " fusions), onnxsat-cpu onnxsat's CPU kernels, h200 an NVIDIA H200 from published figures"
@@ -381,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_rules_parser(sub)
     _add_calibrate_parser(sub)
-    from onnxsat.kernels.command import add_parser as add_compile_parser
+    from onnxsat.compile_command import add_parser as add_compile_parser
 
     add_compile_parser(sub)
     return parser
@@ -423,9 +422,9 @@ def _add_calibrate_parser(sub: Any) -> None:
 def _run_calibrate(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.extract.calibrate import calibrate, check_models
+    from onnxsat.base.modelio import check_output_path, load_model
+    from onnxsat.calibrate import calibrate, check_models
     from onnxsat.extract.profile import save_profile
-    from onnxsat.modelio import check_output_path, load_model
 
     out = check_output_path(args.output)
     models = {path: load_model(path) for path in args.check_model}
@@ -637,10 +636,11 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from onnxsat.modelio import (
+    from onnxsat.base.modelio import (
+        check_not_an_input,
         check_output_path,
         check_weights_not_overwritten,
-        load_model,
+        load_model_and_sources,
         save_model_atomic,
     )
 
@@ -653,12 +653,15 @@ def _run_optimize(args: argparse.Namespace) -> int:
             raise BadInputError("--report-json must not be the output model path")
 
     if options.cost_profile is not None:  # a bad profile fails now, not after saturation
-        from onnxsat.pipeline import _cost_model
+        from onnxsat.pipeline import cost_model
 
-        _cost_model(options)
+        cost_model(options)
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
-    model = load_model(args.input, lazy_external_data=not options.measure)
+    model, sources = load_model_and_sources(args.input, lazy_external_data=not options.measure)
+    check_not_an_input(out_path, sources)
+    if report_path is not None:
+        check_not_an_input(report_path, sources, what="--report-json path")
     check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
 
@@ -688,17 +691,14 @@ def _run_optimize(args: argparse.Namespace) -> int:
 def _expand_rule_names(names: list[str]) -> list[str] | None:
     """Rule and family names -> rule names in table order (None: every rule)."""
     from onnxsat.rules import RULES
+    from onnxsat.rules.schedule import expand_rule_names
 
     if not names:
         return None
-    chosen: set[str] = set()
-    for name in names:
-        if name in RULES.families:
-            chosen.update(RULES.families[name])
-        elif name in RULES.egg_rules:
-            chosen.add(name)
-        else:
-            raise BadInputError(f"unknown rule or family '{name}' (see `onnxsat rules list`)")
+    try:
+        chosen = expand_rule_names(names)
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from exc
     return [n for n in RULES.names() if n in chosen]
 
 
@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "calibrate":
             return _run_calibrate(args)
         if args.command == "compile":
-            from onnxsat.kernels.command import run as run_compile
+            from onnxsat.compile_command import run as run_compile
 
             return run_compile(args)
         return _run_optimize(args)

@@ -14,19 +14,20 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from onnxsat.base.errors import VerificationError
+from onnxsat.base.modelio import check_model_full, serialized_size
+from onnxsat.base.options import Options
+from onnxsat.base.report import SaturationReport
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.egraph.program import Program
-from onnxsat.errors import VerificationError
 from onnxsat.extract.cost import CostModel
-from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.pinning import Merge, find_merges, pin
-from onnxsat.extract.serialized import ENode, SerializedEGraph, serialize
-from onnxsat.modelio import check_model_full, serialized_size
-from onnxsat.options import Options
-from onnxsat.pipeline import _cost_model, compare
-from onnxsat.report import SaturationReport
+from onnxsat.extract.serialized import serialize
+from onnxsat.pipeline import compare, cost_model
 from onnxsat.rules.partial import PartialRecord, apply_site_rules
 from onnxsat.rules.schedule import saturate, select_rules
 
@@ -80,7 +81,7 @@ class Saturated:
     ) -> tuple[onnx.ModelProto, ExtractedGraph]:
         """Extract with ``pins`` forced (greedy-DAG under ``cost``, the options' target by default),
         export, fold, and check against the original on onnxruntime (raises on a mismatch)."""
-        cost = cost or _cost_model(self.options)
+        cost = cost or cost_model(self.options)
         eg = pin(self.egraph, pins) if pins else self.egraph
         graph = extract_greedy(eg, cost, self.roots)
         exported = to_onnx(

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxsat import lazy_weights, modelio
+from onnxsat.base import lazy_weights, modelio
 
 WIN, LOSS = 1.02, 0.98
 Verdict = Literal["win", "loss", "tie"]
@@ -135,7 +135,7 @@ def ort_session(
 ) -> ort.InferenceSession:
     """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op threads).
 
-    Weights still in their file (``onnxsat.lazy_weights``) are mapped by onnxruntime from their
+    Weights still in their file (``onnxsat.base.lazy_weights``) are mapped by onnxruntime from their
     folder, never read into the process; a model past protobuf's 2 GiB goes through a temporary
     file with external data. ``prepacking=False`` keeps onnxruntime from copying weights into
     prepacked buffers (a second copy of a large model's weights). ``quiet`` logs fatal errors only

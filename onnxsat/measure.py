@@ -24,8 +24,8 @@ import onnx
 from onnxsat.latency import LatencyComparison, compare_models
 
 if TYPE_CHECKING:
-    from onnxsat.options import Options
-    from onnxsat.report import Report
+    from onnxsat.base.options import Options
+    from onnxsat.base.report import Report
 
 EXACT_FAMILY = "core"
 """Rules whose result equals the input exactly (up to float rounding of folded weights)."""
@@ -70,10 +70,10 @@ def _fmt(c: dict[str, Any]) -> str:
 
 
 def _compare(original: onnx.ModelProto, candidate: onnx.ModelProto, options: Options) -> LatencyComparison:
-    from onnxsat.pipeline import _pinned_dims
+    from onnxsat.pipeline import pinned_dims
     from onnxsat.verification import make_inputs
 
-    feeds = make_inputs(original, seed=0, dim_values=_pinned_dims(original, options))
+    feeds = make_inputs(original, seed=0, dim_values=pinned_dims(original, options))
     return compare_models(
         original, candidate, feeds, threads=options.measure_threads, rounds=options.measure_rounds
     )
@@ -107,7 +107,7 @@ def keep_if_faster(
 
 def _why_not_runnable(model: onnx.ModelProto) -> str | None:
     """onnxruntime's one-line reason for refusing ``model``, or None when it builds a session."""
-    from onnxsat.errors import one_line
+    from onnxsat.base.errors import one_line
     from onnxsat.latency import ort_session
 
     try:

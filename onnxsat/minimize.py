@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 import onnx
 from egglog import EggSmolError
 
-from onnxsat.options import Options
-from onnxsat.report import Report
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report
 
 if TYPE_CHECKING:
     from onnxsat.egraph.program import Program
 
 
 def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
-    from onnxsat.pipeline import _rewrite, compare
+    from onnxsat.pipeline import compare, rewrite_model
 
     try:
-        optimized = _rewrite(original, options, rules, Report())
+        optimized = rewrite_model(original, options, rules, Report())
     except Exception:
         return True
     result, _ = compare(original, optimized, options)

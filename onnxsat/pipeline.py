@@ -12,19 +12,21 @@ from dataclasses import asdict
 import onnx
 from tqdm import tqdm
 
+from onnxsat.base.errors import OnnxsatError, VerificationError
+from onnxsat.base.modelio import check_model_full, serialized_size
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ExtractedGraph
 from onnxsat.egraph.importer import from_onnx
-from onnxsat.errors import OnnxsatError, VerificationError
+from onnxsat.egraph.warm import WarmEGraph, warm_egraph
 from onnxsat.extract.cost import CostModel
-from onnxsat.extract.greedy import ExtractedGraph, extract_greedy
+from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
-from onnxsat.modelio import check_model_full, serialized_size
-from onnxsat.options import Options
-from onnxsat.report import Report, VerificationSummary
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
-from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, saturate, select_rules
+from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import VerificationResult
 
 
@@ -67,15 +69,21 @@ def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
-def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
+def rewrite_model(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
     """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
+    key, declared = declarations(enabled, options.budgets)
+    with warm_egraph(key, declared) as warm:
+        return _rewrite_in(model, options, enabled, report, warm)
+
+
+def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, warm: WarmEGraph) -> onnx.ModelProto:
     progress = options.progress
     with _stage(report, "import", progress):
-        program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
+        program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
     report.opset = program.opset
     report.unknown_ops = dict(program.unknown_ops)
     report.opaque_reasons = dict(program.opaque_reasons)
-    cost = _cost_model(options)
+    cost = cost_model(options)
     with _stage(report, "cost-before", progress):
         before = serialize(program.egraph)
         roots = [before.roots[i] for i in range(len(program.outputs))]
@@ -107,7 +115,7 @@ def _rewrite(model: onnx.ModelProto, options: Options, enabled: list[str], repor
     return folded
 
 
-def _cost_model(options: Options) -> CostModel:
+def cost_model(options: Options) -> CostModel:
     """The built-in profile of ``options.target``, or the calibrated ``options.cost_profile`` file."""
     from onnxsat.extract.profile import TARGETS, load_profile
 
@@ -154,7 +162,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     except ValueError as exc:
         raise OptionsError(str(exc)) from exc
     try:
-        optimized = _rewrite(model, options, enabled, report)
+        optimized = rewrite_model(model, options, enabled, report)
     except UnsoundRuleError as exc:
         from onnxsat.minimize import find_unsound_rules
 
@@ -186,7 +194,7 @@ def compare(original: onnx.ModelProto, optimized: onnx.ModelProto, options: Opti
     from onnxsat.regions import compare_by_regions
     from onnxsat.verification import compare_models
 
-    dims = _pinned_dims(original, options)
+    dims = pinned_dims(original, options)
     result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
     if result.skipped_reason:
         return compare_by_regions(original, optimized, seeds=options.verify_seeds), "regionwise"
@@ -232,7 +240,7 @@ def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[s
     return pins
 
 
-def _pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
+def pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
     """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
     dims: dict[str, int] = {}
     for vi in model.graph.input:

@@ -17,8 +17,14 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
-from onnxsat.verification import OutputCheck, VerificationResult, _compare_values, _session, make_inputs
-from onnxsat.verification import _run as run_session
+from onnxsat.verification import (
+    OutputCheck,
+    VerificationResult,
+    compare_values,
+    inference_session,
+    make_inputs,
+    run_session,
+)
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 
@@ -33,7 +39,7 @@ class _Cut:
 def _runner(model: onnx.ModelProto) -> Callable[[dict[str, np.ndarray]], dict[str, Any]]:
     """onnxruntime for a region model, or onnx's numpy reference when onnxruntime lacks an op."""
     try:
-        session = _session(model, "disable_all")
+        session = inference_session(model, "disable_all")
         return lambda feeds: run_session(session, feeds)
     except Exception:
         reference = ReferenceEvaluator(model)
@@ -125,7 +131,7 @@ def compare_by_regions(
             for a, b in zip(a_cut.boundary_outputs, b_cut.boundary_outputs, strict=True)
         ]
         for label, a, b in pairs:
-            check = _compare_values(label, np.asarray(ref[a]), np.asarray(got[b]))
+            check = compare_values(label, np.asarray(ref[a]), np.asarray(got[b]))
             old = worst.get(label)
             worst[label] = (
                 check if old is None or (not check.ok or check.max_abs_err > old.max_abs_err) else old

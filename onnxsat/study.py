@@ -21,9 +21,9 @@ from typing import Any
 
 import onnx
 
-from onnxsat.options import Options
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report
 from onnxsat.pipeline import optimize
-from onnxsat.report import Report
 
 __all__ = [
     "Run",
@@ -265,7 +265,7 @@ def extractor_records(
     from onnxsat.egraph.importer import from_onnx
     from onnxsat.extract.greedy import extract_greedy
     from onnxsat.extract.serialized import serialize
-    from onnxsat.pipeline import _cost_model
+    from onnxsat.pipeline import cost_model
     from onnxsat.rules.partial import apply_site_rules
     from onnxsat.rules.plugins import load_plugins
     from onnxsat.rules.schedule import saturate, select_rules
@@ -278,7 +278,7 @@ def extractor_records(
     saturate(program, options.budgets, enabled)
     egraph = serialize(program.egraph)
     roots = [egraph.roots[i] for i in range(len(program.outputs))]
-    cost = _cost_model(options)
+    cost = cost_model(options)
     records = []
     greedy = None
     for method in methods:

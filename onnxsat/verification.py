@@ -16,8 +16,9 @@ import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
-from onnxsat import latency, lazy_weights, modelio
-from onnxsat.errors import VerificationError, one_line
+from onnxsat import latency
+from onnxsat.base import lazy_weights, modelio
+from onnxsat.base.errors import VerificationError, one_line
 
 __all__ = [
     "OutputCheck",
@@ -230,10 +231,10 @@ def run_ort(
     dropped an unused input runs on the original's feeds. Models over 2 GiB go through a temporary
     directory with external data.
     """
-    return _run(_session(model, optimization_level), feeds)
+    return run_session(inference_session(model, optimization_level), feeds)
 
 
-def _session(model: ModelProto, optimization_level: str) -> ort.InferenceSession:
+def inference_session(model: ModelProto, optimization_level: str) -> ort.InferenceSession:
     if optimization_level not in _OPT_LEVELS:
         raise ValueError(
             f"optimization_level must be one of {sorted(_OPT_LEVELS)}, not {optimization_level!r}"
@@ -249,7 +250,7 @@ def _session(model: ModelProto, optimization_level: str) -> ort.InferenceSession
     )
 
 
-def _run(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def run_session(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     wanted = {i.name for i in session.get_inputs()}
     names = [o.name for o in session.get_outputs()]
     results = session.run(names, {k: v for k, v in feeds.items() if k in wanted})
@@ -391,15 +392,15 @@ def compare_models(
             ok=False, skipped_reason=f"cannot generate inputs for the original model: {e}"
         )
     try:
-        session = _session(original, "disable_all")
-        references = [_run(session, feeds) for feeds in feeds_per_seed]
+        session = inference_session(original, "disable_all")
+        references = [run_session(session, feeds) for feeds in feeds_per_seed]
     except Exception as e:
         return VerificationResult(
             ok=False, skipped_reason=f"onnxruntime cannot run the original model: {one_line(e)}"
         )
     try:
-        session = _session(optimized, "disable_all")
-        results = [_run(session, feeds) for feeds in feeds_per_seed]
+        session = inference_session(optimized, "disable_all")
+        results = [run_session(session, feeds) for feeds in feeds_per_seed]
     except Exception as e:
         detail = f"onnxruntime cannot run the optimized model: {one_line(e)}"
         checks = [OutputCheck(name, math.inf, 0.0, False, detail) for name in names]
@@ -409,7 +410,7 @@ def compare_models(
     worst: dict[str, OutputCheck] = {}
     for ref, got in zip(references, results, strict=True):
         for name in names:
-            check = _compare_values(name, ref[name], got[name], weakest.get(name))
+            check = compare_values(name, ref[name], got[name], weakest.get(name))
             worst[name] = _worse(worst.get(name), check)
     checks = [worst[name] for name in names]
     return VerificationResult(ok=all(c.ok for c in checks), outputs=checks)
@@ -459,7 +460,7 @@ def _worse(old: OutputCheck | None, new: OutputCheck) -> OutputCheck:
     return new if ratio(new) > ratio(old) else old
 
 
-def _compare_values(name: str, ref: object, got: object, weakest: int | None = None) -> OutputCheck:
+def compare_values(name: str, ref: object, got: object, weakest: int | None = None) -> OutputCheck:
     """Compare one output; sequence outputs (lists of arrays) are compared element by element.
 
     ``weakest``: the lowest-precision float type the output is computed in (``weakest_float_types``);
@@ -470,7 +471,7 @@ def _compare_values(name: str, ref: object, got: object, weakest: int | None = N
             return OutputCheck(name, math.inf, 0.0, False, "sequence lengths or kinds differ")
         worst: OutputCheck | None = None
         for r, g in zip(ref, got, strict=True):
-            worst = _worse(worst, _compare_values(name, r, g, weakest))
+            worst = _worse(worst, compare_values(name, r, g, weakest))
         return worst or OutputCheck(name, 0.0, 0.0, True)
     return _compare_arrays(name, np.asarray(ref), np.asarray(got), weakest)
 

@@ -33,50 +33,50 @@ from typing import Any
 from egglog import EggSmolError, union
 
 from ..egraph import lang as L
+from ..egraph.graph_types import ENode, Ref, SerializedEGraph
 from ..egraph.shapes import shape_rules
-from ..extract.serialized import ENode, Ref, SerializedEGraph
-from .rule_instances import _Lit, _Node, _tlist, to_egglog
+from .rule_instances import TermLit, TermNode, term_list, to_egglog
 
 FAMILY = "partial"
 MAX_CORRECTION = 0.25
 """Default: a site whose correction slabs cover more than this fraction of its outputs is not emitted."""
 
-Term = _Node
+Term = TermNode
 Slab = tuple[int, int, int]
 """A correction region of one output: (axis, start, end) over the full extent of the other axes."""
 
 
 # ---------------------------------------------------------------- term builders
 def leaf(name: str) -> Term:
-    return _Node("Tensor.input", (_Lit("String", name),))
+    return TermNode("Tensor.input", (TermLit("String", name),))
 
 
 def ints(values: Sequence[int]) -> Term:
-    return _Node("Tensor.ints", (_Lit("Vec", tuple(int(v) for v in values)), _Lit("i64", 1)))
+    return TermNode("Tensor.ints", (TermLit("Vec", tuple(int(v) for v in values)), TermLit("i64", 1)))
 
 
-NONE: Term = _Node("Tensor.none", ())
+NONE: Term = TermNode("Tensor.none", ())
 
 
 def call(op: str, tensors: Sequence[Term], attrs: Sequence[tuple[str, Any]]) -> Term:
     """An op node: tensor arguments, then literal attributes as (sort, value)."""
-    return _Node(op, (*tensors, *(_Lit(sort, value) for sort, value in attrs)))
+    return TermNode(op, (*tensors, *(TermLit(sort, value) for sort, value in attrs)))
 
 
 def slice_axis(x: Term, axis: int, start: int, end: int) -> Term:
-    return _Node("slice_", (x, ints([start]), ints([end]), ints([axis]), NONE))
+    return TermNode("slice_", (x, ints([start]), ints([end]), ints([axis]), NONE))
 
 
 def concat(items: Sequence[Term], axis: int) -> Term:
-    return items[0] if len(items) == 1 else _Node("concat", (_tlist(list(items)), _Lit("i64", axis)))
+    return items[0] if len(items) == 1 else TermNode("concat", (term_list(list(items)), TermLit("i64", axis)))
 
 
 def reshape(x: Term, dims: Sequence[int]) -> Term:
-    return _Node("reshape", (x, ints(dims), _Lit("i64", 0)))
+    return TermNode("reshape", (x, ints(dims), TermLit("i64", 0)))
 
 
 def transpose(x: Term, perm: Sequence[int]) -> Term:
-    return _Node("transpose", (x, _Lit("Vec", tuple(perm))))
+    return TermNode("transpose", (x, TermLit("Vec", tuple(perm))))
 
 
 # ---------------------------------------------------------------- windowed ops (Conv, pooling)
@@ -422,9 +422,9 @@ def apply_site_rules(program: Any, enabled: Sequence[str], eg: SerializedEGraph 
 
 def _leaf_nodes(site: Site) -> list[Term]:
     """The leaf nodes of the site's composites (each becomes its e-class's ``tensor_ref``)."""
-    from .rule_instances import _walk
+    from .rule_instances import term_nodes
 
-    return [n for root in site.composites for n in _walk(root) if n.op == "Tensor.input"]
+    return [n for root in site.composites for n in term_nodes(root) if n.op == "Tensor.input"]
 
 
 SIGNATURE_DEPTH = 4
@@ -439,7 +439,7 @@ def signature(term: Term, depth: int = SIGNATURE_DEPTH) -> Any:
     levels are ``ANY`` (plain data, so a record stays JSON-serializable)."""
     if depth == 0 or term.op == "Tensor.input":
         return ANY
-    children = tuple(signature(a, depth - 1) for a in term.args if isinstance(a, _Node))
+    children = tuple(signature(a, depth - 1) for a in term.args if isinstance(a, TermNode))
     return (term.op, _literals(term.args), children)
 
 
@@ -472,8 +472,8 @@ def _literals(args: Sequence[Any]) -> tuple[Any, ...]:
     """The literal (non-tensor) arguments of a term or e-node, lists as tuples, comparable across both."""
     out = []
     for arg in args:
-        if isinstance(arg, (Ref, _Node)):
+        if isinstance(arg, (Ref, TermNode)):
             continue
-        value = arg.value if isinstance(arg, _Lit) else arg
+        value = arg.value if isinstance(arg, TermLit) else arg
         out.append(tuple(value) if isinstance(value, list) else value)
     return tuple(out)

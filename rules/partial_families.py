@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..extract.serialized import SerializedEGraph
+from ..egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,
@@ -68,16 +68,16 @@ def _windowed(call: OpCall) -> tuple[WindowedOp, list[Window], list[Term], dict[
     return op, op.windows(kernel), params, leaves
 
 
-def _shared_leaves(*terms: Term) -> dict[str, Term]:
+def shared_leaves(*terms: Term) -> dict[str, Term]:
     """Leaf name -> the one leaf node object used in ``terms`` (a site binds each leaf once)."""
-    from .rule_instances import _walk
+    from .rule_instances import term_nodes
 
-    return {n.args[0].value: n for t in terms for n in _walk(t) if n.op == "Tensor.input"}  # type: ignore[union-attr]
+    return {n.args[0].value: n for t in terms for n in term_nodes(t) if n.op == "Tensor.input"}  # type: ignore[union-attr]
 
 
-def _rebind(term: Term, leaves: dict[str, Term], memo: dict[int, Term] | None = None) -> Term:
+def rebind_leaves(term: Term, leaves: dict[str, Term], memo: dict[int, Term] | None = None) -> Term:
     """``term`` with every leaf replaced by the shared leaf node of its name."""
-    from .rule_instances import _Node
+    from .rule_instances import TermNode
 
     memo = {} if memo is None else memo
     if id(term) in memo:
@@ -85,7 +85,7 @@ def _rebind(term: Term, leaves: dict[str, Term], memo: dict[int, Term] | None = 
     if term.op == "Tensor.input":
         out = leaves[term.args[0].value]  # type: ignore[union-attr]
     else:
-        out = _Node(term.op, tuple(_rebind(a, leaves, memo) if isinstance(a, _Node) else a for a in term.args))
+        out = TermNode(term.op, tuple(rebind_leaves(a, leaves, memo) if isinstance(a, TermNode) else a for a in term.args))
     memo[id(term)] = out
     return out
 
@@ -94,14 +94,14 @@ def exact_site(rule: str, call: OpCall, leaves: dict[str, tuple[str, tuple[int, 
                cuts: list[list[int]], multilinear: bool = True) -> Site:
     """A site whose mutant needs no correction under the family's guards (PET's check must find no
     differing box): the composite is the mutant itself."""
-    shared = _shared_leaves(original, mutant)
+    shared = shared_leaves(original, mutant)
     memo: dict[int, Term] = {}
-    mutant = _rebind(mutant, shared, memo)
+    mutant = rebind_leaves(mutant, shared, memo)
     return Site(
         rule=rule,
         outputs=[call.out],
         leaves=leaves,
-        originals=[_rebind(original, shared, memo)],
+        originals=[rebind_leaves(original, shared, memo)],
         mutants=[mutant],
         composites=[mutant],
         corrections=[[]],
@@ -152,7 +152,7 @@ def spatial_to_batch_site(rule: str, call: OpCall, tiles: int = TILES, trim: int
             slabs.append((a, b, recompute_slab(op, x, params, 2, win_h, height, a, b)))
     composite = overwrite(mutant, 2, out_h, slabs)
     original = op.apply(x, params)
-    shared = _shared_leaves(original, mutant, composite)
+    shared = shared_leaves(original, mutant, composite)
     memo: dict[int, Term] = {}
     cuts = full_cuts(call.out_shape)
     cuts[2] = win_h.cuts([0, height, *seams], out_h)
@@ -161,9 +161,9 @@ def spatial_to_batch_site(rule: str, call: OpCall, tiles: int = TILES, trim: int
         rule=rule,
         outputs=[call.out],
         leaves=leaves,
-        originals=[_rebind(original, shared, memo)],
-        mutants=[_rebind(mutant, shared, memo)],
-        composites=[_rebind(composite, shared, memo)],
+        originals=[rebind_leaves(original, shared, memo)],
+        mutants=[rebind_leaves(mutant, shared, memo)],
+        composites=[rebind_leaves(composite, shared, memo)],
         corrections=[[(2, a, b) for a, b, _ in slabs]],
         cuts=[cuts],
         out_shapes=[call.out_shape],
@@ -263,7 +263,7 @@ def concat_width_site(rule: str, c1: OpCall, c2: OpCall) -> Site | None:
         slabs = [] if fix is None or fix[0] >= fix[1] else [(fix[0], fix[1], recompute_slab(op, x, params, 3, win_w, width, *fix))]
         outs.append((m, overwrite(m, 3, out_w, slabs), [(3, s, e) for s, e, _ in slabs], width, x))
     originals = [op.apply(x1, params), op.apply(x2, params)]
-    shared = _shared_leaves(*originals, *(o[1] for o in outs))
+    shared = shared_leaves(*originals, *(o[1] for o in outs))
     memo: dict[int, Term] = {}
     leaves = {k: v for k, v in leaves1.items() if k != "x"}
     leaves["x1"] = (c1.inputs[0], s1, c1.dtype)  # type: ignore[assignment]
@@ -278,9 +278,9 @@ def concat_width_site(rule: str, c1: OpCall, c2: OpCall) -> Site | None:
         rule=rule,
         outputs=[c1.out, c2.out],
         leaves=leaves,
-        originals=[_rebind(t, shared, memo) for t in originals],
-        mutants=[_rebind(o[0], shared, memo) for o in outs],
-        composites=[_rebind(o[1], shared, memo) for o in outs],
+        originals=[rebind_leaves(t, shared, memo) for t in originals],
+        mutants=[rebind_leaves(o[0], shared, memo) for o in outs],
+        composites=[rebind_leaves(o[1], shared, memo) for o in outs],
         corrections=[o[2] for o in outs],
         cuts=all_cuts,
         out_shapes=[c1.out_shape, c2.out_shape],
@@ -398,9 +398,9 @@ def matmul_gemm_site(rule: str, call: OpCall) -> Site | None:
 
 
 def _call2(op: str, a: Term, b: Term) -> Term:
-    from .rule_instances import _Node
+    from .rule_instances import TermNode
 
-    return _Node(op, (a, b))
+    return TermNode(op, (a, b))
 
 
 def _matmul_sample(a: tuple[int, ...], n: int, tag: str) -> OpCall:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..extract.serialized import SerializedEGraph
+from ..egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,
@@ -33,14 +33,14 @@ from .partial import (
     slice_axis,
     transpose,
 )
-from .partial_families import _rebind, _shared_leaves
-from .rule_instances import _Lit, _Node
+from .partial_families import rebind_leaves, shared_leaves
+from .rule_instances import TermLit, TermNode
 
 RULE = "conv-pointwise-merge"
 
 
-def _node(op: str, *args: Term | _Lit) -> Term:
-    return _Node(op, tuple(args))
+def _node(op: str, *args: Term | TermLit) -> Term:
+    return TermNode(op, tuple(args))
 
 
 def merged_weight(w1: Term, w2: Term, c_in: int, c_mid: int, c_out: int, kh: int, kw: int) -> Term:
@@ -54,7 +54,7 @@ def merged_bias(b1: Term | None, w2: Term, b2: Term | None, c_mid: int, c_out: i
     """``b2[o] + sum_{m,i,j} w2[o, m, i, j] * b1[m]`` (``NONE`` when neither Conv has a bias)."""
     if b1 is None:
         return b2 if b2 is not None else NONE
-    taps = _node("reduce_sum", w2, ints([2, 3]), _Lit("i64", 0), _Lit("i64", 0))  # [C_out, C_mid]
+    taps = _node("reduce_sum", w2, ints([2, 3]), TermLit("i64", 0), TermLit("i64", 0))  # [C_out, C_mid]
     spread = reshape(_node("matmul", taps, reshape(b1, [c_mid, 1])), [c_out])
     return spread if b2 is None else _node("add", spread, b2)
 
@@ -126,7 +126,7 @@ def merge_site(first: OpCall, second: OpCall, *, skip_corrections: int = 0) -> S
             kept = found[skip_corrections:] if axis == 3 else found
             composite = overwrite(composite, axis, out, [(s, e, recompute(axis, window, size, s, e)) for _, s, e in kept])
             slabs += found
-    shared = _shared_leaves(original, mutant, composite)
+    shared = shared_leaves(original, mutant, composite)
     memo: dict[int, Term] = {}
     cuts = full_cuts(second.out_shape)
     cuts[2] = win_h.cuts([0, height], out_h)
@@ -135,9 +135,9 @@ def merge_site(first: OpCall, second: OpCall, *, skip_corrections: int = 0) -> S
         rule=RULE,
         outputs=[second.out],
         leaves=leaves,
-        originals=[_rebind(original, shared, memo)],
-        mutants=[_rebind(mutant, shared, memo)],
-        composites=[_rebind(composite, shared, memo)],
+        originals=[rebind_leaves(original, shared, memo)],
+        mutants=[rebind_leaves(mutant, shared, memo)],
+        composites=[rebind_leaves(composite, shared, memo)],
         corrections=[slabs],
         cuts=[cuts],
         out_shapes=[second.out_shape],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..extract.serialized import SerializedEGraph
+from ..egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,
@@ -36,7 +36,7 @@ from .partial import (
     transpose,
 )
 from .partial_families import exact_site
-from .rule_instances import _Lit, _Node
+from .rule_instances import TermLit, TermNode
 
 RULE = "conv-transpose-subpixel"
 
@@ -101,16 +101,16 @@ def phase_indices(h: PhasePlan, w: PhasePlan) -> list[int]:
     return out
 
 
-def _node(op: str, *args: Term | _Lit) -> Term:
-    return _Node(op, tuple(args))
+def _node(op: str, *args: Term | TermLit) -> Term:
+    return TermNode(op, tuple(args))
 
 
 def phase_weight(w: Term, c_in: int, c_out: int, h: PhasePlan, w_plan: PhasePlan) -> Term:
     """The Conv weight ``[s_h*s_w*C_out, C_in, T_h, T_w]`` (channel ``(b_h*s_w + b_w)*C_out + c``) as a
     weight-only subgraph of the ConvTranspose weight ``[C_in, C_out, k_h, k_w]``."""
     flat = reshape(w, [c_in, c_out, h.kernel * w_plan.kernel])
-    with_zero = _node("pad", flat, ints([0, 0, 0, 0, 0, 1]), NONE, NONE, _Lit("String", "constant"))
-    gathered = _node("gather", with_zero, ints(phase_indices(h, w_plan)), _Lit("i64", 2))
+    with_zero = _node("pad", flat, ints([0, 0, 0, 0, 0, 1]), NONE, NONE, TermLit("String", "constant"))
+    gathered = _node("gather", with_zero, ints(phase_indices(h, w_plan)), TermLit("i64", 2))
     phases = h.stride * w_plan.stride
     blocks = reshape(gathered, [c_in, c_out, phases, h.taps, w_plan.taps])
     return reshape(transpose(blocks, [2, 1, 0, 3, 4]), [phases * c_out, c_in, h.taps, w_plan.taps])

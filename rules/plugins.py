@@ -28,13 +28,13 @@ from typing import Any, Literal
 from egglog import RewriteOrRule, Ruleset, String, Vec, eq, f64, i64, rule, set_, var
 from egglog.declarations import BiRewriteDecl, EqDecl, RewriteDecl, RuleDecl, UnboundVarDecl, UnionDecl
 
-from onnxsat.errors import OnnxsatError
-from onnxsat.options import Options
+from onnxsat.base.errors import OnnxsatError
+from onnxsat.base.options import Options
 
 from ..egraph import lang as L
+from ..egraph.graph_types import CHOICE_OPS
 from ..egraph.ops import BY_CTOR, OPS, OpSpec, ctor_name
 from ..egraph.shapes import shape_rules
-from ..extract.serialized import CHOICE_OPS
 from .registry import RULES, RuleTable, rewrite_rule
 
 __all__ = [

@@ -24,10 +24,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..egraph import lang as L
 from ..egraph.exporter import to_onnx
+from ..egraph.graph_types import ENode, ExtractedGraph, Ref
 from ..egraph.ops import BY_CTOR, OpSpec
 from ..egraph.program import Program
-from ..extract.greedy import ExtractedGraph, topological
-from ..extract.serialized import ENode, Ref
+from ..extract.greedy import topological
 from .instance_sampling import HINTABLE, SAMPLERS, Gen, Known, Want, arg_names
 from .rule_pattern import Invalid, RulePattern, Unsupported, op_name
 
@@ -39,17 +39,17 @@ LEAVES = ("Tensor.input", "Tensor.weight")
 
 # ---------------------------------------------------------------- instances
 @dataclass(frozen=True)
-class _Lit:
+class TermLit:
     sort: str
     value: Any
 
 
 @dataclass(eq=False)
-class _Node:
+class TermNode:
     """One node of a concrete instance term (its identity is the node: shared subterms stay shared)."""
 
     op: str
-    args: tuple[_Node | _Lit, ...]
+    args: tuple[TermNode | TermLit, ...]
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Instance:
         self.gen = Gen(rng, pattern.rank_hints)
         self.env: dict[str, Any] = {}
         self.leaves: dict[str, _Leaf] = {}
-        self.built: dict[int, _Node] = {}
+        self.built: dict[int, TermNode] = {}
         self.known: dict[int, Known | None] = {}
         self.weights: dict[str, onnx.TensorProto] = {}
         self.roots = [self.term(d, None) for d in pattern.roots]
@@ -135,7 +135,7 @@ class Instance:
         name = op_name(e)
         return name.startswith("Tensor.") or name in HINTABLE
 
-    def term(self, d: TypedExprDecl, want: Want | None) -> _Node:
+    def term(self, d: TypedExprDecl, want: Want | None) -> TermNode:
         if id(d) in self.built:
             return self.built[id(d)]
         e = d.expr
@@ -145,7 +145,7 @@ class Instance:
                 self.env[e.name] = (
                     self.term(defined, want) if defined else self.leaf(e.name, want or Want(self.gen.shape()))
                 )
-            return cast(_Node, self.env[e.name])
+            return cast(TermNode, self.env[e.name])
         if not isinstance(e, CallDecl):
             raise Unsupported(f"cannot instantiate {e}")
         op = op_name(e)
@@ -158,11 +158,11 @@ class Instance:
         self.built[id(d)] = node
         return node
 
-    def leaf(self, var: str, want: Want, weight: bool | None = None) -> _Node:
+    def leaf(self, var: str, want: Want, weight: bool | None = None) -> TermNode:
         if want.kind == "none" or (want.optional and weight is None and self.gen.chance(0.25)):
-            return _Node("Tensor.none", ())
+            return TermNode("Tensor.none", ())
         if want.kind == "ints":
-            return _Node("Tensor.ints", (_Lit("Vec", want.values), _Lit("i64", 0 if want.shape == () else 1)))
+            return TermNode("Tensor.ints", (TermLit("Vec", want.values), TermLit("i64", 0 if want.shape == () else 1)))
         shape = want.shape
         hint = self.pattern.dim_hints.get(var, {})
         rank = hint.get(-1, len(shape))
@@ -178,30 +178,30 @@ class Instance:
         self.leaves[name] = _Leaf(name, var, shape, dtype, want.kind, weight, want.high)
         if weight:
             self.weights[name] = numpy_helper.from_array(_random(self.leaves[name], self.rng), name)
-        return _Node("Tensor.weight" if weight else "Tensor.input", (_Lit("String", name),))
+        return TermNode("Tensor.weight" if weight else "Tensor.input", (TermLit("String", name),))
 
-    def leaf_call(self, op: str, e: CallDecl, want: Want) -> _Node:
+    def leaf_call(self, op: str, e: CallDecl, want: Want) -> TermNode:
         if op == "Tensor.none":
-            return _Node(op, ())
+            return TermNode(op, ())
         if op == "Tensor.splat":
             dt = {"ints": INT64, "index": INT64, "bool": BOOL}.get(want.kind, DOUBLE)
             value, dims = self.prim(e.args[0], self.gen.special()), self.prim(e.args[1], want.shape)
-            return _Node(
+            return TermNode(
                 op,
-                (_Lit("f64", float(value)), _Lit("Vec", tuple(dims)), _Lit("i64", self.prim(e.args[2], dt))),
+                (TermLit("f64", float(value)), TermLit("Vec", tuple(dims)), TermLit("i64", self.prim(e.args[2], dt))),
             )
         if op == "Tensor.ints":
             rank = self.prim(e.args[1], 0 if want.shape == () else 1)
             count = 1 if rank == 0 else (want.shape[0] if len(want.shape) == 1 else self.gen.dim())
             values = want.values if want.kind == "ints" else tuple(self.gen.dim() for _ in range(count))
-            return _Node(op, (_Lit("Vec", tuple(self.prim(e.args[0], values))), _Lit("i64", rank)))
+            return TermNode(op, (TermLit("Vec", tuple(self.prim(e.args[0], values))), TermLit("i64", rank)))
         if op in LEAVES:
             var = str(self.prim(e.args[0], f"leaf{len(self.leaves)}"))
             kind = "data" if want.kind in ("ints", "none") else want.kind
             return self.leaf(var, Want(want.shape, kind), weight=op == "Tensor.weight")
         raise Unsupported(f"cannot instantiate {op}")
 
-    def op(self, spec: OpSpec, e: CallDecl, want: Want | None) -> _Node:
+    def op(self, spec: OpSpec, e: CallDecl, want: Want | None) -> TermNode:
         """Build one modelled op: fixed arguments first, then the sampler's proposals for the rest."""
         names = arg_names(spec)
         if len(names) != len(e.args):
@@ -219,7 +219,7 @@ class Instance:
                 known[name] = self.prim(d, None)
         sampler = SAMPLERS.get(spec.name)
         wants = sampler(self.gen, known) if sampler else {n: Want(self.gen.shape()) for n in names}
-        args: list[_Node | _Lit] = []
+        args: list[TermNode | TermLit] = []
         for name, d in zip(names, e.args, strict=True):
             sort = d.tp.ident.name
             if sort == "Tensor":
@@ -228,49 +228,49 @@ class Instance:
                 args.append(self.tlist(d, cast(list[Want], wants.get(name) or [])))
             else:
                 default = next((a.default for a in spec.attrs if a.name == name), None)
-                args.append(_Lit(sort, self.prim(d, wants.get(name, default))))
-        return _Node(spec.name, tuple(args))
+                args.append(TermLit(sort, self.prim(d, wants.get(name, default))))
+        return TermNode(spec.name, tuple(args))
 
-    def tlist(self, d: TypedExprDecl, wants: list[Want]) -> _Node:
+    def tlist(self, d: TypedExprDecl, wants: list[Want]) -> TermNode:
         e = d.expr
         if isinstance(e, UnboundVarDecl):
             if e.name not in self.env:
-                self.env[e.name] = _tlist([self.leaf(f"{e.name}{i}", w) for i, w in enumerate(wants)])
-            return cast(_Node, self.env[e.name])
+                self.env[e.name] = term_list([self.leaf(f"{e.name}{i}", w) for i, w in enumerate(wants)])
+            return cast(TermNode, self.env[e.name])
         op = op_name(e) if isinstance(e, CallDecl) else str(e)
         if op == "TList.nil":
-            return _Node(op, ())
+            return TermNode(op, ())
         if op == "TList.cons":
             args = cast(CallDecl, e).args
-            return _Node(
+            return TermNode(
                 op, (self.term(args[0], wants[0] if wants else None), self.tlist(args[1], wants[1:]))
             )
         raise Unsupported(f"cannot instantiate a list made by {op}")
 
-    def known_of(self, node: _Node) -> Known | None:
+    def known_of(self, node: TermNode) -> Known | None:
         if id(node) not in self.known:
             if node.op == "Tensor.none":
                 self.known[id(node)] = None
             elif node.op in LEAVES:
-                leaf = self.leaves[cast(_Lit, node.args[0]).value]
+                leaf = self.leaves[cast(TermLit, node.args[0]).value]
                 self.known[id(node)] = Known(leaf.shape, leaf.dtype)
             else:
                 (value,) = self.evaluate(node, 1)
                 self.known[id(node)] = Known(value.shape, int(helper.np_dtype_to_tensor_dtype(value.dtype)))
         return self.known[id(node)]
 
-    def evaluate(self, node: _Node, seeds: int) -> list[np.ndarray]:
+    def evaluate(self, node: TermNode, seeds: int) -> list[np.ndarray]:
         return [outs[0] for outs in self.evaluate_all([node], seeds)]
 
-    def evaluate_all(self, nodes: list[_Node], seeds: int) -> list[list[np.ndarray]]:
+    def evaluate_all(self, nodes: list[TermNode], seeds: int) -> list[list[np.ndarray]]:
         try:
             graph = term_graph(*nodes)
             return evaluate(term_program(self, graph), graph, [self.feeds(s) for s in range(seeds)])
         except Exception as exc:
             raise Invalid("the reference cannot evaluate the instance") from exc
 
-    def op_nodes(self) -> list[_Node]:
-        return list({id(n): n for r in self.roots for n in _walk(r) if n.op in BY_CTOR}.values())
+    def op_nodes(self) -> list[TermNode]:
+        return list({id(n): n for r in self.roots for n in term_nodes(r) if n.op in BY_CTOR}.values())
 
     def feeds(self, seed: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([seed, self.tag])
@@ -279,7 +279,7 @@ class Instance:
     def marker_leaves(self) -> list[str]:
         """Leaf names of the variables the rule reads import order of, in creation order."""
         nodes = [self.env[v] for v in self.pattern.markers if v in self.env]
-        names = {cast(_Lit, n.args[0]).value for n in nodes if n.op in LEAVES}
+        names = {cast(TermLit, n.args[0]).value for n in nodes if n.op in LEAVES}
         return [n for n in self.leaves if n in names]
 
     def leaf_text(self) -> dict[str, str]:
@@ -298,21 +298,21 @@ def _heads(d: TypedExprDecl) -> list[TypedExprDecl]:
     return out
 
 
-def _tlist(items: list[_Node]) -> _Node:
-    out = _Node("TList.nil", ())
+def term_list(items: list[TermNode]) -> TermNode:
+    out = TermNode("TList.nil", ())
     for item in reversed(items):
-        out = _Node("TList.cons", (item, out))
+        out = TermNode("TList.cons", (item, out))
     return out
 
 
-def _walk(root: _Node) -> list[_Node]:
-    seen: dict[int, _Node] = {}
+def term_nodes(root: TermNode) -> list[TermNode]:
+    seen: dict[int, TermNode] = {}
     stack = [root]
     while stack:
         node = stack.pop()
         if id(node) not in seen:
             seen[id(node)] = node
-            stack.extend(a for a in node.args if isinstance(a, _Node))
+            stack.extend(a for a in node.args if isinstance(a, TermNode))
     return list(seen.values())
 
 
@@ -335,10 +335,10 @@ def _random(leaf: _Leaf, rng: np.random.Generator) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- egglog and ONNX views of a term
-def to_egglog(node: _Node, memo: dict[int, Any]) -> Any:
+def to_egglog(node: TermNode, memo: dict[int, Any]) -> Any:
     if id(node) not in memo:
         args = [
-            to_egglog(a, memo) if isinstance(a, _Node)
+            to_egglog(a, memo) if isinstance(a, TermNode)
             else L.ivec([int(v) for v in a.value]) if a.sort == "Vec"
             else {"i64": lambda v: i64(int(v)), "f64": lambda v: f64(float(v)), "String": String}[a.sort](a.value)
             for a in node.args
@@ -353,12 +353,12 @@ def to_egglog(node: _Node, memo: dict[int, Any]) -> Any:
     return memo[id(node)]
 
 
-def term_graph(*roots: _Node) -> ExtractedGraph:
+def term_graph(*roots: TermNode) -> ExtractedGraph:
     """Terms as an extracted graph (one synthetic e-class per node) for the exporter."""
-    nodes = list({id(n): n for root in roots for n in _walk(root)}.values())
+    nodes = list({id(n): n for root in roots for n in term_nodes(root)}.values())
     ids = {id(n): f"t{i}" for i, n in enumerate(nodes)}
     choice = {
-        ids[id(n)]: ENode(n.op, tuple(Ref(ids[id(a)]) if isinstance(a, _Node) else a.value for a in n.args))
+        ids[id(n)]: ENode(n.op, tuple(Ref(ids[id(a)]) if isinstance(a, TermNode) else a.value for a in n.args))
         for n in nodes
     }
     tops = [ids[id(root)] for root in roots]
@@ -398,9 +398,9 @@ def evaluate(
     """Export the terms and run them with ``onnx.reference`` once per feed (all outputs each time)."""
     from onnx.reference import ReferenceEvaluator
 
-    from .verify_partial import _pool_ops  # the reference's stride-1 MaxPool fails on a 1-wide kernel
+    from .verify_partial import numpy_pool_ops  # the reference's stride-1 MaxPool fails on a 1-wide kernel
 
-    evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=_pool_ops())
+    evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=numpy_pool_ops())
     with np.errstate(all="ignore"):
         return [[np.asarray(v) for v in evaluator.run(None, f)] for f in feeds]
 

@@ -18,13 +18,14 @@ from dataclasses import dataclass, replace
 
 from egglog import EggSmolError, Schedule, back_off, run
 
-from onnxsat.options import PHASE_NAMES, Budgets, PhaseBudget
-from onnxsat.report import IterationRecord, PhaseRecord, SaturationReport
+from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
+from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
 from .registry import RULES
 
+_ALGEBRA, _LAYOUT, _PARTIAL, _MULTI, _FUSION = PHASE_NAMES  # the names are Options'; a new one needs a place here
 ALGEBRA_FAMILIES = ("core", "algebraic", "linear", "interchange", "reduce")
 LAYOUT_FAMILIES = ("layout", "shape-arith", "dtype")
 PARTIAL_FAMILIES = ("partial",)
@@ -57,13 +58,13 @@ def default_schedule(budgets: Budgets, families: Iterable[str] | None = None) ->
     each with its own limits from ``budgets.phases`` (``--phase-budget``)."""
     known = list(RULES.families) if families is None else list(families)
     plugins = [Phase(f"plugin:{f}", (f,)) for f in known if f not in _IN_TREE]
-    rounds = [Phase("algebra", ALGEBRA_FAMILIES), Phase("layout", LAYOUT_FAMILIES)] * 2
+    rounds = [Phase(_ALGEBRA, ALGEBRA_FAMILIES), Phase(_LAYOUT, LAYOUT_FAMILIES)] * 2
     phases = [
         *rounds,
-        Phase("partial", PARTIAL_FAMILIES),
+        Phase(_PARTIAL, PARTIAL_FAMILIES),
         *plugins,
-        Phase("multi", MULTI_FAMILIES, iterations=budgets.k_multi),
-        Phase("fusion", FUSION_FAMILIES),
+        Phase(_MULTI, MULTI_FAMILIES, iterations=budgets.k_multi),
+        Phase(_FUSION, FUSION_FAMILIES),
     ]
     return [_with_own_limits(phase, budgets.phase(phase.name)) for phase in phases]
 
@@ -115,22 +116,25 @@ def select_rules(
     """Rule names enabled by ``--rules-only`` / ``--disable-rules`` / ``--enable-rules`` (names or
     family names). Default-off families (``RuleTable.default_off``) run only when named."""
     known = RULES.names()
-
-    def expand(items: tuple[str, ...]) -> set[str]:
-        out: set[str] = set()
-        for item in items:
-            if item in RULES.families:
-                out.update(RULES.families[item])
-            elif item in known:
-                out.add(item)
-            else:
-                raise ValueError(f"unknown rule or family {item!r} (see `onnxsat rules list`)")
-        return out
-
-    enabled = expand(rules_only) if rules_only else set(known) - expand(tuple(RULES.default_off))
+    expand = expand_rule_names
+    enabled = expand(rules_only) if rules_only else set(known) - expand(RULES.default_off)
     enabled |= expand(enable)
     enabled -= expand(disable)
     return [n for n in known if n in enabled]
+
+
+def expand_rule_names(items: Iterable[str]) -> set[str]:
+    """Rule and family names -> the rule names they stand for; ValueError on an unknown name."""
+    known = set(RULES.names())
+    out: set[str] = set()
+    for item in items:
+        if item in RULES.families:
+            out.update(RULES.families[item])
+        elif item in known:
+            out.add(item)
+        else:
+            raise ValueError(f"unknown rule or family {item!r} (see `onnxsat rules list`)")
+    return out
 
 
 def rewrite_step(enabled: list[str], budgets: Budgets) -> Schedule:
@@ -262,6 +266,14 @@ def schedule_rulesets(enabled: list[str], budgets: Budgets) -> list[list[str]]:
         if names and names not in seen:
             seen.append(names)
     return seen
+
+
+def declarations(enabled: list[str], budgets: Budgets) -> tuple[tuple[str, ...], list[Schedule]]:
+    """What a run of the default schedule declares into its e-graph, and a key naming it: the
+    analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``)."""
+    phases = schedule_rulesets(enabled, budgets)
+    key = ("shapes", *("\n".join(names) for names in phases))
+    return key, [shape_rules.saturate(), *(rewrite_step(names, budgets) for names in phases)]
 
 
 def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: list[str]) -> tuple[IterationRecord, bool]:

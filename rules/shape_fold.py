@@ -13,7 +13,7 @@ from egglog import Vec, f64, i64, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
-from ..egraph.shapes import _clamp, norm_axis
+from ..egraph.shapes import clamp, norm_axis
 from .layout import SHAPE_FAMILY
 from .registry import ROOT as t
 from .registry import RULES, rewrite_rule
@@ -67,8 +67,8 @@ _add(
 
 # Shape with start/end over known dims is a constant (opset-15 Shape, PyTorch's x.shape[1:]).
 for _n in range(1, 6):
-    _start = _clamp(norm_axis(ia, sx.length()), 0, sx.length())
-    _end = _clamp(norm_axis(ib.min(i64(2**62)), sx.length()), 0, sx.length())
+    _start = clamp(norm_axis(ia, sx.length()), 0, sx.length())
+    _end = clamp(norm_axis(ib.min(i64(2**62)), sx.length()), 0, sx.length())
     _add(
         "shape-range-of-known",
         L.shape_of(x, ia, ib),
@@ -82,8 +82,8 @@ for _n in range(1, 6):
 # Slice of a constant int vector (x.shape[2:] after the Shape folded) is a constant.
 for _n in range(1, 5):
     _len = va.length()
-    _start = _clamp(norm_axis(vb[0], _len), 0, _len)
-    _end = _clamp(norm_axis(vc[0].min(i64(2**62)), _len), 0, _len)
+    _start = clamp(norm_axis(vb[0], _len), 0, _len)
+    _end = clamp(norm_axis(vc[0].min(i64(2**62)), _len), 0, _len)
     for _axes_name, _axes in (("implicit", L.Tensor.none()), ("axis0", _ints(Vec(i64(0))))):
         _add(
             "slice-const-ints",

@@ -14,7 +14,7 @@ from egglog import String, Vec, i64, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
-from ..egraph.shapes import _is_zero, norm_axis
+from ..egraph.shapes import is_zero, norm_axis
 from .layout import BINARY
 from .layout import FAMILY as LAYOUT_FAMILY
 from .registry import ROOT as t
@@ -42,7 +42,7 @@ def _axis(axis: i64) -> i64:
 
 def inverse(perm: Vec[i64], rank: int) -> list[i64]:
     """``q`` with ``q[perm[i]] == i`` (``q[j]`` = the sum of ``i * (perm[i] == j)``)."""
-    return [sum((i64(i) * _is_zero(perm[i] - j) for i in range(rank)), i64(0)) for j in range(rank)]
+    return [sum((i64(i) * is_zero(perm[i] - j) for i in range(rank)), i64(0)) for j in range(rank)]
 
 
 def _in_range(axes: Vec[i64], k: int) -> list[FactLike]:

@@ -31,10 +31,12 @@ from onnx import helper
 
 from ..egraph import lang as L
 from ..egraph.exporter import to_onnx
+from ..egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
 from ..egraph.shapes import shape_rules
 from ..extract.cost import NodeCtx
-from ..extract.greedy import ExtractedGraph, _Indexed, _Pricer, _tree_choice, const_classes, topological
-from ..extract.serialized import LIST_OPS, ENode, SerializedEGraph, serialize
+from ..extract.greedy import topological, tree_choice
+from ..extract.pricing import IndexedEGraph, Pricer, const_classes
+from ..extract.serialized import serialize
 from .registry import RULES, RuleTable
 from .rule_instances import (
     LEAVES,
@@ -331,8 +333,8 @@ class RuleVerifier:
                 discarded["the shape analysis gives a matched term no shape"] += 1
                 continue
             if tree is None:  # smallest term per e-class, shared by the batch's instances
-                indexed = _Indexed(post, _Pricer(post, _UnitCost(), const_classes(post)))
-                tree = indexed.as_choice(_tree_choice(indexed))
+                indexed = IndexedEGraph(post, Pricer(post, _UnitCost(), const_classes(post)))
+                tree = indexed.as_choice(tree_choice(indexed))
             try:
                 found = self._check_instance(inst, post, roots, tree)
             except Invalid as exc:

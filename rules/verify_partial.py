@@ -124,7 +124,7 @@ def conv_transpose_reference(
     return cast(np.ndarray, out)
 
 
-def _pool_ops() -> list[type]:
+def numpy_pool_ops() -> list[type]:
     """onnx.reference's MaxPool and AveragePool with the common case (one output, ceil_mode 0,
     explicit pads, no dilation for averages) in numpy: the reference's stride-1 MaxPool fails on a
     kernel with a dimension of 1 (onnx 1.23: "zero-size array to reduction operation maximum"),
@@ -172,7 +172,7 @@ def evaluate(program: Program, graph: Any, feeds: list[dict[str, np.ndarray]]) -
 
     from ..egraph.exporter import to_onnx
 
-    evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=_pool_ops())
+    evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=numpy_pool_ops())
     with np.errstate(all="ignore"):
         return [[np.asarray(v) for v in evaluator.run(None, f)] for f in feeds]
 
@@ -319,7 +319,7 @@ def composite_model(site: Any, original: Any, leaf_names: dict[str, str]) -> Any
     from onnx import ModelProto
 
     from ..egraph.exporter import to_onnx
-    from ..extract.serialized import ENode
+    from ..egraph.graph_types import ENode
 
     model = cast(ModelProto, original)
     weights = {t.name: t for t in model.graph.initializer}

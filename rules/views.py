@@ -15,7 +15,7 @@ from egglog import Vec, f64, i64, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
-from ..egraph.shapes import _is_zero, norm_axis
+from ..egraph.shapes import is_zero, norm_axis
 from .layout import BINARY, UNARY
 from .layout import FAMILY as LAYOUT_FAMILY
 from .registry import ROOT as t
@@ -97,7 +97,7 @@ for _name, _v in _inner_views().items():
     )
     # A 0 entry copies the view's dim at that position: fine when x has the same dim there.
     for _n in range(1, 5):
-        _kept = [_is_zero(vb[i]) * (i64(1) - _is_zero(sv[i] - _padded(sx)[i])) == i64(0) for i in range(_n)]
+        _kept = [is_zero(vb[i]) * (i64(1) - is_zero(sv[i] - _padded(sx)[i])) == i64(0) for i in range(_n)]
         _add(
             "reshape-absorbs-view",
             L.reshape(_v(x), _ints(vb), i64(0)),
@@ -122,7 +122,7 @@ for _r in range(1, 7):
         L.shape(x) == sx,
         sx.length() == i64(_r),
         vb.length() == i64(_r),
-        *[_is_zero(vb[i]) + _is_zero(vb[i] - sx[i]) + _is_zero(vb[i] + 1) >= i64(1) for i in range(_r)],
+        *[is_zero(vb[i]) + is_zero(vb[i] - sx[i]) + is_zero(vb[i] + 1) >= i64(1) for i in range(_r)],
         variant=str(_r),
     )
 
@@ -244,7 +244,7 @@ for _r in range(1, 5):
 # g(expand(x, s), y) => g(x, y) when y's shape already covers every dim the Expand adds: the
 # broadcast in g does the expansion (attention masks). Dims may be symbolic (compared by id).
 for _r in (3, 4):  # attention masks and [B,S,D] activations
-    _covered = [_is_zero(se[i] - sy[i]) + _is_zero(se[i] - 1) >= i64(1) for i in range(_r)]
+    _covered = [is_zero(se[i] - sy[i]) + is_zero(se[i] - 1) >= i64(1) for i in range(_r)]
     _guards = (L.shape(L.expand(x, s)) == se, L.shape(y) == sy, se.length() == i64(_r), sy.length() == i64(_r), *_covered)
     for _name in ("add", "sub", "mul", "div"):
         _g = BINARY[_name]

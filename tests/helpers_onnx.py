@@ -118,7 +118,7 @@ def _warm_egraph(rules: bool = False) -> Any:
     egraph = EGraph()
     egraph.run(shape_rules.saturate())
     if rules:
-        from onnxsat.options import Budgets
+        from onnxsat.base.options import Budgets
         from onnxsat.rules.schedule import rewrite_step, schedule_rulesets, select_rules
 
         for names in schedule_rulesets(select_rules(), Budgets()):  # the rulesets saturate() runs

@@ -13,9 +13,9 @@ from egglog import EGraph, eq, i64, set_, union
 from onnx import TensorProto, helper
 
 import onnxsat
+from onnxsat.base.report import Report
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
-from onnxsat.report import Report
 from onnxsat.rules import RULES
 
 F = TensorProto.FLOAT

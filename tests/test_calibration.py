@@ -18,7 +18,9 @@ import onnx
 import pytest
 
 from onnxsat import cli
-from onnxsat.extract.calibrate import (
+from onnxsat.base.options import Options
+from onnxsat.base.report import Report
+from onnxsat.calibrate import (
     Calibration,
     Dispatch,
     Measured,
@@ -27,12 +29,10 @@ from onnxsat.extract.calibrate import (
     fit_class,
     samples,
 )
+from onnxsat.egraph.graph_types import ENode, Ref
 from onnxsat.extract.cost import OP_CLASSES, ClassConstants, NodeCtx, op_class
 from onnxsat.extract.profile import TARGETS, ProfileError, load_profile, save_profile
-from onnxsat.extract.serialized import ENode, Ref
 from onnxsat.latency import LatencyComparison
-from onnxsat.options import Options
-from onnxsat.report import Report
 
 from .models import EXAMPLES
 

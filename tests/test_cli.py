@@ -21,9 +21,9 @@ import onnx
 import pytest
 
 from onnxsat import cli
-from onnxsat.errors import BadInputError, VerificationError
-from onnxsat.options import Budgets, Options
-from onnxsat.report import Report, VerificationSummary
+from onnxsat.base.errors import BadInputError, VerificationError
+from onnxsat.base.options import Budgets, Options
+from onnxsat.base.report import Report, VerificationSummary
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_CNN = ROOT / "examples" / "small_cnn.onnx"
@@ -114,7 +114,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("onnxsat.pipeline")
     module.optimize = forbidden  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "onnxsat.pipeline", module)
-    monkeypatch.setattr("onnxsat.modelio.load_model", forbidden)
+    monkeypatch.setattr("onnxsat.base.modelio.load_model", forbidden)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat import cli
-from onnxsat.report import Report
+from onnxsat.base.report import Report
 from onnxsat.verification import make_inputs, run_ort
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

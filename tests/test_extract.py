@@ -16,21 +16,16 @@ from dataclasses import dataclass
 import onnx
 import pytest
 
+from onnxsat.base.options import Budgets
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.graph_types import ENode, ExtractedGraph, Ref, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.cost import NodeCtx, RooflineCost
-from onnxsat.extract.greedy import (
-    ExtractedGraph,
-    _Pricer,
-    const_classes,
-    dag_cost,
-    extract_greedy,
-    topological,
-)
+from onnxsat.extract.greedy import extract_greedy, topological
 from onnxsat.extract.ilp import extract_ilp
-from onnxsat.extract.serialized import ENode, Ref, SerializedEGraph, serialize
-from onnxsat.options import Budgets
+from onnxsat.extract.pricing import Pricer, const_classes, dag_cost
+from onnxsat.extract.serialized import serialize
 from onnxsat.rules.schedule import saturate, select_rules
 from onnxsat.verification import compare_models
 
@@ -68,7 +63,7 @@ def extract_all(eg: SerializedEGraph, cost: OpCost, roots: list[str]) -> dict[st
 
 def brute_force(eg: SerializedEGraph, cost: OpCost, roots: list[str]) -> float:
     """The true optimum: every combination of one node per class, acyclic ones scored by DAG cost."""
-    price = _Pricer(eg, cost, const_classes(eg))
+    price = Pricer(eg, cost, const_classes(eg))
     classes = sorted(eg.classes)
     best = math.inf
     for combo in itertools.product(*(eg.classes[c] for c in classes)):
@@ -86,7 +81,7 @@ def assert_sound(eg: SerializedEGraph, cost: OpCost, roots: list[str], graph: Ex
     assert topological(choice, roots) == graph.nodes
     assert all(node in eg.classes[c] for c, node in graph.nodes)
     assert math.isfinite(graph.cost)
-    assert graph.cost == pytest.approx(dag_cost(graph.nodes, _Pricer(eg, cost, const_classes(eg))))
+    assert graph.cost == pytest.approx(dag_cost(graph.nodes, Pricer(eg, cost, const_classes(eg))))
 
 
 # ---------------------------------------------------------------- sharing
@@ -297,7 +292,7 @@ def test_extractors_on_saturated_models(name: str) -> None:
     ilp = extract_ilp(eg, cost, roots, time_limit=ILP_SECONDS, warm_start=greedy)
     seconds = time.perf_counter() - start
     assert ilp.cost <= greedy.cost + 1e-6 and greedy.cost <= tree.cost + 1e-6
-    price = _Pricer(eg, cost, const_classes(eg))
+    price = Pricer(eg, cost, const_classes(eg))
     assert ilp.cost == pytest.approx(dag_cost(ilp.nodes, price))
     # Within its limit (plus model building), or it hands back the incumbent with a gap.
     assert seconds <= ILP_SECONDS + 5.0

@@ -26,7 +26,7 @@ from onnxsat.egraph.ops.ort_probe import KernelProbe, ort_runs
 from onnxsat.egraph.ops.registry import ExportNode
 from onnxsat.egraph.opset_upgrade import UPGRADE_DOMAIN, UpgradeError, convert_whole_model
 from onnxsat.egraph.shapes import shape_rules
-from onnxsat.options import Options
+from onnxsat.base.options import Options
 from onnxsat.rules import RULES
 
 from .helpers_onnx import outputs_match, run_ort, warm_import

@@ -292,7 +292,7 @@ def test_blas_product_with_few_rows_is_split_by_columns() -> None:
 
 
 def test_wrong_input_dtype_is_a_clear_error() -> None:
-    from onnxsat.errors import BadInputError
+    from onnxsat.base.errors import BadInputError
 
     nodes, inputs = FUSION_CASES["tanh-sigmoid-exp"]
     compiled = CompiledModel(_model(nodes, inputs, ["y"]), threads=1, cache_dir=None)

@@ -20,8 +20,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from onnxsat import cli, lazy_weights, modelio
-from onnxsat.errors import BadInputError
+from onnxsat import cli
+from onnxsat.base import lazy_weights, modelio
+from onnxsat.base.errors import BadInputError
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "large_model.py"
 

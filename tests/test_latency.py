@@ -67,8 +67,8 @@ def test_compare_models_times_both_sessions() -> None:
 def test_measure_ships_the_cleaned_original_when_onnxruntime_cannot_run_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """A custom-domain op onnxruntime lacks: nothing can be timed, so nothing is measurably faster."""
     from onnxsat import measure, pipeline
-    from onnxsat.options import Options
-    from onnxsat.report import Report
+    from onnxsat.base.options import Options
+    from onnxsat.base.report import Report
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])

@@ -69,7 +69,7 @@ def test_public_compile_optimizes_then_lowers() -> None:
 
 
 def test_unknown_target_is_a_clear_error() -> None:
-    from onnxsat.errors import OnnxsatError
+    from onnxsat.base.errors import OnnxsatError
 
     with pytest.raises(OnnxsatError, match="target 'tpu'"):
         onnxsat.compile(onnx.load(str(EXAMPLES / "small_cnn.onnx")), target="tpu")

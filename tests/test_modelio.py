@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsat import modelio
-from onnxsat.errors import BadInputError, OnnxsatError
-from onnxsat.modelio import check_output_path, load_model, save_model_atomic, topological_nodes
+from onnxsat.base import modelio
+from onnxsat.base.errors import BadInputError, OnnxsatError
+from onnxsat.base.modelio import check_output_path, load_model, save_model_atomic, topological_nodes
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT_DIR.glob("*.onnx"))

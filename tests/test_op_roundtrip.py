@@ -24,7 +24,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxsat
-from onnxsat.options import Options
+from onnxsat.base.options import Options
 from onnxsat.rules import RULES
 
 from .helpers_onnx import (

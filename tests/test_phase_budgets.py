@@ -8,8 +8,8 @@ import pytest
 
 import onnxsat
 from onnxsat import cli
-from onnxsat.errors import OnnxsatError
-from onnxsat.options import Budgets, Options, PhaseBudget
+from onnxsat.base.errors import OnnxsatError
+from onnxsat.base.options import Budgets, Options, PhaseBudget
 from onnxsat.rules.schedule import default_schedule
 
 from .helpers_onnx import warm_import

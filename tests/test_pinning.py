@@ -13,8 +13,8 @@ from itertools import combinations
 import onnx
 import pytest
 
+from onnxsat.egraph.graph_types import ENode, Ref, SerializedEGraph
 from onnxsat.extract.pinning import find_merges, pin, reachable
-from onnxsat.extract.serialized import ENode, Ref, SerializedEGraph
 from onnxsat.forced import Saturated
 
 from .models import EXAMPLES

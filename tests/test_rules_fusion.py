@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat import cli
+from onnxsat.base.options import Options
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
-from onnxsat.options import Options
 from onnxsat.rules import RULES, fusion
 
 from .helpers_onnx import outputs_match, run_ort, warm_import

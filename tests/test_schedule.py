@@ -7,8 +7,8 @@ import onnx
 import pytest
 
 import onnxsat
+from onnxsat.base.options import Budgets
 from onnxsat.egraph.importer import from_onnx
-from onnxsat.options import Budgets
 from onnxsat.rules import RULES
 from onnxsat.rules.schedule import Phase, default_schedule, phase_rules, saturate, select_rules
 

@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsat import modelio
-from onnxsat.errors import VerificationError
-from onnxsat.modelio import load_model, save_model_atomic
+from onnxsat.base import modelio
+from onnxsat.base.errors import VerificationError
+from onnxsat.base.modelio import load_model, save_model_atomic
 from onnxsat.verification import compare_models, make_inputs, run_ort, tolerance
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
@@ -466,7 +466,7 @@ def test_float32_bound_scales_with_output_magnitude() -> None:
 def test_error_classes_carry_exit_codes_and_one_line_messages() -> None:
     import pickle
 
-    from onnxsat.errors import BadInputError, OnnxsatError
+    from onnxsat.base.errors import BadInputError, OnnxsatError
 
     assert (OnnxsatError.exit_code, BadInputError.exit_code, VerificationError.exit_code) == (1, 2, 3)
     err = VerificationError("y", 0.25, "exceeds tolerance 0.001", ["fold-bn", "merge-matmul"])

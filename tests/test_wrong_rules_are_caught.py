@@ -9,8 +9,8 @@ import pytest
 from egglog import Vec, i64, vars_
 
 import onnxsat
+from onnxsat.base.errors import VerificationError
 from onnxsat.egraph import lang as L
-from onnxsat.errors import VerificationError
 from onnxsat.pipeline import UnsoundRewriteError
 from onnxsat.rules.registry import RULES, rewrite_rule
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from llvmlite import ir
 
-from onnxsat.kernels.codegen import LL_TYPES, _FunctionBuilder, storage_type
+from onnxsat.kernels.codegen import LL_TYPES, FunctionBuilder, storage_type
 from onnxsat.lowering.kernel_ir import Assign, Binary, Decl, Kernel, Local, Loop, Var, is_float, unflatten
 
 from .transform import reduced_size, reduction_parts, substitute, warp_row_passes
@@ -57,25 +57,25 @@ def mark_kernel(module: ir.Module, fn: ir.Function) -> None:
     md.add(module.add_metadata([fn, "kernel", ir.Constant(I32, 1)]))
 
 
-class NvvmBuilder(_FunctionBuilder):
+class NvvmBuilder(FunctionBuilder):
     """Builds one kernel as a CUDA entry point (see the module docstring for the differences)."""
 
-    def __init__(self, module: ir.Module, kernel: Kernel):  # noqa: D107 - same state as the CPU builder
-        self.module = module
-        self.kernel = kernel
+    stream_stores = False
+
+    def declare_function(self) -> ir.Function:
+        """A CUDA entry point taking one typed, non-aliasing, 16-byte aligned pointer per buffer."""
+        kernel = self.kernel
         arg_types = [storage_type(b.dtype).as_pointer() for b in kernel.params]
-        self.fn = ir.Function(module, ir.FunctionType(ir.VoidType(), arg_types), name=kernel.name)
-        for arg, buf in zip(self.fn.args, kernel.params, strict=True):
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), arg_types), name=kernel.name)
+        for arg, buf in zip(fn.args, kernel.params, strict=True):
             arg.name = f"p.{buf.name}"
             arg.attributes.add("noalias")
             arg.attributes.align = 16
-        self.entry = self.fn.append_basic_block("entry")
-        self.b = ir.IRBuilder(self.entry)
-        self.slots: dict[str, ir.Value] = {}
-        self.ptrs = {buf.name: arg for buf, arg in zip(kernel.params, self.fn.args, strict=True)}
-        self.scopes: list[dict] = [{}]
-        self.written = set(kernel.outputs)
-        mark_kernel(module, self.fn)
+        mark_kernel(self.module, fn)
+        return fn
+
+    def parameter_pointers(self) -> dict[str, ir.Value]:
+        return {buf.name: arg for buf, arg in zip(self.kernel.params, self.fn.args, strict=True)}
 
     # ------------------------------------------------------------ math through libdevice
     def _unary(self, op: str, a: ir.Value, dt: str) -> ir.Value:

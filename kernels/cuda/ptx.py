@@ -23,7 +23,7 @@ from functools import lru_cache
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-from onnxsat.errors import OnnxsatError
+from onnxsat.base.errors import OnnxsatError
 
 from .gemm import add_gemm_kernel, gemm_kernel_name
 from .nvvm import TRIPLE, add_kernel

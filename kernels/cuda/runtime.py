@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxsat.errors import OnnxsatError
+from onnxsat.base.errors import OnnxsatError
 from onnxsat.lowering.kernel_ir import NUMPY_DTYPES
 from onnxsat.lowering.lower import LoweringError, lower, value_inputs
 from onnxsat.lowering.program import KernelProgram, step_buffers, step_writes
@@ -135,17 +135,3 @@ def _nearest_arch(device_arch: str) -> str:
     if not usable:
         raise CudaTargetError(f"GPU {device_arch} is older than the oldest supported target {ARCHS[0]}")
     return usable[-1]
-
-
-def compile_cuda(model: onnx.ModelProto, options: Any = None, *, optimize: bool = True) -> CudaModel:
-    """``onnxsat.compile(model, target="cuda")``: open the GPU first (a clear error without one),
-    then optimize (verified on onnxruntime) and return the ``CudaModel``."""
-    device = open_device()
-    report = None
-    if optimize:
-        from onnxsat.pipeline import optimize as run_optimize
-
-        model, report = run_optimize(model, options)
-    cm = CudaModel(model, device)
-    cm.optimize_report = report
-    return cm

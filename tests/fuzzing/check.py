@@ -22,8 +22,8 @@ from typing import Any
 import onnx
 
 import onnxsat
+from onnxsat.base.report import Report
 from onnxsat.cli import EXTRACTORS
-from onnxsat.report import Report
 from onnxsat.verification import compare_models, make_inputs, run_ort
 
 from .builder import BATCH, NP_TYPES, FuzzCase, concrete

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsat.errors import BadInputError, VerificationError
+from onnxsat.base.errors import BadInputError, VerificationError
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -47,7 +47,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
+def parse_input_shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for spec in specs:
         name, _, dims = spec.rpartition(":")
@@ -60,7 +60,7 @@ def _shapes(specs: list[str]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _pin(model: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
+def pin_input_shapes(model: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
     """A copy of ``model`` whose listed inputs have the given static shapes."""
     import onnx
 
@@ -78,20 +78,20 @@ def _pin(model: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from onnxsat.base.modelio import load_model
+    from onnxsat.base.options import Options
     from onnxsat.latency import compare_latency, ort_session
-    from onnxsat.modelio import load_model
-    from onnxsat.options import Options
     from onnxsat.verification import make_inputs
 
-    from .compiled import compile_model
+    from .compiler import compile_model
 
     if args.target == "cuda":
-        from .cuda.command import run_cuda
+        from .compile_cuda_command import run_cuda
 
         return run_cuda(args)
     if args.emit_ptx or args.emit_check:
         raise BadInputError("--emit-ptx/--emit-check need --target cuda")
-    model = _pin(load_model(args.input), _shapes(args.input_shape))
+    model = pin_input_shapes(load_model(args.input), parse_input_shapes(args.input_shape))
     threads = args.threads or os.cpu_count() or 1
     compiled = compile_model(model, args.target, Options(), optimize=not args.no_optimize, threads=threads)
     feeds = make_inputs(model, seed=0)

@@ -18,22 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from onnxsat.errors import BadInputError, VerificationError
+from onnxsat.base.errors import BadInputError, VerificationError
 
 
 def run_cuda(args: argparse.Namespace) -> int:
-    from onnxsat.kernels.command import _pin, _shapes
-    from onnxsat.modelio import load_model
-    from onnxsat.options import Options
+    from onnxsat.base.modelio import load_model
+    from onnxsat.base.options import Options
+    from onnxsat.compile_command import parse_input_shapes, pin_input_shapes
     from onnxsat.verification import make_inputs
 
-    from .plan import Launch
-    from .ptx import target_machine
+    from .kernels.cuda.plan import Launch
+    from .kernels.cuda.ptx import target_machine
 
     if args.emit_check and args.emit_ptx is None:
         raise BadInputError("--emit-check needs --emit-ptx DIR")
     target_machine(args.arch)  # a bad --arch fails before any work
-    original = _pin(load_model(args.input), _shapes(args.input_shape))
+    original = pin_input_shapes(load_model(args.input), parse_input_shapes(args.input_shape))
     feeds = make_inputs(original, seed=0)
     if args.emit_ptx is None:
         return _run_on_gpu(args, original, feeds)
@@ -87,9 +87,9 @@ def emit_bundle(
     """
     from onnxsat.lowering.lower import lower, value_inputs
 
-    from .bundle import write_bundle
-    from .plan import plan
-    from .ptx import find_ptxas
+    from .kernels.cuda.bundle import write_bundle
+    from .kernels.cuda.plan import plan
+    from .kernels.cuda.ptx import find_ptxas
 
     inits = {t.name for t in model.graph.initializer}
     shapes = {i.name: tuple(np.shape(feeds[i.name])) for i in model.graph.input if i.name not in inits}
@@ -100,7 +100,7 @@ def emit_bundle(
 
 def compile_and_check(cp: Any, arch: str, assemble: bool) -> tuple[Any, Any]:
     """PTX for every entry point and, when ``assemble``, ptxas statistics (rejection raises)."""
-    from .ptx import compile_ptx, ptxas_check_all
+    from .kernels.cuda.ptx import compile_ptx, ptxas_check_all
 
     ptx = compile_ptx(cp, arch)
     if not assemble:
@@ -115,11 +115,11 @@ def compile_and_check(cp: Any, arch: str, assemble: bool) -> tuple[Any, Any]:
 
 
 def _run_on_gpu(args: argparse.Namespace, model: Any, feeds: dict[str, np.ndarray]) -> int:
-    from onnxsat.kernels.command import ATOL, RTOL
+    from onnxsat.base.options import Options
+    from onnxsat.compile_command import ATOL, RTOL
     from onnxsat.latency import ort_session
-    from onnxsat.options import Options
 
-    from .runtime import compile_cuda
+    from .compiler import compile_cuda
 
     compiled = compile_cuda(model, Options(), optimize=not args.no_optimize)
     session = ort_session(model, level="all", threads=args.threads or 1)

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PHASE_NAMES = ("algebra", "layout", "partial", "multi", "fusion")
-"""The default schedule's in-tree phases (``rules/schedule.py``); plugin families add ``plugin:FAMILY``."""
+"""The default schedule's in-tree phases (``rules/schedule.py`` builds them from these names); plugin
+families add ``plugin:FAMILY``."""
+TARGET_NAMES = ("ort-cpu", "onnxsat-cpu", "h200")
+"""The built-in cost-model targets (``Options.target``, ``--target``; their profiles are
+``extract/profile.py``'s)."""
 
 
 @dataclass(frozen=True)

@@ -3,23 +3,28 @@
 A model past 2 GiB keeps its weights in a sidecar file. Loading them into the ModelProto and then
 copying protos (import, export, fold, the optimized model next to the original) would hold them
 several times over. Instead ``load_model(..., lazy_external_data=True)`` leaves each large
-main-graph initializer as an external reference marked with the absolute directory its location
-is relative to (the ``basepath`` key, which onnx allows). Such a *lazy* tensor costs a few bytes
-to copy; its values are read only where a value is needed (`tensor_array`), onnxruntime maps it
-from the file (`ort_model`), and saving streams its bytes from the source file
-(`copy_bytes`). The marker never reaches a written file, the checker or onnxruntime.
+main-graph initializer as an external reference marked with the real directory its location
+is relative to, under a key that holds a random token of this process (`BASE_KEY`): a model file
+cannot forge the marker, and `onnxsat.base.external_data` refuses any key outside ONNX's spec on load.
+Such a *lazy* tensor costs a few bytes to copy; its values are read only where a value is needed
+(`tensor_array`), onnxruntime maps it from the file (`ort_model`), and saving streams its bytes
+from the source file (`copy_bytes`). The marker never reaches a written file, the checker or onnxruntime.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-from onnx import ModelProto, TensorProto, external_data_helper, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-BASE_KEY = "basepath"
+from onnxsat.base.external_data import ExternalRef
+
+BASE_KEY = f"onnxsat-lazy-{secrets.token_hex(16)}"
+"""The lazy marker's key: unknown outside this process, so no file can carry it."""
 LAZY_MIN_BYTES = 1 << 20
 """Smaller external tensors are loaded: shape-like constants must be readable by shape inference."""
 _CHUNK = 64 << 20
@@ -46,31 +51,19 @@ def _plain_dtype(data_type: int) -> np.dtype | None:
     return dt.newbyteorder("<") if dt.kind in "fiucb" else None
 
 
-def mark_lazy(tensor: TensorProto, base_dir: Path) -> bool:
+def mark_lazy(tensor: TensorProto, ref: ExternalRef) -> bool:
     """Mark an external tensor of at least `LAZY_MIN_BYTES` as lazy; False leaves it to be loaded.
 
-    Only tensors whose reference is plainly valid are marked (relative location inside
-    ``base_dir``, a regular file, declared length equal to dims x itemsize and within the file);
-    anything else is loaded by onnx, which reports the problem.
+    ``ref`` is its reference as `external_data.resolve` checked it (a regular file inside the
+    model's directory, symbolic links followed; offset and length within the file). Only plain
+    dtypes whose length is dims x itemsize are marked.
     """
-    if not external_data_helper.uses_external_data(tensor):
-        return False
-    info = _info(tensor)
     dt = _plain_dtype(tensor.data_type)
-    location, length, offset = info.get("location", ""), info.get("length", ""), info.get("offset", "0")
-    if dt is None or not length.isdigit() or not offset.isdigit() or BASE_KEY in info:
+    if dt is None or ref.length < LAZY_MIN_BYTES or ref.length != math.prod(tensor.dims) * dt.itemsize:
         return False
-    count = math.prod(tensor.dims)
-    if int(length) < LAZY_MIN_BYTES or int(length) != count * dt.itemsize:
-        return False
-    rel = Path(location)
-    if not location or rel.is_absolute() or ".." in rel.parts:
-        return False
-    path = base_dir / rel
-    if path.is_symlink() or not path.is_file() or int(offset) + int(length) > path.stat().st_size:
-        return False
+    _set_external(tensor, [("location", ref.location), ("offset", str(ref.offset)), ("length", str(ref.length))])
     entry = tensor.external_data.add()
-    entry.key, entry.value = BASE_KEY, str(base_dir.resolve())
+    entry.key, entry.value = BASE_KEY, str(ref.root)
     return True
 
 
@@ -180,27 +173,13 @@ def ort_model(model: ModelProto) -> tuple[bytes, str]:
     return unmarked_copy(model).SerializeToString(), bases.pop()
 
 
-def mark_model(model: ModelProto, base_dir: Path) -> list[TensorProto]:
-    """Mark the main graph's large external initializers lazy; returns the other external tensors
-    (to be loaded by the caller)."""
-    from onnxsat.modelio import _all_tensors
-
-    for tensor in model.graph.initializer:
-        mark_lazy(tensor, base_dir)
-    return [
-        t
-        for _what, t in _all_tensors(model.graph)
-        if external_data_helper.uses_external_data(t) and not is_lazy(t)
-    ]
-
-
 __all__ = [
     "LAZY_MIN_BYTES",
     "copy_bytes",
     "is_lazy",
     "lazy_bytes",
     "lazy_initializers",
-    "mark_model",
+    "mark_lazy",
     "ort_model",
     "read_bytes",
     "source_files",

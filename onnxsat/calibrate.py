@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .cost import (
+from .extract.cost import (
     OP_CLASSES,
     ClassConstants,
     RooflineCost,
@@ -317,8 +317,8 @@ CALLS_PER_ROUND = 2
 
 def _runner(model: onnx.ModelProto, threads: int | None) -> Callable[[], object]:
     """A zero-argument call of ``model`` in onnxruntime on seeded random inputs."""
-    from ..latency import ort_session
-    from ..verification import make_inputs
+    from .latency import ort_session
+    from .verification import make_inputs
 
     sess = ort_session(model, threads=threads)
     feeds = make_inputs(model, seed=1)
@@ -645,10 +645,10 @@ def calibrate(
     seconds: float | None = None,
 ) -> Calibration:
     """Measure, fit per class, and predict every sample (held-out ones were not fitted)."""
-    from .profile import builtin_profile
+    from .extract.profile import builtin_profile
 
     if target != "ort-cpu":
-        from ..errors import BadInputError
+        from .base.errors import BadInputError
 
         raise BadInputError(
             f"calibration measures onnxruntime on this CPU: only --target ort-cpu (not {target!r})"
@@ -709,9 +709,9 @@ class ModelCheck:
 
 def predict_model_us(model: onnx.ModelProto, cost: RooflineCost) -> float:
     """The cost model's latency of ``model`` as written: its imported e-graph, extracted unsaturated."""
-    from ..egraph.importer import from_onnx
-    from .greedy import extract_greedy
-    from .serialized import serialize
+    from .egraph.importer import from_onnx
+    from .extract.greedy import extract_greedy
+    from .extract.serialized import serialize
 
     program = from_onnx(model)
     eg = serialize(program.egraph)

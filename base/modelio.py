@@ -19,16 +19,18 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, external_data_helper
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
-from onnxsat import lazy_weights
-from onnxsat.errors import BadInputError, OnnxsatError, one_line
+from onnxsat.base import external_data, lazy_weights
+from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
     "MAX_PROTO_BYTES",
     "check_model_full",
+    "check_not_an_input",
     "check_output_path",
     "load_model",
+    "load_model_and_sources",
     "model_shell",
     "save_model_atomic",
     "topological_nodes",
@@ -94,15 +96,25 @@ def load_model(
     """Load and validate an ONNX model, raising `BadInputError` with a one-line message.
 
     With ``lazy_external_data``, large external initializers are not read into memory but stay
-    references into their file (see `onnxsat.lazy_weights`); everything in onnxsat that reads,
+    references into their file (see `onnxsat.base.lazy_weights`); everything in onnxsat that reads,
     checks, runs or saves a model follows them.
 
     Beyond `onnx.checker`, this rejects what the checker lets through or reports poorly
     (garbage that parses as protobuf, opsets newer than the installed onnx, cycles, dangling
-    names, duplicate producers, initializer data that does not match its dims). A graph whose
-    nodes are acyclic but not in topological order is reordered in memory; the file is never
-    written.
+    names, duplicate producers, initializer data that does not match its dims, external data
+    outside the model's directory). A graph whose nodes are acyclic but not in topological order
+    is reordered in memory; the file is never written.
     """
+    return load_model_and_sources(
+        path, load_external_data=load_external_data, lazy_external_data=lazy_external_data
+    )[0]
+
+
+def load_model_and_sources(
+    path: str | Path, *, load_external_data: bool = True, lazy_external_data: bool = False
+) -> tuple[ModelProto, frozenset[Path]]:
+    """`load_model`, plus the real paths of every file the model was read from (the model file and
+    each external-data file, whatever the tensor's size): what an output must never replace."""
     p = Path(path)
     _check_input_file(p)
     try:
@@ -112,29 +124,44 @@ def load_model(
     except Exception as e:
         raise BadInputError(f"{p}: not a valid ONNX protobuf file ({one_line(e)})") from e
 
+    sources = {Path(os.path.realpath(p))}
     try:
         _check_header(model)
         _check_opsets(model)
         _check_structure(model.graph, frozenset(), "")
         _sort_graphs_in_place(model.graph)
         if load_external_data and _has_external_refs(model):
-            try:
-                if lazy_external_data:
-                    for tensor in lazy_weights.mark_model(model, p.parent):
-                        external_data_helper.load_external_data_for_tensor(tensor, str(p.parent))
-                else:
-                    external_data_helper.load_external_data_for_model(model, str(p.parent))
-            except Exception as e:
-                raise BadInputError(f"cannot load external data: {one_line(e)}") from e
-            # onnx leaves data_location explicitly DEFAULT; clear it so the proto equals an in-memory one
-            for _what, tensor in _all_tensors(model.graph):
-                if tensor.HasField("data_location") and tensor.data_location == TensorProto.DEFAULT:
-                    tensor.ClearField("data_location")
+            sources |= _load_external(model, p.parent, lazy=lazy_external_data)
         _check_tensor_sizes(model)
         _run_checker(model, p)
     except BadInputError as e:
         raise BadInputError(f"{p}: {e}") from e
-    return model
+    return model, frozenset(sources)
+
+
+def _load_external(model: ModelProto, base_dir: Path, *, lazy: bool) -> set[Path]:
+    """Read every external tensor through `external_data.resolve` (large main-graph initializers
+    only marked when ``lazy``); returns the files read."""
+    files: set[Path] = set()
+    main = ((f"initializer '{t.name}'", t) for t in model.graph.initializer)
+    for lazy_ok, tensors in ((lazy, main), (False, _all_tensors(model.graph))):
+        for what, tensor in tensors:
+            if not external_data.uses_external_data(tensor) or lazy_weights.is_lazy(tensor):
+                continue
+            if tensor.data_type == TensorProto.STRING:
+                raise BadInputError(f"{what}: STRING tensors cannot be stored as external data")
+            expected = _expected_raw_bytes(tensor.data_type, math.prod(tensor.dims))
+            ref = external_data.resolve(tensor, base_dir, what, expected)
+            files.add(ref.path)
+            if lazy_ok and lazy_weights.mark_lazy(tensor, ref):
+                continue
+            try:
+                tensor.raw_data = external_data.read_bytes(ref)
+            except OSError as e:
+                raise BadInputError(f"{what}: cannot read external data ({e.strerror or e})") from e
+            del tensor.external_data[:]
+            tensor.ClearField("data_location")  # as an in-memory tensor has it
+    return files
 
 
 def _check_input_file(p: Path) -> None:
@@ -258,7 +285,7 @@ def _check_tensor_data(t: TensorProto, what: str) -> None:
         raise BadInputError(f"{what} has negative dims {dims}")
     count = math.prod(dims)
     type_name = _type_name(t.data_type)
-    if external_data_helper.uses_external_data(t):
+    if external_data.uses_external_data(t):
         info = {e.key: e.value for e in t.external_data}
         expected = _expected_raw_bytes(t.data_type, count)
         length = info.get("length")
@@ -444,6 +471,21 @@ def check_weights_not_overwritten(model: ModelProto, out: Path, *, external_data
         raise BadInputError(f"external data path {sidecar} holds the input model's weights")
 
 
+def check_not_an_input(out: Path, sources: Iterable[Path], *, what: str = "output path") -> None:
+    """Refuse an output whose file, or its ``OUT.data`` sidecar, is one of the files the input was
+    read from (`load_model_and_sources`: the model and every external-data file, any size).
+
+    The sidecar is compared even without ``--external-data``: a model past 2 GiB gets one
+    unasked. Symbolic and hard links are seen through (real paths, then device and inode).
+    """
+    sources = list(sources)
+    sidecar = out.with_name(out.name + ".data")
+    for path, label in ((out, what), (sidecar, f"external data path of {what}")):
+        hit = next((src for src in sources if _same_file(path, src)), None)
+        if hit is not None:
+            raise BadInputError(f"{label} {path} is the input's file {hit}; refusing to overwrite the input")
+
+
 def save_model_atomic(
     model: ModelProto,
     path: str | Path,
@@ -516,7 +558,7 @@ def check_model_full(model: ModelProto) -> None:
 
     The checker's C++ side cannot take such a proto in memory, so a large model is checked from a
     temporary external-data copy (written next to nothing the user owns). Lazy weights
-    (`onnxsat.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
+    (`onnxsat.base.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
     values, and the real file was checked when the model was loaded.
     """
     if lazy_weights.lazy_initializers(model):
@@ -557,7 +599,7 @@ def _serialize(model: ModelProto) -> bytes:
 
 def _reject_external_refs(model: ModelProto) -> None:
     for what, tensor in _all_tensors(model.graph):
-        if external_data_helper.uses_external_data(tensor) and not lazy_weights.is_lazy(tensor):
+        if external_data.uses_external_data(tensor) and not lazy_weights.is_lazy(tensor):
             raise OnnxsatError(
                 f"{what} still refers to external data; load the model with "
                 "load_external_data=True before saving it"
@@ -683,12 +725,7 @@ def _same_file(a: Path, b: Path) -> bool:
 # graph walking
 
 
-def _subgraphs(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH or attr.HasField("g"):
-            yield attr.name, attr.g
-        for sub in attr.graphs:
-            yield attr.name, sub
+_subgraphs = external_data.subgraphs
 
 
 def _all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
@@ -718,23 +755,8 @@ def _free_names(graph: GraphProto) -> set[str]:
     return used - defined
 
 
-def _all_tensors(graph: GraphProto) -> Iterator[tuple[str, TensorProto]]:
-    """(label, tensor) for initializers and tensor-valued attributes of a graph and its subgraphs."""
-    for tensor in graph.initializer:
-        yield f"initializer '{tensor.name}'", tensor
-    for idx, node in enumerate(graph.node):
-        for attr in node.attribute:
-            label = f"tensor attribute '{attr.name}' of node {_node_label(node, idx)}"
-            if attr.HasField("t"):
-                yield label, attr.t
-            for tensor in attr.tensors:
-                yield label, tensor
-        for _attr, sub in _subgraphs(node):
-            yield from _all_tensors(sub)
-
-
-def _has_external_refs(model: ModelProto) -> bool:
-    return any(external_data_helper.uses_external_data(t) for _what, t in _all_tensors(model.graph))
+_all_tensors = external_data.all_tensors
+_has_external_refs = external_data.has_external_refs
 
 
 def _node_label(node: NodeProto, idx: int) -> str:

@@ -1,0 +1,58 @@
+"""E-graphs whose rules are already declared, reused for one model after another.
+
+Declaring ~1,000 egglog rules into a new ``EGraph`` costs seconds; ``push()``/``pop()`` on an
+e-graph that has them costs milliseconds. ``warm_egraph(key, rulesets)`` hands out an e-graph
+with the rules declared and nothing else, pushed, and pops it when the model is done, so every
+model starts from the same state a fresh e-graph with those rules would have. One e-graph per
+rule set is kept per process; a caller that needs a second one while the first is in use (a
+nested run) gets another, which is kept too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+from egglog import EGraph, Schedule
+
+_FREE: dict[tuple[str, ...], list[EGraph]] = {}
+DECLARED: dict[tuple[str, ...], int] = {}
+"""Rule-set key -> how many e-graphs had its rules declared in this process (a test reads it)."""
+
+
+class WarmEGraph:
+    """A pushed e-graph from ``warm_egraph``; ``fresh()`` returns it to the declared-only state."""
+
+    def __init__(self, egraph: EGraph):
+        self._egraph = egraph
+        self._used = False
+
+    def fresh(self) -> EGraph:
+        """The e-graph with only the rules declared (drops whatever a previous attempt added)."""
+        if self._used:
+            self._egraph.pop()
+            self._egraph.push()
+        self._used = True
+        return self._egraph
+
+
+@contextmanager
+def warm_egraph(key: tuple[str, ...], schedules: Sequence[Schedule]) -> Iterator[WarmEGraph]:
+    """A reused e-graph with the rules of ``schedules`` declared (``key`` names that rule set), pushed
+    for one use."""
+    free = _FREE.setdefault(key, [])
+    egraph = free.pop() if free else _declared(key, schedules)
+    egraph.push()
+    try:
+        yield WarmEGraph(egraph)
+    finally:
+        egraph.pop()
+        free.append(egraph)
+
+
+def _declared(key: tuple[str, ...], schedules: Sequence[Schedule]) -> EGraph:
+    egraph = EGraph()
+    for schedule in schedules:
+        egraph.run(schedule * 0)  # declares the rules; runs nothing
+    DECLARED[key] = DECLARED.get(key, 0) + 1
+    return egraph

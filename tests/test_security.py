@@ -1,0 +1,115 @@
+"""Security regressions through the real command line: nothing read from outside the model's
+directory, nothing of the input overwritten, nothing unverified written, a clean exit for every
+hostile input.
+
+Every case of ``tests/hostile_corpus.py`` runs through ``onnxsat.cli.main``: the exit status must
+be one the case allows, a refusal is one ``onnxsat: error:`` line without a traceback, every input
+file keeps its sha256, and the canary's marker (a file outside every model directory) appears in
+no file that was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from onnxsat import cli
+from onnxsat.base import lazy_weights, modelio
+from onnxsat.errors import BadInputError
+
+from .hostile_corpus import BUILDERS, CANARY_MARKER, build_case
+
+FAST = ["--max-iterations", "2", "--time-limit", "10", "--quiet"]
+
+
+def _digests(paths: list[Path]) -> dict[Path, str]:
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def _written(root: Path, before: set[Path]) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and p not in before]
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_hostile_corpus(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = build_case(tmp_path, name)
+    inputs = case.inputs
+    before = _digests(inputs)
+    existing = {p for p in tmp_path.rglob("*") if p.is_file()}
+    status = cli.main(["optimize", *case.args, *FAST])
+    err = capsys.readouterr().err
+    assert status in case.exits, f"{name}: exit {status}, stderr {err!r}"
+    assert "Traceback" not in err
+    if status != 0:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("onnxsat: error: "), err
+        assert case.message in lines[0].lower(), lines[0]
+    assert _digests(inputs) == before, "an input file changed"
+    for path in _written(tmp_path, existing):
+        assert CANARY_MARKER not in path.read_bytes(), f"{path} holds bytes of a file outside the model"
+    if status != 0:
+        assert not _written(tmp_path, existing), "a refused run wrote a file"
+
+
+def test_forged_lazy_marker_is_refused(tmp_path: Path) -> None:
+    """The key onnxsat once used for its lazy marker is refused, and the marker in use now is a
+    per-process random key that no file carries."""
+    case = build_case(tmp_path, "forged-basepath-4096")
+    with pytest.raises(BadInputError, match="basepath"):
+        modelio.load_model(case.model_dir / "model.onnx", lazy_external_data=True)
+    assert lazy_weights.BASE_KEY.startswith("onnxsat-lazy-") and len(lazy_weights.BASE_KEY) > 40
+
+
+def test_external_data_inside_symlink_loads_all_sizes(tmp_path: Path) -> None:
+    """Legitimate references load through the same resolver, small (read) and large (lazy)."""
+    for size, lazy in ((4096, False), (1 << 20, True)):
+        case = build_case(tmp_path / str(size), "inside-symlink-4096") if size == 4096 else None
+        if case is None:
+            from .hostile_corpus import _inside_symlink_ok
+
+            case = _inside_symlink_ok(size)(tmp_path / str(size) / "case", tmp_path / "unused")
+        model, sources = modelio.load_model_and_sources(
+            case.model_dir / "model.onnx", lazy_external_data=True
+        )
+        (weight,) = model.graph.initializer
+        assert lazy_weights.is_lazy(weight) == lazy
+        values = lazy_weights.tensor_array(weight)
+        assert np.array_equal(values.reshape(-1), np.arange(size // 4, dtype=np.float32))
+        assert (case.model_dir / "real" / "w.bin").resolve() in sources
+
+
+def test_report_json_path_that_is_the_weights_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case = build_case(tmp_path, "output-is-weights-4096")
+    weights = case.model_dir / "w.bin"
+    before = _digests([weights])
+    args = [case.args[0], "-o", str(tmp_path / "o.onnx"), "--report-json", str(weights)]
+    assert cli.main(["optimize", *args, *FAST]) == 2
+    assert "input" in capsys.readouterr().err
+    assert _digests([weights]) == before
+
+
+def test_external_keys_outside_the_spec_are_refused(tmp_path: Path) -> None:
+    tensor = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[4])
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "w.bin"), ("length", "16"), ("onnxsat-lazy-x", str(tmp_path))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    (tmp_path / "w.bin").write_bytes(b"\0" * 16)
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["w"], ["y"])],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [tensor],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    with pytest.raises(BadInputError, match="not allowed"):
+        modelio.load_model(tmp_path / "m.onnx")

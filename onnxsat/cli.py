@@ -355,7 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-contrib-ops",
         action="store_true",
         help="write fused nodes as onnxruntime com.microsoft contrib ops (Gelu, BiasGelu, FastGelu,"
-        " QuickGelu) instead of their chains of standard ops; the model then runs on onnxruntime only",
+        " QuickGelu, SkipSimplifiedLayerNormalization) instead of their chains of standard ops; the model"
+        " then runs on onnxruntime only",
     )
     sel.add_argument(
         "--keep-opset",

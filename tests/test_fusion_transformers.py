@@ -18,6 +18,7 @@ from egglog import EGraph, eq, i64, set_
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
+from onnxsat.base.options import Options
 from onnxsat.egraph import exporter
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.ops import OPS
@@ -26,7 +27,6 @@ from onnxsat.egraph.ops.ort_probe import KernelProbe, ort_runs
 from onnxsat.egraph.ops.registry import ExportNode
 from onnxsat.egraph.opset_upgrade import UPGRADE_DOMAIN, UpgradeError, convert_whole_model
 from onnxsat.egraph.shapes import shape_rules
-from onnxsat.base.options import Options
 from onnxsat.rules import RULES
 
 from .helpers_onnx import outputs_match, run_ort, warm_import
@@ -368,3 +368,21 @@ def test_failed_conversion_keeps_the_opset_and_says_why(monkeypatch: pytest.Monk
 def test_model_at_opset_23_needs_no_conversion() -> None:
     optimized, report = _optimize(_Decoder(23).model())
     assert _ops(optimized)["RMSNormalization"] == 2 and (report.opset, report.opset_after) == (23, 23)
+
+
+def test_conversion_that_does_not_verify_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A converted model whose outputs differ (here: a converter that breaks every norm's epsilon) is
+    not blamed on a rule: the model is written again at its own opset, with a warning."""
+    convert = exporter.convert_whole_model
+
+    def broken(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+        converted = convert(model, opset)
+        for node in converted.graph.node:
+            if node.op_type == "RMSNormalization":
+                node.attribute[0].f = 10.0
+        return converted
+
+    monkeypatch.setattr(exporter, "convert_whole_model", broken)
+    optimized, report = _optimize(_Decoder(17).model())
+    assert _ops(optimized)["RMSNormalization"] == 0 and report.opset_after == 17
+    assert any("did not verify" in w for w in report.warnings), report.warnings

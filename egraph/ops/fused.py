@@ -3,7 +3,9 @@
 The fusion rules create them so extraction prices the chain as one memory pass and the lowering
 layer can emit one kernel. On export they become onnxruntime contrib ops when
 ``--allow-contrib-ops`` asks for them, else the original chain of standard ops (never a custom op
-onnxruntime cannot run).
+onnxruntime cannot run). RMSNorm is a standard op from opset 23 (RMSNormalization): it is written as
+that op where the model is at opset 23 or is converted to it as a whole (``opset_upgrade.py``), and
+only where the installed onnxruntime has a kernel for it at that dtype (``ort_probe.py``).
 """
 
 from __future__ import annotations

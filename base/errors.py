@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["OnnxsatError", "BadInputError", "VerificationError", "one_line"]
+__all__ = ["OnnxsatError", "BadInputError", "UnverifiableError", "VerificationError", "one_line"]
 
 
 class OnnxsatError(Exception):
@@ -22,6 +22,23 @@ class BadInputError(OnnxsatError):
     """The input model is missing or invalid, or the output path cannot be written (exit 2)."""
 
     exit_code = 2
+
+
+class UnverifiableError(OnnxsatError):
+    """The optimized model cannot be checked (the original does not run on any input onnxsat can
+    make, or a type it cannot feed): nothing is written unless the user allows it (exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"cannot verify the optimized model: {one_line(reason, 170)}; give sample inputs with"
+            " --verify-inputs FILE.npz (or --allow-unverified, or --no-verify)"
+        )
+
+    def __reduce__(self):  # picklable with its one-argument __init__
+        return (type(self), (self.reason,))
 
 
 class VerificationError(OnnxsatError):

@@ -263,6 +263,11 @@ def _check_structure(graph: GraphProto, outer: frozenset[str], where: str) -> No
             _check_structure(
                 sub, available, f"{where}in subgraph '{attr_name}' of node {_node_label(node, idx)}: "
             )
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.WhichOneof("value") == "tensor_type" and vi.type.tensor_type.HasField("shape"):
+            dims = [d.dim_value for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
+            if any(d < 0 for d in dims):
+                raise BadInputError(f"{where}'{vi.name}' is declared with a negative dim: {dims}")
     listed: set[str] = set()
     for out in graph.output:
         if out.name in listed:

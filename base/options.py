@@ -75,6 +75,14 @@ class Options:
     ilp_time_limit: float = 30.0
     verify: bool = True
     verify_seeds: tuple[int, ...] = (0, 1)
+    verify_inputs: tuple[str, ...] = ()
+    """``--verify-inputs``: .npz files of sample inputs (array names = input names), one sample per
+    file; verification runs on these instead of generated inputs (onnx-simplifier's --test-input)."""
+    verify_samples: tuple[dict, ...] = ()
+    """Sample inputs given in memory (input name -> array), used like ``verify_inputs``."""
+    allow_unverified: bool = False
+    """Return/write a model that could not be verified (its report says ``unverified``); otherwise
+    that is an error (``UnverifiableError``, exit 2)."""
     input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Pins symbolic input dims: name -> full shape."""
     allow_contrib_ops: bool = False

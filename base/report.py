@@ -72,9 +72,12 @@ class SaturationReport:
 @dataclass
 class VerificationSummary:
     status: str
-    """passed, failed, skipped (--no-verify), or regionwise (ORT could not run the original)."""
+    """passed, failed, skipped (--no-verify), regionwise (ORT could not run the original whole), or
+    unverified (could not be checked; only with --allow-unverified)."""
     detail: str = ""
     max_abs_err: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    """Time spent verifying: the original's reference run plus the optimized model's check."""
 
 
 @dataclass
@@ -170,7 +173,8 @@ class Report:
             )
         lines.append(f"  file size        {self.file_bytes_before:,} -> {self.file_bytes_after:,} bytes")
         v = self.verification
-        lines.append(f"  verification     {v.status}" + (f" ({v.detail})" if v.detail else ""))
+        took = f", {v.seconds:.2f}s" if v.seconds else ""
+        lines.append(f"  verification     {v.status}" + (f" ({v.detail}{took})" if v.detail else ""))
         if self.unknown_ops:
             lines.append(
                 "  opaque ops       " + ", ".join(f"{k} x{n}" for k, n in sorted(self.unknown_ops.items()))

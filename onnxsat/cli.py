@@ -33,6 +33,7 @@ EXTRACTORS = ("greedy-dag", "tree", "ilp")
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
+EXIT_UNVERIFIED = 4
 EXIT_INTERRUPTED = 130
 
 _DEFAULT_BUDGETS = Budgets()
@@ -46,8 +47,9 @@ examples:
   onnxsat optimize model.onnx -o out.onnx --json --external-data > report.json
 
 exit status:
-  0 written; 1 internal error; 2 bad input, bad flag or unwritable output;
-  3 the optimized model did not match the original (nothing written); 130 interrupted.
+  0 written; 1 internal error; 2 bad input, bad flag, unwritable output, or a model that cannot
+  be verified (nothing written; see --verify-inputs); 3 the optimized model did not match the
+  original (nothing written); 4 written without verification (--allow-unverified); 130 interrupted.
 """
 
 _MAIN_EPILOG = """\
@@ -242,6 +244,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the report as JSON on stdout instead of the table (no progress)",
     )
     out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
+    out.add_argument(
+        "--verify-inputs",
+        metavar="FILE.npz",
+        action="append",
+        default=[],
+        help="verify on this sample instead of random inputs: an .npz whose arrays are named after the"
+        " model's inputs (repeatable, one sample per file; like onnx-simplifier's --test-input)",
+    )
+    out.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="write the optimized model even when it cannot be verified (the report says unverified,"
+        " a warning is printed and the exit status is 4); without it such a model is an error (exit 2)",
+    )
     out.add_argument(
         "--debug",
         action="store_true",
@@ -571,6 +587,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         cost_profile=args.cost_profile,
         measure=args.measure,
         verify=not args.no_verify,
+        verify_inputs=tuple(args.verify_inputs),
+        allow_unverified=args.allow_unverified,
         input_shapes=input_shapes,
         materialize_constants=args.materialize_constants,
         allow_contrib_ops=args.allow_contrib_ops,
@@ -665,6 +683,15 @@ def _run_optimize(args: argparse.Namespace) -> int:
         check_not_an_input(report_path, sources, what="--report-json path")
     check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
+    if options.verify:  # an unverifiable model or a bad sample file fails now, not after saturation
+        from onnxsat.base.errors import UnverifiableError
+        from onnxsat.verification_inputs import prepare_samples
+
+        try:
+            prepare_samples(model, options)
+        except UnverifiableError:
+            if not options.allow_unverified:
+                raise
 
     from onnxsat.pipeline import optimize
     from onnxsat.rules.plugins import PluginWarning
@@ -686,6 +713,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     elif not args.quiet:
         print(report.render())
         print(f"\nwrote {out_path}" + (f" (+ {out_path.name}.data)" if args.external_data else ""))
+    if report.verification.status == "unverified":
+        print(f"{PROG}: warning: wrote {out_path} WITHOUT verification ({report.verification.detail})", file=sys.stderr)
+        return EXIT_UNVERIFIED
     return EXIT_OK
 
 

@@ -70,7 +70,7 @@ def _fmt(c: dict[str, Any]) -> str:
 
 
 def _compare(original: onnx.ModelProto, candidate: onnx.ModelProto, options: Options) -> LatencyComparison:
-    from onnxsat.pipeline import pinned_dims
+    from onnxsat.verification_inputs import pinned_dims
     from onnxsat.verification import make_inputs
 
     feeds = make_inputs(original, seed=0, dim_values=pinned_dims(original, options))

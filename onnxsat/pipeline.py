@@ -12,7 +12,7 @@ from dataclasses import asdict, replace
 import onnx
 from tqdm import tqdm
 
-from onnxsat.base.errors import OnnxsatError, VerificationError
+from onnxsat.base.errors import OnnxsatError, UnverifiableError, VerificationError, one_line
 from onnxsat.base.modelio import check_model_full, serialized_size
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, VerificationSummary
@@ -27,7 +27,8 @@ from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import load_plugins
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
-from onnxsat.verification import VerificationResult
+from onnxsat.verification import Reference, VerificationResult
+from onnxsat.verification_inputs import pinned_dims
 
 
 class OptionsError(OnnxsatError):
@@ -161,6 +162,9 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         check_phase_budgets(options.budgets)
     except ValueError as exc:
         raise OptionsError(str(exc)) from exc
+    reference = _prepare_reference(model, options, report) if options.verify else None
+    if isinstance(reference, str) and options.allow_unverified:
+        report.warnings.append(f"the optimized model may not be checked: {reference}")
     try:
         optimized = rewrite_model(model, options, enabled, report)
     except UnsoundRuleError as exc:
@@ -172,18 +176,12 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
         check_model_full(optimized)
     if options.verify:
         with _stage(report, "verify", options.progress):
-            result = compare(model, optimized, options)
-            if not result[0].ok and not result[0].skipped_reason and _default_opset(optimized) > report.opset:
-                # The whole-model opset conversion, not a rule, may be what differs: write without it.
-                report.warnings.append(
-                    f"the model converted to opset {_default_opset(optimized)} did not verify: written at opset"
-                    f" {report.opset} without the conversion"
-                )
-                options = replace(options, upgrade_opset=None)
-                optimized = rewrite_model(model, options, enabled, report)
-                check_model_full(optimized)
-                result = compare(model, optimized, options)
-            report.verification = _verify(model, optimized, options, enabled, result)
+            if _default_opset(optimized) > report.opset:
+                optimized, options = _without_failed_upgrade(model, optimized, options, enabled, report, reference)
+            report.verification = _verify(model, optimized, options, enabled, reference)
+        report.verification.seconds = round(
+            report.stage_seconds.get("reference", 0.0) + report.stage_seconds["verify"], 4
+        )
     else:
         report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
     if options.measure:
@@ -197,23 +195,92 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     return optimized, report
 
 
-def compare(original: onnx.ModelProto, optimized: onnx.ModelProto, options: Options) -> tuple[VerificationResult, str]:
+def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report) -> Reference | str:
+    """Before any rewriting: check that the result can be verified and run the original once on
+    the verification inputs (the user's samples, else generated ones), so a model that cannot be
+    checked fails in seconds (`UnverifiableError`, exit 2) instead of after saturation.
+
+    Returns the reason instead when the whole original cannot be run but may still be checked
+    region by region between its custom-domain nodes, or ``allow_unverified`` lets it through.
+    """
+    from onnxsat.regions import custom_nodes, region_problem
+    from onnxsat.verification import reference_run
+    from onnxsat.verification_inputs import prepare_samples
+
+    try:
+        samples = prepare_samples(model, options)
+        with _stage(report, "reference", options.progress):
+            dims = pinned_dims(model, options)
+            return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
+    except UnverifiableError as exc:
+        if options.allow_unverified:
+            return exc.reason
+        if not custom_nodes(model):
+            raise
+        problem = region_problem(model)
+        if problem is not None:
+            raise UnverifiableError(f"{exc.reason}; region by region: {problem}") from exc
+        return exc.reason
+
+
+def compare(
+    original: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    options: Options,
+    reference: Reference | str | None = None,
+) -> tuple[VerificationResult, str]:
     """Numeric check on onnxruntime: the whole model, else region by region around custom ops.
 
-    Returns the result and how it was obtained ("passed"/"regionwise" when ok).
+    ``reference``: the original's outputs from `_prepare_reference`, reused instead of running it
+    again, or the reason it could not be run. Returns the result and how it was obtained
+    ("passed"/"regionwise" when ok). Never raises for a model that cannot be checked: the result
+    then carries ``skipped_reason``.
     """
-    from onnxsat.regions import compare_by_regions
-    from onnxsat.verification import compare_models
+    from onnxsat.regions import compare_by_regions, custom_nodes
+    from onnxsat.verification import compare_models, compare_to_reference
 
-    dims = pinned_dims(original, options)
-    result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
-    if result.skipped_reason:
+    if isinstance(reference, Reference):
+        return compare_to_reference(reference, original, optimized), "passed"
+    if reference is None:
+        dims = pinned_dims(original, options)
+        result = compare_models(original, optimized, seeds=options.verify_seeds, dim_values=dims)
+        if not result.skipped_reason:
+            return result, "passed"
+        reference = result.skipped_reason
+    if not custom_nodes(original):
+        return VerificationResult(ok=False, skipped_reason=reference), "passed"
+    try:
         return compare_by_regions(original, optimized, seeds=options.verify_seeds), "regionwise"
-    return result, "passed"
+    except Exception as exc:  # the regions cannot be run either: unverified, not a crash
+        return VerificationResult(ok=False, skipped_reason=f"{reference}; region by region: {one_line(exc)}"), "regionwise"
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _without_failed_upgrade(
+    model: onnx.ModelProto,
+    optimized: onnx.ModelProto,
+    options: Options,
+    enabled: list[str],
+    report: Report,
+    reference: Reference | str | None,
+) -> tuple[onnx.ModelProto, Options]:
+    """``optimized`` (converted to a newer opset) and the options, or, when it does not match the
+    original, the model rewritten at its own opset: the whole-model conversion, not a rule, may be
+    what differs, so it is dropped (with a warning) before any rule is blamed."""
+    result, _ = compare(model, optimized, options, reference)
+    if result.ok or result.skipped_reason:
+        return optimized, options
+    report.warnings.append(
+        f"the model converted to opset {_default_opset(optimized)} did not verify: written at opset"
+        f" {report.opset} without the conversion"
+    )
+    options = replace(options, upgrade_opset=None)
+    optimized = rewrite_model(model, options, enabled, report)
+    check_model_full(optimized)
+    return optimized, options
 
 
 def _verify(
@@ -221,21 +288,21 @@ def _verify(
     optimized: onnx.ModelProto,
     options: Options,
     enabled: list[str],
-    compared: tuple[VerificationResult, str] | None = None,
+    reference: Reference | str | None = None,
 ) -> VerificationSummary:
-    """The summary of ``compared`` (``compare``'s result, computed here when not given); on a mismatch,
-    raises ``VerificationError`` naming a minimal failing rule set."""
-    result, mode = compared or compare(original, optimized, options)
+    result, mode = compare(original, optimized, options, reference)
     errors = {o.name: float(o.max_abs_err) for o in result.outputs}
     if result.ok:
         detail = (
-            f"onnxruntime, seeds {list(options.verify_seeds)}"
+            f"onnxruntime, {reference.origin if isinstance(reference, Reference) else f'seeds {list(options.verify_seeds)}'}"
             if mode == "passed"
             else "onnxruntime, each region between custom-domain nodes checked on its own"
         )
         return VerificationSummary(mode, detail, errors)
     if result.skipped_reason:
-        return VerificationSummary("unverified", f"not checked: {result.skipped_reason}", errors)
+        if not options.allow_unverified:
+            raise UnverifiableError(result.skipped_reason)
+        return VerificationSummary("unverified", f"NOT checked (--allow-unverified): {result.skipped_reason}", errors)
     bad = next(o for o in result.outputs if not o.ok)
     from onnxsat.minimize import minimal_failing_rules
 
@@ -263,14 +330,3 @@ def _pins_by_input(model: onnx.ModelProto, options: Options) -> dict[str, dict[s
     return pins
 
 
-def pinned_dims(model: onnx.ModelProto, options: Options) -> dict[str, int]:
-    """Symbol name -> value from ``--input-shape`` pins, so verification uses the pinned sizes."""
-    dims: dict[str, int] = {}
-    for vi in model.graph.input:
-        pinned = options.input_shapes.get(vi.name)
-        if pinned is None:
-            continue
-        for d, value in zip(vi.type.tensor_type.shape.dim, pinned, strict=False):
-            if d.dim_param:
-                dims[d.dim_param] = int(value)
-    return dims

@@ -54,13 +54,14 @@ def _key(node: onnx.NodeProto) -> tuple[str, str, bytes]:
     return node.domain, node.op_type, b"".join(a.SerializeToString() for a in node.attribute)
 
 
-def _custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The main graph's custom-domain nodes, in a canonical order (the cut points)."""
     nodes = [n for n in model.graph.node if n.domain not in STANDARD_DOMAINS]
     return sorted(nodes, key=_key)
 
 
 def _cut(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> _Cut:
-    custom = _custom_nodes(model)
+    custom = custom_nodes(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
@@ -93,25 +94,31 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return {vi.name: vi.type for vi in infos}
 
 
+def region_problem(model: onnx.ModelProto) -> str | None:
+    """Why ``model`` cannot be checked region by region (a custom-op output of unknown type), or None."""
+    types = _value_types(model)
+    for node in custom_nodes(model):
+        for name in node.output:
+            tp = types.get(name)
+            if name and (tp is None or not tp.tensor_type.HasField("shape") or not tp.tensor_type.elem_type):
+                return f"the type of custom-op output '{name}' is unknown (add value_info)"
+    return None
+
+
 def compare_by_regions(
     original: onnx.ModelProto, optimized: onnx.ModelProto, *, seeds: Sequence[int] = (0, 1)
 ) -> VerificationResult:
     """Compare two models region by region between their custom-domain nodes."""
-    if [_key(n) for n in _custom_nodes(original)] != [_key(n) for n in _custom_nodes(optimized)]:
+    if [_key(n) for n in custom_nodes(original)] != [_key(n) for n in custom_nodes(optimized)]:
         return VerificationResult(
             ok=False, skipped_reason="the custom-domain nodes differ between the models"
         )
+    problem = region_problem(original)
+    if problem is not None:
+        return VerificationResult(ok=False, skipped_reason=problem)
     orig_types = _value_types(original)
     opt_types = _value_types(optimized)
-    for node in _custom_nodes(original):
-        for name in node.output:
-            tp = orig_types.get(name)
-            if name and (tp is None or not tp.tensor_type.HasField("shape") or not tp.tensor_type.elem_type):
-                return VerificationResult(
-                    ok=False,
-                    skipped_reason=f"the type of custom-op output '{name}' is unknown (add value_info)",
-                )
-    for node_orig, node_opt in zip(_custom_nodes(original), _custom_nodes(optimized), strict=True):
+    for node_orig, node_opt in zip(custom_nodes(original), custom_nodes(optimized), strict=True):
         for a, b in zip(node_orig.output, node_opt.output, strict=True):
             if b:
                 opt_types[b] = orig_types[a]

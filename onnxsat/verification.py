@@ -8,8 +8,10 @@ inputs, and every output is compared by name with a per-dtype tolerance.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -18,10 +20,16 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxsat import latency
 from onnxsat.base import lazy_weights, modelio
-from onnxsat.base.errors import VerificationError, one_line
+from onnxsat.base.errors import UnverifiableError, VerificationError, one_line
+from onnxsat.verification_inputs import check_verifiable, load_samples, make_inputs
 
 __all__ = [
     "OutputCheck",
+    "Reference",
+    "check_verifiable",
+    "compare_to_reference",
+    "load_samples",
+    "reference_run",
     "VerificationResult",
     "compare_models",
     "make_inputs",
@@ -36,25 +44,6 @@ _OPT_LEVELS: dict[str, latency.Level] = {
     "extended": "extended",
     "all": "all",
 }
-
-_FLOAT_TYPES: dict[int, type] = {
-    TensorProto.FLOAT: np.float32,
-    TensorProto.FLOAT16: np.float16,
-    TensorProto.DOUBLE: np.float64,
-}
-_INT_TYPES: dict[int, type] = {
-    TensorProto.INT8: np.int8,
-    TensorProto.INT16: np.int16,
-    TensorProto.INT32: np.int32,
-    TensorProto.INT64: np.int64,
-    TensorProto.UINT8: np.uint8,
-    TensorProto.UINT16: np.uint16,
-    TensorProto.UINT32: np.uint32,
-    TensorProto.UINT64: np.uint64,
-}
-# Integer inputs that index nothing we can see get values in [0, _DEFAULT_INT_HIGH).
-_DEFAULT_INT_HIGH = 4
-
 
 @dataclass(frozen=True)
 class OutputCheck:
@@ -92,129 +81,6 @@ class VerificationResult:
         worst = failed[0]
         detail = worst.detail or f"tolerance {worst.tolerance:.3g}"
         return VerificationError(worst.name, worst.max_abs_err, detail, culprit_rules)
-
-
-# ---------------------------------------------------------------------------------------------
-# inputs
-
-
-def make_inputs(
-    model: ModelProto, seed: int, dim_values: Mapping[str, int] | None = None
-) -> dict[str, np.ndarray]:
-    """Seeded random feeds for the model's true graph inputs.
-
-    Inputs that are also initializers are never fed: before IR 4 they are constants, from IR 4
-    on they are overridable defaults, and keeping the default is what the model means. Symbolic
-    dims take `dim_values[symbol]`, else 1 for names containing "batch" and 4 otherwise (the same
-    symbol always gets the same size); dims with neither a value nor a name get 1. Integer inputs
-    used directly as Gather indices stay within the gathered axis, other integers lie in [0, 4),
-    floats are standard normal, bools fair coin flips. Raises ValueError for input types it
-    cannot generate (non-tensors, strings, unknown rank).
-    """
-    graph = model.graph
-    initializers = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
-    inputs = [vi for vi in graph.input if vi.name not in initializers]
-    symbols: dict[str, int] = dict(dim_values or {})
-    shapes = {vi.name: _concrete_shape(vi, symbols) for vi in inputs}
-    index_bounds = _gather_index_bounds(model, {vi.name for vi in inputs}, shapes)
-    rng = np.random.default_rng(seed)
-    feeds: dict[str, np.ndarray] = {}
-    for vi in inputs:
-        elem_type = vi.type.tensor_type.elem_type
-        feeds[vi.name] = _random_tensor(rng, vi.name, elem_type, shapes[vi.name], index_bounds.get(vi.name))
-    return feeds
-
-
-def _default_dim(symbol: str) -> int:
-    return 1 if "batch" in symbol.lower() else 4
-
-
-def _concrete_shape(vi: ValueInfoProto, symbols: dict[str, int]) -> tuple[int, ...]:
-    kind = vi.type.WhichOneof("value")
-    if kind != "tensor_type":
-        raise ValueError(f"input '{vi.name}' is a {kind or 'value of unknown type'}, not a tensor")
-    tt = vi.type.tensor_type
-    if not tt.HasField("shape"):
-        raise ValueError(f"input '{vi.name}' has unknown rank; cannot choose a shape for it")
-    dims: list[int] = []
-    for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(d.dim_value)
-        elif d.dim_param:
-            dims.append(symbols.setdefault(d.dim_param, _default_dim(d.dim_param)))
-        else:  # anonymous dynamic dim: 1 broadcasts against anything
-            dims.append(1)
-    return tuple(dims)
-
-
-def _gather_index_bounds(
-    model: ModelProto, input_names: set[str], shapes: dict[str, tuple[int, ...]]
-) -> dict[str, int]:
-    """Exclusive upper bound for integer inputs that feed a Gather's indices directly."""
-    graph = model.graph
-    gathers = [
-        n
-        for n in graph.node
-        if n.op_type == "Gather"
-        and n.domain in ("", "ai.onnx")
-        and len(n.input) >= 2
-        and n.input[1] in input_names
-    ]
-    if not gathers:
-        return {}
-    known: dict[str, tuple[int, ...]] = {t.name: tuple(t.dims) for t in graph.initializer}
-    known.update(shapes)
-    inferred: dict[str, tuple[int, ...]] | None = None
-    bounds: dict[str, int] = {}
-    for node in gathers:
-        data_shape = known.get(node.input[0])
-        if data_shape is None:
-            if inferred is None:
-                inferred = _inferred_static_shapes(model)
-            data_shape = inferred.get(node.input[0])
-        if not data_shape:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        if not -len(data_shape) <= axis < len(data_shape):
-            continue
-        size = data_shape[axis]
-        if size is None:
-            continue
-        name = node.input[1]
-        bounds[name] = min(bounds.get(name, size), size)
-    return bounds
-
-
-def _inferred_static_shapes(model: ModelProto) -> dict[str, tuple[int, ...]]:
-    """Static shapes from onnx shape inference; dims it cannot pin down are None."""
-    if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
-        return {}
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        return {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
-        tt = vi.type.tensor_type
-        if vi.type.WhichOneof("value") == "tensor_type" and tt.HasField("shape"):
-            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)  # type: ignore[misc]
-    return shapes
-
-
-def _random_tensor(
-    rng: np.random.Generator, name: str, elem_type: int, shape: tuple[int, ...], int_high: int | None
-) -> np.ndarray:
-    if elem_type in _FLOAT_TYPES:
-        return np.asarray(rng.standard_normal(shape), dtype=_FLOAT_TYPES[elem_type])
-    if elem_type in _INT_TYPES:
-        high = _DEFAULT_INT_HIGH if int_high is None else max(int_high, 1)
-        return np.asarray(rng.integers(0, high, size=shape), dtype=_INT_TYPES[elem_type])
-    if elem_type == TensorProto.BOOL:
-        return np.asarray(rng.random(shape) < 0.5)
-    type_name = (
-        TensorProto.DataType.Name(elem_type) if elem_type in TensorProto.DataType.values() else elem_type
-    )
-    raise ValueError(f"input '{name}' has type {type_name}, which verification cannot generate")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,43 +230,99 @@ def _inferred_value_infos(model: ModelProto) -> list[ValueInfoProto]:
         return []
 
 
+@dataclass
+class Reference:
+    """The original model's outputs on the verification inputs, computed once (one onnxruntime
+    session, every seed or sample) and compared with every candidate: the optimized model, a
+    retry without some rules, each step of the minimizer."""
+
+    feeds: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    origin: str
+    """Where the inputs came from: ``seeds [0, 1]`` or ``2 sample(s) from --verify-inputs``."""
+    seconds: float
+    """Session creation and runs of the original."""
+
+
+def reference_run(
+    original: ModelProto,
+    *,
+    seeds: Sequence[int] = (0, 1),
+    dim_values: Mapping[str, int] | None = None,
+    samples: Sequence[Mapping[str, Any]] = (),
+) -> Reference:
+    """Run the original once per seed (or per user sample) on one session; `UnverifiableError`
+    when it cannot be run: inputs that cannot be generated, or onnxruntime refusing the original
+    on every input tried (values derived from the consumers of size-like operands first, plain
+    random ones next)."""
+    if not seeds and not samples:
+        raise ValueError("a reference run needs at least one seed or sample")
+    start = time.perf_counter()
+    try:
+        session = inference_session(original, "disable_all")
+    except Exception as e:
+        raise UnverifiableError(f"onnxruntime cannot run the original model ({one_line(e)})") from e
+    if samples:
+        attempts = [("sample(s) from --verify-inputs", [dict(s) for s in samples])]
+    else:
+        attempts = []
+        for derive in (True, False):
+            try:
+                feeds = [make_inputs(original, seed, dim_values, derive=derive) for seed in seeds]
+            except ValueError as e:
+                raise UnverifiableError(f"cannot generate inputs for the original model ({e})") from e
+            attempts.append((f"seeds {list(seeds)}", feeds))
+    first_error: Exception | None = None
+    for origin, feeds in attempts:
+        try:
+            outputs = [run_session(session, f) for f in feeds]
+        except Exception as e:
+            first_error = first_error or e
+            continue
+        label = f"{len(feeds)} {origin}" if samples else origin
+        return Reference(feeds, outputs, label, time.perf_counter() - start)
+    what = "the given inputs" if samples else "generated inputs"
+    raise UnverifiableError(f"onnxruntime cannot run the original model on {what} ({one_line(first_error)})")
+
+
 def compare_models(
     original: ModelProto,
     optimized: ModelProto,
     *,
     seeds: Sequence[int] = (0, 1),
     dim_values: Mapping[str, int] | None = None,
+    reference: Reference | None = None,
 ) -> VerificationResult:
     """Run both models on the same random inputs per seed and compare every output by name.
 
     The optimized model must declare the same outputs in the same order, and produce arrays of
     the same dtype and shape, with NaNs and infinities in the same places and finite values
     within `tolerance`. If onnxruntime cannot run the original, the result is not ok and carries
-    `skipped_reason`; if it cannot run the optimized model, that is a failure.
+    `skipped_reason`; if it cannot run the optimized model, that is a failure. A ``reference``
+    from `reference_run` is reused instead of running the original again.
     """
-    if not seeds:
+    if not seeds and reference is None:
         raise ValueError("compare_models needs at least one seed")
+    interface = _interface_checks(original, optimized)
+    if interface:
+        return VerificationResult(ok=False, outputs=interface)
+    if reference is None:
+        try:
+            reference = reference_run(original, seeds=seeds, dim_values=dim_values)
+        except UnverifiableError as e:
+            return VerificationResult(ok=False, skipped_reason=e.reason)
+    return compare_to_reference(reference, original, optimized)
+
+
+def compare_to_reference(reference: Reference, original: ModelProto, optimized: ModelProto) -> VerificationResult:
+    """Run ``optimized`` on the reference's inputs (one session) and compare with its outputs."""
     names = [o.name for o in original.graph.output]
     interface = _interface_checks(original, optimized)
     if interface:
         return VerificationResult(ok=False, outputs=interface)
-
-    try:
-        feeds_per_seed = [make_inputs(original, seed, dim_values) for seed in seeds]
-    except ValueError as e:
-        return VerificationResult(
-            ok=False, skipped_reason=f"cannot generate inputs for the original model: {e}"
-        )
-    try:
-        session = inference_session(original, "disable_all")
-        references = [run_session(session, feeds) for feeds in feeds_per_seed]
-    except Exception as e:
-        return VerificationResult(
-            ok=False, skipped_reason=f"onnxruntime cannot run the original model: {one_line(e)}"
-        )
     try:
         session = inference_session(optimized, "disable_all")
-        results = [run_session(session, feeds) for feeds in feeds_per_seed]
+        results = [run_session(session, feeds) for feeds in reference.feeds]
     except Exception as e:
         detail = f"onnxruntime cannot run the optimized model: {one_line(e)}"
         checks = [OutputCheck(name, math.inf, 0.0, False, detail) for name in names]
@@ -408,7 +330,7 @@ def compare_models(
 
     weakest = weakest_float_types(original)
     worst: dict[str, OutputCheck] = {}
-    for ref, got in zip(references, results, strict=True):
+    for ref, got in zip(reference.outputs, results, strict=True):
         for name in names:
             check = compare_values(name, ref[name], got[name], weakest.get(name))
             worst[name] = _worse(worst.get(name), check)

@@ -292,6 +292,99 @@ def _inside_symlink_ok(nbytes: int) -> Builder:
     return build
 
 
+def _graph_case(name: str, make: Callable[[], onnx.ModelProto], exits: frozenset[int], message: str = "") -> Builder:
+    def build(case_dir: Path, canary: Path) -> HostileCase:
+        model_dir = case_dir / "model"
+        _save(make(), model_dir)
+        return HostileCase(name, model_dir, [str(model_dir / "model.onnx"), "-o", _out(case_dir)], exits, message)
+
+    return build
+
+
+def _one_node(
+    node: onnx.NodeProto,
+    inputs: list[onnx.ValueInfoProto],
+    output: onnx.ValueInfoProto,
+    initializers: list[TensorProto] | None = None,
+    opsets: list[onnx.OperatorSetIdProto] | None = None,
+) -> onnx.ModelProto:
+    graph = helper.make_graph([node], "hostile", inputs, [output], initializer=initializers or [])
+    model = helper.make_model(graph, opset_imports=opsets or [helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _float(name: str, shape: list[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _relu_of(vi: onnx.ValueInfoProto) -> onnx.ModelProto:
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(vi)
+    out.name = "y"
+    return _one_node(helper.make_node("Relu", [vi.name], ["y"]), [vi], out)
+
+
+def _negative_dim() -> onnx.ModelProto:
+    return _relu_of(_float("x", [2, -3]))
+
+
+def _huge_input(shape: list[int | str]) -> Callable[[], onnx.ModelProto]:
+    return lambda: _relu_of(_float("x", shape))
+
+
+def _int64s(name: str, values: list[int]) -> TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _constant_of_shape_4tib() -> onnx.ModelProto:
+    node = helper.make_node("ConstantOfShape", ["s"], ["c"])
+    graph = helper.make_graph(
+        [node, helper.make_node("ReduceSum", ["c"], ["y"], keepdims=0)],
+        "hostile",
+        [_float("x", [1])],
+        [_float("y", [])],
+        initializer=[_int64s("s", [1 << 20, 1 << 20])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _expand_overflow() -> onnx.ModelProto:
+    node = helper.make_node("Expand", ["x", "s"], ["y"])
+    return _one_node(node, [_float("x", [1, 1])], _float("y", [None, None]), [_int64s("s", [1 << 62, 1 << 62])])
+
+
+def _reshape_allowzero() -> onnx.ModelProto:
+    # allowzero=1 with a 0 in the shape and a -1: onnxruntime refuses it at run time
+    node = helper.make_node("Reshape", ["x", "s"], ["y"], allowzero=1)
+    return _one_node(node, [_float("x", [2, 3])], _float("y", [None, None]), [_int64s("s", [0, -1])], [helper.make_opsetid("", 14)])
+
+
+def _typed_input(elem_type: int) -> Callable[[], onnx.ModelProto]:
+    def make() -> onnx.ModelProto:
+        vi = helper.make_tensor_value_info("x", elem_type, [2, 3])
+        return _relu_of(vi) if elem_type != TensorProto.STRING else _one_node(
+            helper.make_node("Identity", ["x"], ["y"]), [vi], helper.make_tensor_value_info("y", elem_type, [2, 3])
+        )
+
+    return make
+
+
+def _untyped_custom_op() -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Mystery", ["r"], ["m"], domain="com.example"),
+        helper.make_node("Neg", ["m"], ["n"]),
+        helper.make_node("Neg", ["n"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "hostile", [_float("x", [2, 3])], [_float("y", [2, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    model.ir_version = 8
+    return model
+
+
 def _no_verify(builder: Builder) -> Builder:
     def build(case_dir: Path, canary: Path) -> HostileCase:
         case = builder(case_dir, canary)
@@ -320,6 +413,15 @@ BUILDERS: dict[str, Builder] = {
         for size in (4096, LARGE)
     },
     "inside-symlink-4096": _inside_symlink_ok(4096),
+    "negative-dim": _graph_case("negative-dim", _negative_dim, frozenset({2}), "negative"),
+    "input-2e40": _graph_case("input-2e40", _huge_input([1 << 40]), frozenset({2}), "--no-verify"),
+    "input-2e20-squared": _graph_case("input-2e20-squared", _huge_input([1 << 20, 1 << 20]), frozenset({2}), "--no-verify"),
+    "constant-of-shape-4tib": _graph_case("constant-of-shape-4tib", _constant_of_shape_4tib, frozenset({2})),
+    "expand-overflow": _graph_case("expand-overflow", _expand_overflow, frozenset({2})),
+    "reshape-allowzero": _graph_case("reshape-allowzero", _reshape_allowzero, frozenset({2})),
+    "string-input": _graph_case("string-input", _typed_input(TensorProto.STRING), frozenset({0})),
+    "bfloat16-input": _graph_case("bfloat16-input", _typed_input(TensorProto.BFLOAT16), frozenset({2}), "--verify-inputs"),
+    "untyped-custom-op": _graph_case("untyped-custom-op", _untyped_custom_op, frozenset({2}), "--allow-unverified"),
 }
 
 

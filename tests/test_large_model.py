@@ -128,7 +128,7 @@ def test_cli_refuses_an_output_on_the_weight_file_before_optimizing(
     before = weights.read_bytes()
     monkeypatch.setattr(onnxsat.pipeline, "optimize", lambda *a, **k: pytest.fail("optimized before refusing"))
     assert cli.main(["optimize", str(alias), "-o", str(weights), "--quiet"]) == 2
-    assert "holds the input model's weights" in capsys.readouterr().err
+    assert "is the input's file" in capsys.readouterr().err
     assert weights.read_bytes() == before
 
 

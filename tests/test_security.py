@@ -113,3 +113,92 @@ def test_external_keys_outside_the_spec_are_refused(tmp_path: Path) -> None:
     onnx.save(model, str(tmp_path / "m.onnx"))
     with pytest.raises(BadInputError, match="not allowed"):
         modelio.load_model(tmp_path / "m.onnx")
+
+
+# ---------------------------------------------------------------------------------------------
+# verification: nothing unverified written, the user's inputs, derived inputs, cost
+
+
+def _reshape_by_input() -> onnx.ModelProto:
+    """y = Reshape(x + 1, s) with the target shape ``s`` a graph input (random values would fail)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "one"], ["a"]),
+            helper.make_node("Reshape", ["a", "s"], ["r"]),
+            helper.make_node("ReduceSum", ["r", "axes"], ["y"], keepdims=1),
+        ],
+        "by_input",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+            helper.make_tensor_value_info("s", TensorProto.INT64, [3]),
+            helper.make_tensor_value_info("axes", TensorProto.INT64, [1]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])],
+        initializer=[onnx.numpy_helper.from_array(np.ones((), np.float32), "one")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_size_operands_fed_by_inputs_get_valid_values() -> None:
+    from onnxsat.verification import make_inputs, reference_run
+
+    model = _reshape_by_input()
+    feeds = make_inputs(model, 0)
+    assert list(feeds["s"]) == [2, 3, 4] and list(feeds["axes"]) == [0]
+    reference = reference_run(model, seeds=(0, 1))
+    assert reference.origin == "seeds [0, 1]" and len(reference.outputs) == 2
+
+
+def test_verify_inputs_file_is_used_and_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_path = tmp_path / "m.onnx"
+    onnx.save(_reshape_by_input(), str(model_path))
+    sample = tmp_path / "sample.npz"
+    x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    np.savez(sample, x=x, s=np.array([4, 3, 2]), axes=np.array([1]))
+    out = tmp_path / "o.onnx"
+    assert (
+        cli.main(
+            ["optimize", str(model_path), "-o", str(out), "--verify-inputs", str(sample), "--json", *FAST[:4]]
+        )
+        == 0
+    )
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert report["verification"]["status"] == "passed"
+    assert "1 sample(s) from --verify-inputs" in report["verification"]["detail"]
+    assert report["verification"]["seconds"] > 0
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=x.astype(np.float64), s=np.array([4, 3, 2]), axes=np.array([1]))
+    assert cli.main(["optimize", str(model_path), "-o", str(out), "--verify-inputs", str(bad), *FAST]) == 2
+    assert "DOUBLE" in capsys.readouterr().err
+
+
+def test_unverified_is_written_only_when_allowed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = build_case(tmp_path, "untyped-custom-op")
+    out = Path(case.args[2])
+    assert cli.main(["optimize", *case.args, *FAST]) == 2 and not out.exists()
+    capsys.readouterr()
+    assert cli.main(["optimize", *case.args, *FAST, "--allow-unverified"]) == 4
+    err = capsys.readouterr().err
+    assert out.is_file() and "WITHOUT verification" in err
+
+
+def test_original_runs_once_per_seed_on_one_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verification builds one session per model and runs the original once per seed."""
+    from onnxsat import verification
+    from onnxsat.base.options import Budgets, Options
+    from onnxsat.pipeline import optimize
+
+    sessions: list[int] = []
+    real = verification.inference_session
+    monkeypatch.setattr(
+        verification, "inference_session", lambda m, level: (sessions.append(len(m.graph.node)), real(m, level))[1]
+    )
+    model = _reshape_by_input()
+    _, report = optimize(model, Options(budgets=Budgets(iterations=2)))
+    assert report.verification.status == "passed"
+    assert len(sessions) == 2, sessions  # the original once, the optimized once
+    assert "reference" in report.stage_seconds

@@ -345,14 +345,22 @@ def test_keep_opset_writes_the_chains() -> None:
     assert ops["RMSNormalization"] == 0 and ops["Sqrt"] == 2 and report.opset_after == 17, ops
 
 
-def test_contrib_ops_fuse_the_residual_adds() -> None:
+def test_contrib_ops_fuse_the_residual_adds_where_the_opset_is_kept() -> None:
     """Both residual sums are also read after the norm (a graph output, the next residual): each
     SkipSimplifiedLayerNormalization writes its sum as output 3, and no Add is left."""
-    optimized, _ = _optimize(_Decoder(17).model(), allow_contrib_ops=True)
+    optimized, _ = _optimize(_Decoder(17).model(), allow_contrib_ops=True, upgrade_opset=None)
     ops = _ops(optimized)
     assert ops["com.microsoft.SkipSimplifiedLayerNormalization"] == 2 and ops["Add"] == 0, ops
     skips = [n for n in optimized.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
     assert all(len(n.output) == 4 and n.output[3] for n in skips)
+
+
+def test_contrib_ops_prefer_rms_normalization() -> None:
+    """Where RMSNormalization can be written, Add + RMSNormalization is (faster on onnxruntime's CPU
+    provider than its SkipSimplifiedLayerNormalization, see ``fused._skip_rms_norm_export``)."""
+    optimized, _ = _optimize(_Decoder(17).model(), allow_contrib_ops=True)
+    ops = _ops(optimized)
+    assert ops["RMSNormalization"] == 2 and ops["Add"] == 2 and ops["com.microsoft.SkipSimplifiedLayerNormalization"] == 0, ops
 
 
 def test_failed_conversion_keeps_the_opset_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

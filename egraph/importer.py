@@ -67,6 +67,22 @@ def _type_info(tp: onnx.TypeProto, symbols: _Symbols) -> TensorInfo:
     return TensorInfo(tt.elem_type or None, dims)
 
 
+_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+_SMALL_CHECK_ELEMENTS = 1 << 20
+"""Weights up to this many elements are read to tell ``small_const`` (larger ones never are)."""
+
+
+def _small_magnitude(tensor: onnx.TensorProto) -> bool:
+    """Whether a float weight's values all lie within ``L.SMALL_MAGNITUDE`` (unread ones: no)."""
+    if tensor.data_type not in _FLOAT_TYPES or np.prod(tensor.dims) > _SMALL_CHECK_ELEMENTS:
+        return False
+    try:
+        values = tensor_array(tensor).astype(np.float64)
+    except Exception:  # external data not loaded, or a type numpy cannot hold
+        return False
+    return bool(np.all(np.abs(values) <= L.SMALL_MAGNITUDE))
+
+
 def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The value of a Constant node as a TensorProto (None for sparse values)."""
     attr = node.attribute[0] if node.attribute else None
@@ -131,6 +147,7 @@ class _Importer:
         self.trust_onnx_shapes = trust_onnx_shapes
         self.seed_shapes = seed_shapes
         self.actions: list[Any] = []
+        self.input_symbols: set[int] = set()
 
     # ------------------------------------------------------------ helpers
     def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
@@ -189,6 +206,8 @@ class _Importer:
             return
         self.weights[name] = tensor
         self._bind(name, L.Tensor.weight(name), leaf=True)
+        if _small_magnitude(tensor):
+            self.actions.append(L.small_const(L.Tensor.weight(name)))
 
     def _tied_weight(self, name: str, tensor: onnx.TensorProto) -> str | None:
         """An earlier weight with the same type, dims and values, else None (this one is remembered)."""
@@ -343,13 +362,21 @@ class _Importer:
             filled = []
             for name in frontier:
                 info = self.infos.get(name)
-                if info is not None and info.dims is not None:
+                if info is not None and info.dims is not None and self._seedable(info.dims):
                     filled.append(set_(L.shape(self.terms[name])).to(_dims_vec(tuple(info.dims))))
             if not filled:
                 return
             self.egraph.register(*filled)
             done = set(frontier)
             pending = [n for n in missing if n not in done]
+
+    def _seedable(self, dims: tuple[int, ...]) -> bool:
+        """Whether ONNX's shape may be given to a tensor the analysis cannot shape yet: every dim
+        known or a symbol of a graph input. A symbol ONNX inference invents (``unk__3``, or an
+        exporter's name for a computed size) stands for a value a rewrite may later let the
+        analysis compute (a Slice end folded to 2): seeding it would make that sound rewrite meet
+        a second, different shape in the e-class, so such tensors stay unshaped until then."""
+        return all(d >= 0 or d in self.input_symbols for d in dims)
 
     def _inputs_shaped(self, name: str) -> bool:
         producer = self.producers.get(name)
@@ -368,7 +395,10 @@ class _Importer:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         except Exception:  # inference is advisory: shapes then come from the analysis alone
             inferred = model
-        for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        for vi in inferred.graph.input:
+            self.infos[vi.name] = _type_info(vi.type, self.symbols)
+        self.input_symbols = set(self.symbols.names)
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             self.infos[vi.name] = _type_info(vi.type, self.symbols)
         initializers = {t.name: t for t in graph.initializer}
         input_names = [i.name for i in graph.input]

@@ -87,6 +87,13 @@ is_const = relation("is_const", Tensor)
 
 list_const = relation("list_const", TList)
 
+SMALL_MAGNITUDE = 4096.0
+"""Bound of ``small_const`` (2**12): a float32 sum with such a term rounds x by at most 2**-12."""
+
+small_const = relation("small_const", Tensor)
+"""Holds for a constant whose every value has magnitude <= ``SMALL_MAGNITUDE``: a float Add of it
+may be reassociated ((x + 1e8) - 1e8 rounds x to a multiple of 8, x + (1e8 - 1e8) does not)."""
+
 varies = relation("varies", Tensor)
 """Holds when a tensor depends on a graph input (so constant-canonicalizing rules skip weight-only
 arithmetic, which folds at export anyway)."""

@@ -265,6 +265,9 @@ def _window_ceil(size: i64, k: i64, stride: i64, dil: i64, pad_begin: i64, pad_t
 
 
 for _n in (1, 2, 3):
+    # Window arithmetic on a symbolic spatial dim would compute another symbol's id (or a size):
+    # those outputs keep no shape.
+    _known_spatial = [sa[2 + i] >= i64(0) for i in range(_n)]
     spatial = [
         _window(sa[2 + i], sb[2 + i], va[i], vc[i], vb[i] + vb[_n + i]) for i in range(_n)
     ]  # va strides, vb pads, vc dilations
@@ -275,18 +278,19 @@ for _n in (1, 2, 3):
             L.shape(b) == sb,
             sa.length() == i64(_n + 2),
             sb.length() == i64(_n + 2),
+            *_known_spatial,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sb[0]] + spatial)))
     )
     pool_spatial = [_window(sa[2 + i], va[i], vb[i], vd[i], vc[i] + vc[_n + i]) for i in range(_n)]
     shape_rules.append(
         rule(
-            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(0))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n)
+            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(0))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n), *_known_spatial
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + pool_spatial)))
     )
     pool_ceil = [_window_ceil(sa[2 + i], va[i], vb[i], vd[i], vc[i], vc[i] + vc[_n + i]) for i in range(_n)]
     shape_rules.append(
         rule(
-            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(1))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n)
+            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(1))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n), *_known_spatial
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + pool_ceil)))
     )
     avg_ceil = [_window_ceil(sa[2 + i], va[i], vb[i], i64(1), vc[i], vc[i] + vc[_n + i]) for i in range(_n)]
@@ -296,6 +300,7 @@ for _n in (1, 2, 3):
             L.shape(a) == sa,
             sa.length() == i64(_n + 2),
             va.length() == i64(_n),
+            *_known_spatial,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + avg_ceil)))
     )
     # ConvTranspose: va strides, vb pads, vc dilations, vd output padding.
@@ -309,6 +314,7 @@ for _n in (1, 2, 3):
             L.shape(b) == sb,
             sa.length() == i64(_n + 2),
             sb.length() == i64(_n + 2),
+            *_known_spatial,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sb[1] * ia] + transposed)))
     )
     avg_spatial = [_window(sa[2 + i], va[i], vb[i], i64(1), vc[i] + vc[_n + i]) for i in range(_n)]
@@ -318,6 +324,7 @@ for _n in (1, 2, 3):
             L.shape(a) == sa,
             sa.length() == i64(_n + 2),
             va.length() == i64(_n),
+            *_known_spatial,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + avg_spatial)))
     )
     shape_rules.append(
@@ -394,15 +401,27 @@ def axis_sum(xs: L.TList, axis: i64Like) -> i64:
 shape_rules.append(rule(eq(t).to(L.concat(xs, ia))).then(axis_sum_req(xs, ia)))
 shape_rules.append(rule(axis_sum_req(xs, ia), eq(xs).to(L.TList.cons(a, ys))).then(axis_sum_req(ys, ia)))
 shape_rules.append(rule(axis_sum_req(xs, ia), eq(xs).to(L.TList.nil())).then(set_(axis_sum(xs, ia)).to(i64(0))))
+# The axis may still be negative (its rank was unknown at import); a symbolic axis dim gives no
+# sum (adding symbol ids would name another symbol, or a known size: -1 + 1 == 0).
+_concat_axis = norm_axis(ia, sa.length())
+_concat_ok = (_concat_axis >= i64(0), _concat_axis < sa.length())
 shape_rules.append(
-    rule(axis_sum_req(xs, ia), eq(xs).to(L.TList.cons(a, ys)), L.shape(a) == sa, axis_sum(ys, ia) == ib).then(
-        set_(axis_sum(xs, ia)).to(sa[ia] + ib)
-    )
+    rule(
+        axis_sum_req(xs, ia),
+        eq(xs).to(L.TList.cons(a, ys)),
+        L.shape(a) == sa,
+        axis_sum(ys, ia) == ib,
+        *_concat_ok,
+        sa[_concat_axis] >= i64(0),
+    ).then(set_(axis_sum(xs, ia)).to(sa[_concat_axis] + ib))
 )
 shape_rules.append(
-    rule(eq(t).to(L.concat(L.TList.cons(a, ys), ia)), L.shape(a) == sa, axis_sum(L.TList.cons(a, ys), ia) == ib).then(
-        set_(L.shape(t)).to(sa.set(ia, ib))
-    )
+    rule(
+        eq(t).to(L.concat(L.TList.cons(a, ys), ia)),
+        L.shape(a) == sa,
+        axis_sum(L.TList.cons(a, ys), ia) == ib,
+        *_concat_ok,
+    ).then(set_(L.shape(t)).to(sa.set(_concat_axis, ib)))
 )
 
 # Reshape: 0 copies the input dim (allowzero=0), -1 takes what is left of the element count.
@@ -581,6 +600,8 @@ for _q in range(1, MAX_RANK + 1):
             L.shape(a) == sa,
             sa.length() == i64(_q),
             va.length() == i64(2 * _q),
+            # a symbolic dim only unpadded (a padded one is another, unnamed size)
+            *[_is_negative(sa[i]) * (va[i].max(i64(0) - va[i]) + va[_q + i].max(i64(0) - va[_q + i])) == i64(0) for i in range(_q)],
         ).then(set_(L.shape(t)).to(_vec([sa[i] + va[i] + va[_q + i] for i in range(_q)])))
     )
 
@@ -633,6 +654,9 @@ shape_rules.append(rule(eq(t).to(L.Tensor.weight(str_a))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.splat(fa, va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.ints(va, ia))).then(L.is_const(t)))
 shape_rules.append(rule(eq(t).to(L.Tensor.none())).then(L.is_const(t)))
+_small = (fa <= f64(L.SMALL_MAGNITUDE), fa >= f64(-L.SMALL_MAGNITUDE))
+shape_rules.append(rule(eq(t).to(L.Tensor.splat(fa, va, ia)), *_small).then(L.small_const(t)))
+shape_rules.append(rule(eq(t).to(L.neg(a)), L.small_const(a)).then(L.small_const(t)))
 
 _ATTR_SORTS: dict[str, type] = {"int": i64, "float": f64, "string": String, "ints": Vec[i64]}
 for _spec in OPS.values():

@@ -29,8 +29,11 @@ _BITS_LOOP_MAX = 48
 """Bit sets with at most this many new members are summed bit by bit, larger ones with numpy."""
 
 
-def tree_choice(ix: IndexedEGraph) -> list[int]:
-    """Per class the node of minimum tree cost (Knuth's algorithm; -1 for classes without a term)."""
+def tree_choice(ix: IndexedEGraph, settled: list[int] | None = None) -> list[int]:
+    """Per class the node of minimum tree cost (Knuth's algorithm; -1 for classes without a term).
+
+    ``settled`` receives the classes in the order they were settled: cheapest tree cost first, so
+    every class after the classes its cheapest nodes read."""
     n_classes = len(ix.names)
     best = [INF] * (n_classes + 1)  # the extra slot is the "missing child" class
     choice = [-1] * n_classes
@@ -43,6 +46,8 @@ def tree_choice(ix: IndexedEGraph) -> list[int]:
         if choice[c] >= 0:
             continue
         choice[c], best[c] = n, total
+        if settled is not None:
+            settled.append(c)
         for p in ix.parents[c]:
             pending[p] -= 1
             if pending[p] == 0 and choice[ix.node_class[p]] < 0:
@@ -188,17 +193,20 @@ def _extract_greedy(
     const = const_classes(eg)
     price = Pricer(eg, cost, const)
     ix = IndexedEGraph(eg, price)
-    tree_index = tree_choice(ix)
+    settled: list[int] = []
+    tree_index = tree_choice(ix, settled)
     tree = ix.as_choice(tree_index)
     missing = [r for r in roots if r not in tree]
     if missing:
         raise RuntimeError(f"no finite-cost term for output e-classes {missing}")
     candidates = [("tree", topological(tree, roots))]
     if not tree_only and len(eg.classes) <= DAG_PASS_MAX_CLASSES:
-        position = {c: i for i, c in enumerate(ix.names)}
-        first = [position[eclass] for eclass, _ in candidates[0][1]]
-        seen = set(first)
-        order = first + [c for c in range(len(ix.names)) if c not in seen]
+        # Classes in the order the tree pass settled them, so a class is priced after the classes
+        # its candidates read: in the order of the tree's program, a Sigmoid the tree did not use
+        # came after the Mul reading it, its total lagged a sweep behind the Conv below both, and
+        # x * sigmoid(x) lost to fused_silu(x) by that lag (efficientnet's 45 SiLUs, +17% cost).
+        seen = set(settled)
+        order = settled + [c for c in range(len(ix.names)) if c not in seen]
         dag = _dag_choice(ix, tree_index, order)
         candidates.append(("greedy-dag", topological(ix.as_choice(dag), roots)))
     candidates = [(name, complete_kernels(eg, nodes, roots)) for name, nodes in candidates]

@@ -55,6 +55,8 @@ def _load(
             set_(L.shape(leaf)).to(L.ivec(list(dims))),
             set_(L.dtype(leaf)).to(i64(dtypes.get(name, F))),
         ]
+        if name in consts:  # as import marks a weight of moderate values (float adds may reassociate)
+            actions.append(L.small_const(leaf))
     egraph.register(*actions, *[union(L.graph_output(k)).with_(term) for k, term in enumerate(terms)])
     return egraph
 

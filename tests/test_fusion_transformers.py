@@ -24,7 +24,7 @@ from onnxsat.egraph import lang as L
 from onnxsat.egraph.ops import OPS
 from onnxsat.egraph.ops.fused import RMS_NORM_PROBE, SKIP_RMS_NORM_PROBE
 from onnxsat.egraph.ops.ort_probe import KernelProbe, ort_runs
-from onnxsat.egraph.ops.registry import ExportNode
+from onnxsat.egraph.ops.registry import ExportNode, ctor_name
 from onnxsat.egraph.opset_upgrade import UPGRADE_DOMAIN, UpgradeError, convert_whole_model
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.rules import RULES
@@ -345,10 +345,12 @@ def test_keep_opset_writes_the_chains() -> None:
     assert ops["RMSNormalization"] == 0 and ops["Sqrt"] == 2 and report.opset_after == 17, ops
 
 
-def test_contrib_ops_fuse_the_residual_adds_where_the_opset_is_kept() -> None:
+@pytest.mark.parametrize("extractor", ["greedy-dag", "ilp"])
+def test_contrib_ops_fuse_the_residual_adds_where_the_opset_is_kept(extractor: str) -> None:
     """Both residual sums are also read after the norm (a graph output, the next residual): each
-    SkipSimplifiedLayerNormalization writes its sum as output 3, and no Add is left."""
-    optimized, _ = _optimize(_Decoder(17).model(), allow_contrib_ops=True, upgrade_opset=None)
+    SkipSimplifiedLayerNormalization writes its sum as output 3, and no Add is left (whichever
+    extractor chose the kernel for one of its outputs, the other output's class takes it too)."""
+    optimized, _ = _optimize(_Decoder(17).model(), allow_contrib_ops=True, upgrade_opset=None, extractor=extractor)
     ops = _ops(optimized)
     assert ops["com.microsoft.SkipSimplifiedLayerNormalization"] == 2 and ops["Add"] == 0, ops
     skips = [n for n in optimized.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
@@ -394,3 +396,20 @@ def test_conversion_that_does_not_verify_is_dropped(monkeypatch: pytest.MonkeyPa
     optimized, report = _optimize(_Decoder(17).model())
     assert _ops(optimized)["RMSNormalization"] == 0 and report.opset_after == 17
     assert any("did not verify" in w for w in report.warnings), report.warnings
+
+
+def test_a_chosen_kernel_gives_its_other_output_to_that_class() -> None:
+    """The norm's class chose the residual kernel, the sum's class its plain Add: the sum's class
+    takes the kernel's second output, so the export writes one kernel and no second Add."""
+    from onnxsat.egraph.graph_types import ENode, Ref, SerializedEGraph
+    from onnxsat.extract.greedy import complete_kernels
+
+    op = ctor_name(L.fused_skip_rms_norm)
+    leaves = {c: [ENode("Tensor.input", (c,))] for c in ("x", "y", "g")}
+    kernel = [Ref("x"), Ref("y"), Ref("g"), EPS, F]
+    add, first, second = ENode("add", (Ref("x"), Ref("y"))), ENode(op, (*kernel, 0)), ENode(op, (*kernel, 1))
+    eg = SerializedEGraph(classes={**leaves, "sum": [add, second], "norm": [first]})
+    chosen = [("x", leaves["x"][0]), ("y", leaves["y"][0]), ("g", leaves["g"][0]), ("sum", add), ("norm", first)]
+    completed = dict(complete_kernels(eg, chosen, ["norm", "sum"]))
+    assert completed["sum"] is second and completed["norm"] is first
+    assert complete_kernels(eg, chosen[:3] + [("sum", add)], ["sum"]) == chosen[:3] + [("sum", add)]

@@ -88,6 +88,10 @@ class Options:
     """Pins symbolic input dims: name -> full shape."""
     allow_contrib_ops: bool = False
     """Write fused kinds as onnxruntime com.microsoft contrib ops (BiasGelu, FastGelu...) instead of chains."""
+    upgrade_opset: int | None = 23
+    """Opset the whole model may be converted to (onnx's version converter, then verified like every
+    output) so fused nodes can be written as that opset's standard ops (RMSNormalization); it is
+    converted only when the extracted program holds one. None keeps the model's opset."""
     materialize_constants: bool = False
     """Allow folded constants to grow the file by more than max(1 MiB, 10%)."""
     minimize_seconds: float = 120.0

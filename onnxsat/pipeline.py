@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import onnx
 from tqdm import tqdm
@@ -275,7 +275,13 @@ class Session:
         assert self.program is not None
         options = self.options
         with self._stage("export"):
-            exported = to_onnx(self.program, graph, allow_contrib_ops=options.allow_contrib_ops)
+            exported = to_onnx(
+                self.program,
+                graph,
+                allow_contrib_ops=options.allow_contrib_ops,
+                upgrade_opset=options.upgrade_opset,
+                notes=self.report.warnings,
+            )
             folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
         with self._stage("check"):
             _check_output(self.model, folded)
@@ -351,6 +357,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
             optimized = keep_if_faster(model, optimized, options, report)
     optimized = _never_worse(model, optimized, report)
     report.nodes_after = _op_counts(optimized)
+    report.opset_after = _default_opset(optimized)
     report.file_bytes_after = serialized_size(optimized)
     return optimized, report
 
@@ -387,10 +394,28 @@ def _attempt(session: Session) -> onnx.ModelProto:
         culprits = find_unsound_rules(session.model, session.options, session.rules, exc.iteration)
         raise UnsoundRewriteError(culprits, exc.detail) from exc
     if session.options.verify:
+        if _default_opset(optimized) > _default_opset(session.model) and not _matches(session, optimized):
+            # The whole-model opset conversion, not a rule, may be what differs: run without it.
+            session.report.warnings.append(
+                f"the model converted to opset {_default_opset(optimized)} did not verify: written at opset"
+                f" {_default_opset(session.model)} without the conversion"
+            )
+            session.options = replace(session.options, upgrade_opset=None)
+            return _attempt(session.with_rules(list(session.rules)))
         session.verify(optimized)
     else:
         session.report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
     return optimized
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _matches(session: Session, optimized: onnx.ModelProto) -> bool:
+    """``optimized`` matches the original on onnxruntime (or cannot be checked at all)."""
+    result, _ = compare(session.model, optimized, session.options, session.reference)
+    return result.ok or bool(result.skipped_reason)
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:

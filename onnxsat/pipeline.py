@@ -541,7 +541,11 @@ def _verify(
     bad = next(o for o in result.outputs if not o.ok)
     from onnxsat.minimize import minimal_failing_rules
 
-    culprits = minimal_failing_rules(original, options, enabled) if enabled is not None else None
+    culprits = (
+        minimal_failing_rules(original, options, enabled, reference if isinstance(reference, Reference) else None)
+        if enabled is not None
+        else None
+    )
     raise VerificationError(bad.name, bad.max_abs_err, bad.detail or "outputs differ", culprit_rules=culprits)
 
 

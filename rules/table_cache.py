@@ -8,11 +8,17 @@ load; any mismatch or error means the rules are built from their modules again. 
 declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
 cannot be reloaded with its rules). The PET site-rule modules are always imported (their rules
 are Python verifiers, not egglog rules).
+
+The file goes through `onnxsat.base.disk_cache` (a private 0700 directory, a sha256 per entry,
+fsync before rename) and is read by an unpickler that builds only egglog's declaration classes:
+any other global in the stream (``os.system``, a module's function) is refused, so a planted file
+cannot run code; it only costs building the rules again.
 """
 
 from __future__ import annotations
 
 import copyreg
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -20,8 +26,10 @@ from typing import Any
 from egglog import RewriteOrRule
 from egglog.declarations import CallDecl, Declarations
 
+from onnxsat.base import disk_cache
+
 from ..egraph import lang as L
-from .listing import listing_key, write_atomic
+from .listing import listing_key
 from .registry import Family
 
 TABLE_FILE = "rule-table.pickle"
@@ -35,11 +43,26 @@ def _language() -> Declarations:
     return Declarations.create(*[v for v in vars(L).values() if hasattr(v, "__egg_decls__")])
 
 
+class _DeclarationsOnly(pickle.Unpickler):
+    """Unpickles egglog declaration classes and plain data, nothing else (no callables, no modules)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import egglog.declarations as declarations
+
+        obj = getattr(declarations, name, None) if module == "egglog.declarations" else None
+        if not isinstance(obj, type):
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in the rule-table cache")
+        return obj
+
+
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
-    """Module name -> its families as stored, or None (no file, another key, unreadable)."""
+    """Module name -> its families as stored, or None (no file, another key, damaged or foreign)."""
+    directory = disk_cache.private_dir(cache_dir)
+    raw = disk_cache.read(directory / TABLE_FILE) if directory is not None else None
+    if raw is None:
+        return None
     try:
-        with open(Path(cache_dir) / TABLE_FILE, "rb") as f:
-            stored = pickle.load(f)
+        stored = _DeclarationsOnly(io.BytesIO(raw)).load()
         if stored["key"] != listing_key():
             return None
         decls = _language()
@@ -65,7 +88,9 @@ def store(cache_dir: str | Path, parts: dict[str, list[Family]]) -> None:
         data = pickle.dumps({"key": listing_key(), "modules": rows}, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         return
-    write_atomic(Path(cache_dir) / TABLE_FILE, data)
+    directory = disk_cache.private_dir(cache_dir)
+    if directory is not None:
+        disk_cache.write(directory / TABLE_FILE, data)
 
 
 def _within(used: Declarations, language: Declarations) -> bool:

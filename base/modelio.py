@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
-from onnxsat.base import external_data, lazy_weights
+from onnxsat.base import disk_cache, external_data, lazy_weights
 from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
@@ -696,7 +696,10 @@ def _copy_fields_except(src, dst, skip: Iterable[str]) -> None:
 
 
 def _mkstemp_for(target: Path) -> str:
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    """A temp file ``.NAME.PID.RANDOM.tmp`` next to ``target``; first removes such files of writers
+    that are gone (a run killed mid-write), so they do not pile up next to the user's files."""
+    disk_cache.sweep_temps(target.parent, target.name)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=disk_cache.temp_name_prefix(target.name), suffix=".tmp")
     os.close(fd)
     return name
 

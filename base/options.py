@@ -65,7 +65,8 @@ class Options:
     strict_plugins: bool = False
     """A plugin that fails to load or a plugin rule that fails verification is an error, not a warning."""
     plugin_cache_dir: str | None = None
-    """Where plugin rules' verification verdicts are cached (None: verify in every process)."""
+    """Where plugin rules' verification verdicts and the built in-tree rules are cached between
+    processes (None: verify and build in every process). The CLI uses ``$XDG_CACHE_HOME/onnxsat``."""
     target: str = "ort-cpu"
     """Cost-model target: ort-cpu (what onnxruntime runs, with its fusions), onnxsat-cpu or h200."""
     cost_profile: str | None = None
@@ -95,6 +96,8 @@ class Options:
     """When a rewrite is found unsound or verification fails: how many reruns without the rules
     found responsible, before the last resort, a run without rewrites (``onnxsat.pipeline``)."""
     progress: bool = False
+    dump_dir: str | None = None
+    """A folder each stage of the run writes its artefact to (``onnxsat/dump.py``); None: nothing written."""
     measure: bool = False
     """Time original vs optimized on onnxruntime and never ship a slower model (``onnxsat.measure``)."""
     measure_rounds: int = 30

@@ -7,7 +7,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
+
+
+class StopReason(StrEnum):
+    """What stopped a phase, or saturation as a whole; the values are what reports print and store."""
+
+    SATURATED = "saturated"
+    """No rule changed the e-graph any more."""
+    ITERATIONS = "iterations"
+    """The phase's iteration cap."""
+    ENODES = "enodes"
+    """The e-node budget (the phase's or the global one)."""
+    SECONDS = "seconds"
+    """The time budget (the phase's share or the global one)."""
+    REPLAYED = "replayed"
+    """A replay up to a given iteration (finding the rule behind a conflict) reached it."""
+    NO_ITERATIONS = "no iterations"
+    """The phase had no budget left to run one iteration."""
+    NO_RULES = "no rules enabled"
+    """Saturation ran no phase: no enabled rule."""
 
 
 @dataclass
@@ -28,8 +48,7 @@ class PhaseRecord:
 
     name: str
     iterations: int
-    stop_reason: str
-    """saturated, iterations, enodes, seconds, replayed (or no iterations)."""
+    stop_reason: StopReason
     enodes: int
     """E-graph size when the phase ended."""
     seconds: float
@@ -44,8 +63,8 @@ class PhaseRecord:
 @dataclass
 class SaturationReport:
     iterations: list[IterationRecord] = field(default_factory=list)
-    stop_reason: str = ""
-    """Which budget stopped saturation: saturated (every phase), iterations (a phase's cap),
+    stop_reason: StopReason | str = ""
+    """Which budget stopped saturation (empty before it ran): saturated (every phase), iterations (a phase's cap),
     enodes, seconds (the global budgets), no rules enabled."""
     enodes_before: int = 0
     enodes_after: int = 0
@@ -101,6 +120,8 @@ class Report:
     unknown_ops: dict[str, int] = field(default_factory=dict)
     opaque_reasons: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    plugins: list[str] = field(default_factory=list)
+    """Every rule plugin loaded (entry points and --rules files): their code ran in this process."""
     pinned_dims: dict[str, dict[str, int]] = field(default_factory=dict)
     """``--input-shape``: per input, the dims that were not fixed in the model (symbol or "dim K") -> value."""
     partial: list[dict[str, Any]] = field(default_factory=list)
@@ -188,6 +209,8 @@ class Report:
                 for name, dims in self.pinned_dims.items()
             )
             lines.append(f"  pinned dims      {pins} (the output is specialized to these sizes)")
+        if self.plugins:
+            lines.append("  plugins          " + "; ".join(self.plugins))
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         return "\n".join(lines)

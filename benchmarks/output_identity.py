@@ -30,7 +30,7 @@ def models() -> list[Path]:
     return sorted((ROOT / "examples").glob("*.onnx")) + sorted(light.glob("*.onnx"))
 
 
-def fingerprint(path: Path) -> dict:
+def fingerprint(path: Path, cache_dir: str | None = None) -> dict:
     """Optimize ``path`` with default options (no time budget) and describe the written bytes."""
     import onnx
 
@@ -38,7 +38,7 @@ def fingerprint(path: Path) -> dict:
     from onnxsat.base.errors import OnnxsatError, one_line
 
     model = onnx.load(str(path))
-    options = onnxsat.Options(budgets=onnxsat.Budgets(seconds=1e9))
+    options = onnxsat.Options(budgets=onnxsat.Budgets(seconds=1e9), plugin_cache_dir=cache_dir)
     try:
         optimized, report = onnxsat.optimize(model, options)
     except OnnxsatError as error:
@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--compare", help="an earlier output of this script; exit 1 on any difference")
+    parser.add_argument("--cache-dir", help="Options.plugin_cache_dir: the built rules are read from (or stored in) it")
     args = parser.parse_args(argv)
-    results = {path.name: fingerprint(path) for path in models()}
+    results = {path.name: fingerprint(path, args.cache_dir) for path in models()}
     Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     if not args.compare:
         return 0

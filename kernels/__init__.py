@@ -3,5 +3,6 @@
 ``codegen`` (kernel IR -> LLVM IR with IRBuilder) and ``mathlib`` (vectorizable exp/erf/tanh);
 ``gemm`` (packed GEMM micro-kernel); ``jit`` (MCJIT + on-disk cache); ``blas`` (OpenBLAS via
 ctypes); ``arena`` (liveness memory plan); ``executable`` (one compiled program and its step
-runners); ``compiled`` (``CompiledModel``); compiling with optimization first is ``onnxsat.compiler``.
+runners); ``compiled`` (``CompiledModel``); ``llvm_loops`` (the counted and spin loops every
+hand-built function uses). Compiling with optimization first is ``onnxsat.compiler``.
 """

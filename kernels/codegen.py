@@ -37,6 +37,7 @@ from onnxsat.lowering.kernel_ir import (
 )
 
 from . import mathlib, streaming
+from .llvm_loops import for_range
 
 I1, I8, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(64)
 LL_TYPES: dict[str, ir.Type] = {
@@ -317,24 +318,16 @@ class FunctionBuilder:
                 self.b.store(value, self.slots[s.name])
 
     def loop(self, s: Loop) -> None:
-        b = self.b
         var = self.slot(s.var, I64)
         start, stop = self.expr(s.start), self.expr(s.stop)
-        b.store(start, var)
-        header = self.fn.append_basic_block(f"{s.var}.header")
-        body = self.fn.append_basic_block(f"{s.var}.body")
-        exit_ = self.fn.append_basic_block(f"{s.var}.exit")
-        b.branch(header)
-        b.position_at_end(header)
-        i = b.load(var, typ=I64)
-        b.cbranch(b.icmp_signed("<", i, stop), body, exit_)
-        b.position_at_end(body)
-        self.scopes.append({})
-        self.stmts(s.body)
-        self.scopes.pop()
-        b.store(b.add(b.load(var, typ=I64), ir.Constant(I64, 1), flags=["nsw"]), var)
-        b.branch(header)
-        b.position_at_end(exit_)
+
+        def body(_: ir.Value) -> None:
+            self.scopes.append({})
+            self.stmts(s.body)
+            self.scopes.pop()
+
+        blocks = (f"{s.var}.header", f"{s.var}.body", f"{s.var}.exit")
+        for_range(self.b, var, start, stop, ir.Constant(I64, 1), body, blocks=blocks)
 
     def _vector_load(self, e: Load) -> ir.Value:
         """``lanes`` floats of ``e`` from the current chunk start: consecutive, or one broadcast."""

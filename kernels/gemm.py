@@ -27,6 +27,7 @@ import numpy as np
 from llvmlite import ir
 
 from .jit import CompiledModule
+from .llvm_loops import for_range
 
 NR = 48
 """Columns per packed panel (three 16-lane vectors): 8 x 48 keeps 24 accumulators, 3 B vectors and
@@ -111,19 +112,8 @@ class _Gen:
     def loop(self, name: str, start: ir.Value, stop: ir.Value, step: int, body) -> None:  # type: ignore[no-untyped-def]
         b = self.b
         var = self.alloca(I64, name)
-        b.store(start, var)
-        head = self.fn.append_basic_block(f"{name}.head")
-        loop_body = self.fn.append_basic_block(f"{name}.body")
-        done = self.fn.append_basic_block(f"{name}.done")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.load(var)
-        b.cbranch(b.icmp_signed("<", i, stop), loop_body, done)
-        b.position_at_end(loop_body)
-        body(b.load(var))
-        b.store(b.add(b.load(var), _i64(step)), var)
-        b.branch(head)
-        b.position_at_end(done)
+        blocks = (f"{name}.head", f"{name}.body", f"{name}.done")
+        for_range(b, var, start, stop, _i64(step), lambda _: body(b.load(var)), blocks=blocks, nsw=False)
 
     def build(self) -> None:
         _, _, bp, k, _, _, m, n, p_begin, p_end = self.fn.args

@@ -3,14 +3,15 @@
 The target machine uses the host CPU name and its feature string (AVX-512 where present), O3
 with loop and SLP vectorization. Compiled objects are cached on disk under a key that covers the
 IR, the target triple, the CPU name and features, the LLVM version and the onnxsat version, so
-code built for one CPU is never replayed on another.
+code built for one CPU is never replayed on another. Entries go through `onnxsat.base.disk_cache`:
+a private directory (0700, this user's), a checksum per object (a truncated or altered one is
+removed and rebuilt instead of crashing LLVM), fsync before rename.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
+
+from onnxsat.base import disk_cache
 
 _INIT_LOCK = threading.Lock()
 _READY = False
@@ -75,8 +78,9 @@ class CompiledModule:
         pipeline = PIPELINE.format(level=opt_level)
         self.key = hashlib.sha256(f"{host.fingerprint}\n{pipeline}\n{text}".encode()).hexdigest()
         self.cache_hit = False
-        cache_file = cache_dir / f"{self.key}.o" if cache_dir is not None else None
-        cached = cache_file.read_bytes() if cache_file is not None and cache_file.exists() else None
+        directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+        cache_file = directory / f"{self.key}.o" if directory is not None else None
+        cached = disk_cache.read(cache_file) if cache_file is not None else None
         llmod = llvm.parse_assembly(text)
         llmod.triple = host.triple
         llmod.data_layout = str(self.tm.target_data)
@@ -93,7 +97,7 @@ class CompiledModule:
 
         def notify(mod: object, data: bytes) -> None:
             if cache_file is not None and cached is None:
-                _atomic_write(cache_file, data)
+                disk_cache.write(cache_file, data)
 
         def getbuffer(mod: object) -> bytes | None:
             if cached is not None:
@@ -109,14 +113,3 @@ class CompiledModule:
 
     def assembly(self) -> str:
         return str(self.tm.emit_assembly(self._module))
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache directory only costs a recompile next time

@@ -29,6 +29,7 @@ import numpy as np
 from llvmlite import ir
 
 from .jit import CompiledModule
+from .llvm_loops import for_range, spin_while
 
 TASK_WORDS = 16
 KIND_KERNEL, KIND_PACKED_GEMM, KIND_SGEMM, KIND_DGEMM = 0, 1, 2, 3
@@ -154,34 +155,22 @@ class _Gen:
         """Every step in order: publish its last task, take tasks, wait for those helpers took."""
         step_slot = b.alloca(I64)
         spins_slot = b.alloca(I64)
-        b.store(ir.Constant(I64, 0), step_slot)
-        head = fn.append_basic_block("step.head")
-        body = fn.append_basic_block("step.body")
-        finish = fn.append_basic_block("finish")
-        b.branch(head)
-        b.position_at_end(head)
-        s = b.load(step_slot)
-        b.cbranch(b.icmp_signed("<", s, steps), body, finish)
-        b.position_at_end(body)
-        end = b.load(b.gep(step_ends, [s]))
-        b.store_atomic(end, self._at(b, ctx, LIMIT), "seq_cst", 8)
-        self._drain(b, fn, ctx, tasks)
-        # wait for tasks a helper took and is still running
-        b.store(ir.Constant(I64, 0), spins_slot)
-        wait = fn.append_basic_block("wait")
-        spin = fn.append_basic_block("spin")
-        next_step = fn.append_basic_block("step.next")
-        b.branch(wait)
-        b.position_at_end(wait)
-        done = b.load_atomic(self._at(b, ctx, DONE), "seq_cst", 8)
-        b.cbranch(b.icmp_signed("<", done, end), spin, next_step)
-        b.position_at_end(spin)
-        self._backoff(b, spins_slot, yield_fn)
-        b.branch(wait)
-        b.position_at_end(next_step)
-        b.store(b.add(s, ir.Constant(I64, 1)), step_slot)
-        b.branch(head)
-        b.position_at_end(finish)
+
+        def step(s: ir.Value) -> None:
+            end = b.load(b.gep(step_ends, [s]))
+            b.store_atomic(end, self._at(b, ctx, LIMIT), "seq_cst", 8)
+            self._drain(b, fn, ctx, tasks)
+            # wait for tasks a helper took and is still running
+            b.store(ir.Constant(I64, 0), spins_slot)
+            spin_while(
+                b,
+                lambda: b.icmp_signed("<", b.load_atomic(self._at(b, ctx, DONE), "seq_cst", 8), end),
+                lambda: self._backoff(b, spins_slot, yield_fn),
+                blocks=("wait", "spin", "step.next"),
+            )
+
+        blocks = ("step.head", "step.body", "finish")
+        for_range(b, step_slot, ir.Constant(I64, 0), steps, ir.Constant(I64, 1), step, blocks=blocks, nsw=False)
 
     @staticmethod
     def _at(b: ir.IRBuilder, ctx: ir.Value, word: int) -> ir.Value:
@@ -217,17 +206,12 @@ class _Gen:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         spins_slot = b.alloca(I64)
         b.store(ir.Constant(I64, 0), spins_slot)
-        wait = fn.append_basic_block("enter.wait")
-        spin = fn.append_basic_block("enter.spin")
-        ready = fn.append_basic_block("enter.ready")
-        b.branch(wait)
-        b.position_at_end(wait)
-        joined = b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8)
-        b.cbranch(b.icmp_signed("!=", joined, ir.Constant(I64, 0)), spin, ready)
-        b.position_at_end(spin)
-        self._backoff(b, spins_slot, yield_fn)
-        b.branch(wait)
-        b.position_at_end(ready)
+        spin_while(  # helpers that joined the previous run have not all left it yet
+            b,
+            lambda: b.icmp_signed("!=", b.load_atomic(self._at(b, ctx, ENTRY), "seq_cst", 8), ir.Constant(I64, 0)),
+            lambda: self._backoff(b, spins_slot, yield_fn),
+            blocks=("enter.wait", "enter.spin", "enter.ready"),
+        )
         for word in (NEXT, DONE, LIMIT, STOP):
             b.store_atomic(ir.Constant(I64, 0), self._at(b, ctx, word), "seq_cst", 8)
         b.store_atomic(b.ptrtoint(tasks, I64), self._at(b, ctx, TASKS), "seq_cst", 8)

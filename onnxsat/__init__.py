@@ -1,7 +1,8 @@
 """onnxsat: an equality-saturation optimizer for ONNX tensor graphs.
 
 Public API: ``optimize(model, options) -> (model, report)``, ``compile(model, target) ->
-CompiledModel``, ``Options``/``Budgets`` and ``Report``. Everything else is internal.
+CompiledModel``, ``Session(model, options)`` (the stages of ``optimize`` one by one),
+``Options``/``Budgets`` and ``Report``. Everything else is internal.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from .base import __version__
 from .base.options import Budgets, Options
 from .base.report import Report
 
-__all__ = ["optimize", "compile", "Options", "Budgets", "Report", "__version__"]
+__all__ = ["optimize", "compile", "Session", "Options", "Budgets", "Report", "__version__"]
 
 
 def optimize(model, options=None):  # type: ignore[no-untyped-def]
@@ -33,3 +34,12 @@ def compile(model, target="cpu", options=None, *, optimize=True, threads=None): 
     from .compiler import compile_model
 
     return compile_model(model, target, options, optimize=optimize, threads=threads)
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``onnxsat.Session`` without importing the pipeline when ``onnxsat`` is imported."""
+    if name == "Session":
+        from .pipeline import Session
+
+        return Session
+    raise AttributeError(f"module 'onnxsat' has no attribute {name!r}")

@@ -25,6 +25,8 @@ from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, Ph
 if TYPE_CHECKING:
     import onnx
 
+    from onnxsat.rules.registry import RuleTable
+
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
 PROG = "onnxsat"
@@ -244,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the report as JSON on stdout instead of the table (no progress)",
     )
     out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
+    out.add_argument(
+        "--dump-dir",
+        metavar="DIR",
+        help="write each stage's artefact to DIR: saturation.json (e-graph size, rule report),"
+        " extracted.json (the chosen program), optimized.onnx, verification.npz (inputs and both"
+        " models' outputs)",
+    )
     out.add_argument(
         "--verify-inputs",
         metavar="FILE.npz",
@@ -470,6 +479,12 @@ def _add_plugin_flags(group: Any) -> None:
         " before use, see docs/plugins.md",
     )
     group.add_argument(
+        "--no-plugins",
+        action="store_true",
+        help="do not load the installed plugins of the onnxsat.rules entry-point group (their code runs"
+        " on every invocation otherwise; the report lists each one loaded)",
+    )
+    group.add_argument(
         "--strict-plugins",
         action="store_true",
         help="fail (exit 2) when a plugin does not load or a plugin rule fails verification,"
@@ -541,6 +556,14 @@ def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
     return tuple(seen)
 
 
+def _existing_files(paths: Sequence[str]) -> list[str]:
+    """``--rules`` files, each of which must exist (an error even under --quiet, before any work)."""
+    for path in paths:
+        if not Path(path).is_file():
+            raise BadInputError(f"--rules {path}: no such file")
+    return list(paths)
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     """Map parsed ``optimize`` flags onto ``Options``; flags not given keep the dataclass defaults."""
     budget_changes: dict[str, Any] = {}
@@ -570,7 +593,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
         enable_rules=_flatten(args.enable_rules),
-        rule_files=tuple(args.rule_files),
+        rule_files=tuple(_existing_files(args.rule_files)),
+        entry_point_plugins=not args.no_plugins,
         strict_plugins=args.strict_plugins,
         plugin_cache_dir=_plugin_cache_dir(),
         target=args.target,
@@ -585,6 +609,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         materialize_constants=args.materialize_constants,
         allow_contrib_ops=args.allow_contrib_ops,
         progress=not (args.quiet or args.json),
+        dump_dir=args.dump_dir,
     )
 
 
@@ -629,7 +654,10 @@ def _check_input_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...
 
 def _write_text_atomic(path: Path, text: str) -> None:
     """Write via a temp file in the same directory and ``os.replace``: never a half-written report."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    from onnxsat.base import disk_cache
+
+    disk_cache.sweep_temps(path.parent, path.name)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=disk_cache.temp_name_prefix(path.name), suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -662,6 +690,15 @@ def _run_optimize(args: argparse.Namespace) -> int:
         if report_path.resolve() == out_path.resolve():
             raise BadInputError("--report-json must not be the output model path")
 
+    if options.dump_dir is not None:  # the dump must not overwrite what is read
+        from onnxsat import dump
+
+        try:
+            Path(options.dump_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BadInputError(f"--dump-dir {options.dump_dir}: {exc.strerror or exc}") from exc
+        for name in (dump.SATURATION, dump.EXTRACTED, dump.OPTIMIZED, dump.VERIFICATION):
+            check_output_path(Path(options.dump_dir) / name, args.input)
     if options.cost_profile is not None:  # a bad profile fails now, not after saturation
         from onnxsat.pipeline import cost_model
 
@@ -688,7 +725,11 @@ def _run_optimize(args: argparse.Namespace) -> int:
     from onnxsat.rules.plugins import PluginWarning
 
     warnings.simplefilter("ignore", PluginWarning)  # the report lists them
-    optimized, report = optimize(model, options)
+    # numpy's RuntimeWarnings (overflow, invalid value) from folding and onnx.reference say nothing
+    # the user can act on; verification judges the values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        optimized, report = optimize(model, options)
     if report.verification.status == "failed":
         # The pipeline raises VerificationError; this guards against a report that only records it.
         detail = f" ({report.verification.detail})" if report.verification.detail else ""
@@ -699,6 +740,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if report_path is not None:
         _write_text_atomic(report_path, report.to_json() + "\n")
 
+    if args.quiet:  # what changed the written model (a plugin rule left out, ...) still shows
+        for text in report.warnings:
+            print(f"{PROG}: warning: {text}", file=sys.stderr)
     if args.json:
         print(report.to_json())
     elif not args.quiet:
@@ -710,38 +754,48 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _expand_rule_names(names: list[str]) -> list[str] | None:
-    """Rule and family names -> rule names in table order (None: every rule)."""
-    from onnxsat.rules import RULES
+def _expand_rule_names(names: list[str], table: RuleTable) -> list[str] | None:
+    """Rule and family names of ``table`` -> rule names in table order (None: every rule)."""
     from onnxsat.rules.schedule import expand_rule_names
 
     if not names:
         return None
     try:
-        chosen = expand_rule_names(names)
+        chosen = expand_rule_names(names, table)
     except ValueError as exc:
         raise BadInputError(str(exc)) from exc
-    return [n for n in RULES.names() if n in chosen]
+    return [n for n in table.names() if n in chosen]
 
 
 def _run_rules(args: argparse.Namespace) -> int:
     import json
 
-    from onnxsat.rules import RULES
-    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, rule_source
-    from onnxsat.rules.verify import describe_rule, verify_rules
+    from onnxsat.rules.listing import in_tree_rows, installed_plugins, rows_of
 
     if args.rules_command is None:
         args.rules_parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.rules_command == "list" and not (args.verify or args.rule_files or installed_plugins()):
+        _print_rule_rows(in_tree_rows(_plugin_cache_dir()), {}, args.json)  # plain data: no rule is built
+        return EXIT_OK
+
+    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
+    from onnxsat.rules.verify import verify_rules
+
     warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
-    loads = ensure_plugins(args.rule_files, strict=args.strict_plugins, cache_dir=_plugin_cache_dir())
+    loads = ensure_plugins(
+        _existing_files(args.rule_files),
+        entry_points=not args.no_plugins,
+        strict=args.strict_plugins,
+        cache_dir=_plugin_cache_dir(),
+    )
     for text in (t for load in loads for t in load.messages()):
         print(f"{PROG}: warning: {text}", file=sys.stderr)
+    table = run_table(loads)
     if args.rules_command == "verify":
-        names = _expand_rule_names(args.names)
+        names = _expand_rule_names(args.names, table)
     else:
-        names = RULES.names()
+        names = table.names()
     results = {}
     if args.rules_command == "verify" or args.verify:
         budget = {
@@ -749,21 +803,10 @@ def _run_rules(args: argparse.Namespace) -> int:
             "min_instances": args.min_instances,
             "max_candidates": args.max_candidates,
         }
-        results = {r.name: r for r in verify_rules(names, **budget)}
+        with plugin_ops(loads):
+            results = {r.name: r for r in verify_rules(names, **budget, table=table)}
     if args.rules_command == "list":
-        rows = []
-        for name in RULES.names():
-            row = describe_rule(RULES, name)
-            row["source"] = rule_source(name)
-            r = results.get(name)
-            row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
-            if r is not None:
-                row["verification"]["status"] = "verified" if r.ok else "failed"
-            rows.append(row)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(_rules_table(rows))
+        _print_rule_rows(rows_of(table), results, args.json)
     elif args.json:
         print(json.dumps([r.to_dict() for r in results.values()], indent=2))
     else:
@@ -773,6 +816,18 @@ def _run_rules(args: argparse.Namespace) -> int:
             if r.counterexample is not None:
                 print("  " + r.counterexample.render())
     return EXIT_OK if all(r.ok for r in results.values()) else EXIT_INTERNAL
+
+
+def _print_rule_rows(rows: list[dict[str, Any]], results: dict[str, Any], as_json: bool) -> None:
+    """``onnxsat rules list``: each row with its verification (``results``: rule -> RuleVerification)."""
+    import json
+
+    for row in rows:
+        r = results.get(row["name"])
+        row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
+        if r is not None:
+            row["verification"]["status"] = "verified" if r.ok else "failed"
+    print(json.dumps(rows, indent=2) if as_json else _rules_table(rows))
 
 
 def _rules_table(rows: list[dict[str, Any]]) -> str:

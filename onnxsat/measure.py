@@ -70,8 +70,8 @@ def _fmt(c: dict[str, Any]) -> str:
 
 
 def _compare(original: onnx.ModelProto, candidate: onnx.ModelProto, options: Options) -> LatencyComparison:
-    from onnxsat.verification_inputs import pinned_dims
     from onnxsat.verification import make_inputs
+    from onnxsat.verification_inputs import pinned_dims
 
     feeds = make_inputs(original, seed=0, dim_values=pinned_dims(original, options))
     return compare_models(

@@ -15,17 +15,18 @@ import onnx
 from egglog import EggSmolError
 
 from onnxsat.base.options import Options
-from onnxsat.base.report import Report
 
 if TYPE_CHECKING:
     from onnxsat.egraph.program import Program
+    from onnxsat.rules.registry import RuleTable
 
 
 def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
-    from onnxsat.pipeline import compare, rewrite_model
+    from onnxsat.pipeline import Session, compare
 
     try:
-        optimized = rewrite_model(original, options, rules, Report())
+        with Session(original, options, rules=rules) as session:
+            optimized = session.rewrite()
     except Exception:
         return True
     result, _ = compare(original, optimized, options)
@@ -34,19 +35,20 @@ def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> boo
 
 def minimal_failing_rules(original: onnx.ModelProto, options: Options, enabled: list[str]) -> list[str]:
     """A subset of ``enabled`` that still fails, minimal under single-rule removal when time allows."""
-    from onnxsat.rules.registry import RULES
+    from onnxsat.rules.plugins import load_plugins
 
+    table = load_plugins(options)[0]  # the run's rule table
     deadline = time.monotonic() + options.minimize_seconds
     quiet = replace(options, progress=False)
     current = list(enabled)
-    for family in RULES.families.values():  # one family alone is a cheap run: try that first
+    for family in table.families.values():  # one family alone is a cheap run: try that first
         alone = [r for r in current if r in family]
         if time.monotonic() > deadline:
             return current
         if 0 < len(alone) < len(current) and _fails(original, quiet, alone):
             current = alone
             break
-    for family in RULES.families.values():
+    for family in table.families.values():
         if time.monotonic() > deadline:
             return current
         trial = [r for r in current if r not in family]
@@ -70,31 +72,33 @@ def find_unsound_rules(original: onnx.ModelProto, options: Options, enabled: lis
     suspect rule instead of a run per rule.
     """
     from onnxsat.egraph.importer import from_onnx
-    from onnxsat.rules.registry import RULES
+    from onnxsat.rules.plugins import load_plugins, plugin_ops
     from onnxsat.rules.schedule import saturate
 
-    program = from_onnx(original, {k: list(v) for k, v in options.input_shapes.items()})
-    if iteration:
-        budgets = replace(options.budgets, enodes=2**62, seconds=float("inf"))
-        saturate(program, budgets, enabled, stop_before=iteration)
-    wanted = set(enabled)
-    grouped = [[r for r in family if r in wanted] for family in RULES.families.values()]
-    suspects = []
-    for group in grouped:
-        if len(group) == 1 or (group and _conflicts(program, group, options)):
-            suspects.extend(group)
-    culprits = [name for name in suspects if _conflicts(program, [name], options)]
+    table, loads = load_plugins(options)  # the run's rule table
+    with plugin_ops(loads):
+        program = from_onnx(original, {k: list(v) for k, v in options.input_shapes.items()})
+        if iteration:
+            budgets = replace(options.budgets, enodes=2**62, seconds=float("inf"))
+            saturate(program, budgets, enabled, stop_before=iteration, table=table)
+        wanted = set(enabled)
+        grouped = [[r for r in family if r in wanted] for family in table.families.values()]
+        suspects = []
+        for group in grouped:
+            if len(group) == 1 or (group and _conflicts(program, group, options, table)):
+                suspects.extend(group)
+        culprits = [name for name in suspects if _conflicts(program, [name], options, table)]
     return culprits or suspects or enabled
 
 
-def _conflicts(program: Program, rules: list[str], options: Options) -> bool:
+def _conflicts(program: Program, rules: list[str], options: Options, table: RuleTable) -> bool:
     """Whether one iteration of ``rules`` on the current state makes the shape analysis conflict."""
     from onnxsat.egraph.shapes import shape_rules
     from onnxsat.rules.schedule import rewrite_step
 
     program.egraph.push()
     try:
-        program.egraph.run(rewrite_step(rules, options.budgets))
+        program.egraph.run(rewrite_step(rules, options.budgets, table))
         program.egraph.run(shape_rules.saturate())
     except EggSmolError:
         return True

@@ -1,31 +1,34 @@
-"""``optimize``: the whole flow as one readable function of named stages."""
+"""``optimize``: the whole flow as named stages of a ``Session`` (load, saturate, extract, export, verify)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict
 
 import onnx
 from tqdm import tqdm
 
-from onnxsat.base.errors import OnnxsatError, UnverifiableError, VerificationError, one_line
+from onnxsat import dump
+from onnxsat.base.errors import BadInputError, OnnxsatError, UnverifiableError, VerificationError, one_line
 from onnxsat.base.modelio import check_model_full, serialized_size
 from onnxsat.base.options import Options
-from onnxsat.base.report import Report, VerificationSummary
+from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
-from onnxsat.egraph.graph_types import ExtractedGraph
+from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx
-from onnxsat.egraph.warm import WarmEGraph, warm_egraph
+from onnxsat.egraph.program import Program
+from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
-from onnxsat.rules.plugins import load_plugins
+from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
+from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
@@ -52,70 +55,261 @@ _BAR = "{desc} {bar:24} {n_fmt}/{total_fmt} [{elapsed}]{postfix}"
 
 @contextmanager
 def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterator[Callable[[], None]]:
-    """Time a stage into the report; with ``progress``, show a bar for it on stderr.
+    """Time a stage into the report; with ``progress``, show a bar for it on stderr when stderr is
+    a terminal, else one plain line when the stage ends (no carriage-return frames in a log).
 
     Yields a ``step()`` callback for stages with several steps (saturation iterations).
     """
-    bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if progress else None
+    terminal = progress and sys.stderr.isatty()
+    bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if terminal else None
     start = time.perf_counter()
     yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
     report.stage_seconds[name] = round(time.perf_counter() - start, 4)
+    if progress and bar is None:
+        print(f"onnxsat {name:<11} {report.stage_seconds[name]:.2f}s", file=sys.stderr, flush=True)
     if bar is not None:
         bar.n = bar.total
         bar.set_postfix_str(f"{report.stage_seconds[name]:.2f}s")
         bar.close()
 
 
+def _check_output(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+    """onnx.checker (full) on the result; when it fails, a failing original is bad input (exit 2:
+    models given to the API are not checked on load), a passing one an internal error naming it."""
+    try:
+        check_model_full(optimized)
+    except Exception as exc:
+        try:
+            check_model_full(original)
+        except Exception as original_exc:
+            raise BadInputError(f"the input model fails onnx.checker: {one_line(original_exc)}") from exc
+        raise OnnxsatError(f"the optimized model fails onnx.checker (the input passes): {one_line(exc)}") from exc
+
+
 def _op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(Counter(n.op_type for n in model.graph.node).items()))
 
 
-def rewrite_model(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report) -> onnx.ModelProto:
-    """Import, saturate with ``enabled`` rules, extract, export and fold (no verification)."""
-    key, declared = declarations(enabled, options.budgets)
-    with warm_egraph(key, declared) as warm:
-        return _rewrite_in(model, options, enabled, report, warm)
+class Session:
+    """One run over one model as public stages, each returning its artefact and timing itself
+    into ``report.stage_seconds``: ``load`` (the imported program), ``saturate`` (the saturation
+    report), ``extract`` (the chosen program), ``export`` (the checked ONNX model) and ``verify``
+    (the numeric check). ``optimize`` runs them in order; minimization, forced extraction, the
+    study helpers and the CLI run the stages they need, so no stage is written twice.
 
+    A later stage runs the earlier ones it needs when they have not run. With
+    ``options.dump_dir`` every stage also writes its artefact there (``dump`` below). Use it as a
+    context manager: the reused e-graph (``egraph.warm``) it imports into goes back on ``close``.
 
-def _rewrite_in(model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, warm: WarmEGraph) -> onnx.ModelProto:
-    progress = options.progress
-    with _stage(report, "import", progress):
-        program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
-    report.opset = program.opset
-    report.unknown_ops = dict(program.unknown_ops)
-    report.opaque_reasons = dict(program.opaque_reasons)
-    cost = cost_model(options)
-    with _stage(report, "cost-before", progress):
-        before = serialize(program.egraph)
-        roots = [before.roots[i] for i in range(len(program.outputs))]
-        original = extract_greedy(before, cost, roots)
-        report.cost_before = original.cost
-    partial: list[PartialRecord] = []
-    on_sites = site_rules(enabled, before)  # per-site rules (PET-verified), only where their ops occur
-    if on_sites:
-        with _stage(report, "partial", progress):
-            partial = apply_partial_rules(program, before, on_sites)
-    with _stage(report, "saturate", progress, total=options.budgets.iterations) as step:
-        report.saturation = saturate(program, options.budgets, enabled, on_iteration=lambda _: step())
-    with _stage(report, "extract", progress):
-        graph = _extract(program, cost, options)
-    if graph.cost > original.cost:
-        # The saturated e-graph still holds the original program, so an extraction dearer than it
-        # is a miss of the extractor (greedy choices are local): the original's is kept instead.
-        report.warnings.append(
-            f"extraction found {graph.cost:,.1f} us, above the input's {original.cost:,.1f} us: the input's program is kept"
-        )
-        graph = original
-    report.cost_after = graph.cost
-    if partial:
-        mark_used(partial, graph.choice(), graph.origins)
-        report.partial = [asdict(r) for r in partial]
-    report.extractor = graph.method
-    report.extraction_gap = graph.gap
-    with _stage(report, "export", progress):
-        exported = to_onnx(program, graph, allow_contrib_ops=options.allow_contrib_ops)
-        folded, _ = fold_constants(exported, serialized_size(model), materialize=options.materialize_constants)
-    return folded
+    ``rules``: the enabled rule names (default: chosen from ``options`` after loading plugins;
+    reruns and minimization pass others); ``report``: one to fill in (a rerun's is the first run's).
+    """
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        options: Options | None = None,
+        *,
+        rules: list[str] | None = None,
+        report: Report | None = None,
+        table: RuleTable | None = None,
+        loads: list[PluginLoad] | None = None,
+    ):
+        self.model = model
+        self.options = options = options or Options()
+        self.report = report or Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
+        if rules is None:
+            self.report.pinned_dims = _pins_by_input(model, options)
+            self.report.nodes_before = _op_counts(model)
+            table, loads = load_plugins(options)  # the run's rule table: plugins asked for here, seen here only
+            self.report.warnings.extend(plugin_messages(loads))
+            self.report.plugins = plugin_summary(loads)
+            try:
+                rules = select_rules(options.rules_only, options.disable_rules, options.enable_rules, table)
+                check_phase_budgets(options.budgets, table)
+            except ValueError as exc:
+                raise OptionsError(str(exc)) from exc
+        self.rules = rules
+        self.table = table or RuleTable.default()
+        """The run's rule table (in-tree rules plus the plugins its options load)."""
+        self.loads = loads or []
+        """The run's plugins, whose op rows are in the op table while a stage runs (``plugin_ops``)."""
+        self.program: Program | None = None
+        self.cost: CostModel | None = None
+        self.partial: list[PartialRecord] = []
+        self.reference: Reference | str | None = None
+        """The original's outputs on the verification inputs (``prepare_reference``), or why it could not run."""
+        self.saturation: SaturationReport | None = None
+        """The ``saturate`` stage's report (None until it ran)."""
+        self._saturated: SerializedEGraph | None = None
+        self.original: ExtractedGraph | None = None
+        """The imported program's own extraction (``saturate`` prices it before rewriting)."""
+        self._held = ExitStack()
+
+    def with_rules(self, rules: list[str]) -> Session:
+        """A new session of the same model, options, report and reference with other rules (a rerun)."""
+        other = Session(self.model, self.options, rules=rules, report=self.report, table=self.table, loads=self.loads)
+        other.reference = self.reference
+        return other
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give the reused e-graph back (the program's e-graph is not usable after this)."""
+        self._held.close()
+
+    def _stage(self, name: str, total: int = 1) -> AbstractContextManager[Callable[[], None]]:
+        return _stage(self.report, name, self.options.progress, total)
+
+    # ------------------------------------------------------------ stages
+    def prepare_reference(self) -> Reference | str:
+        """Before any rewriting (stage ``reference``): check the result can be verified and run
+        the original once on the verification inputs, which ``verify`` then reuses; a model that
+        cannot be checked fails here in seconds (``UnverifiableError``). Returns the reason
+        instead when it may still be checked region by region or ``allow_unverified`` lets it through."""
+        self.reference = _prepare_reference(self.model, self.options, self.report)
+        if isinstance(self.reference, str) and self.options.allow_unverified:
+            self.report.warnings.append(f"the optimized model may not be checked: {self.reference}")
+        return self.reference
+
+    def load(self) -> Program:
+        """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
+        options, report = self.options, self.report
+        self._held.enter_context(plugin_ops(self.loads))
+        key, declared = declarations(self.rules, options.budgets, self.table)
+        warm = self._held.enter_context(warm_egraph(key, declared))
+        with self._stage("import"):
+            program = from_onnx(self.model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
+        report.opset = program.opset
+        report.unknown_ops = dict(program.unknown_ops)
+        report.opaque_reasons = dict(program.opaque_reasons)
+        self.program = program
+        return program
+
+    def saturate(self) -> SaturationReport:
+        """Price the imported program (``cost-before``), union the PET-verified sites of the
+        enabled per-site rules (``partial``), then run the rule schedule (``saturate``)."""
+        program = self.program or self.load()
+        options, report = self.options, self.report
+        cost = self.cost = cost_model(options)
+        with self._stage("cost-before"):
+            before = serialize(program.egraph)
+            roots = [before.roots[i] for i in range(len(program.outputs))]
+            self.original = extract_greedy(before, cost, roots)
+            report.cost_before = self.original.cost
+        on_sites = site_rules(self.rules, before)  # per-site rules (PET-verified), only where their ops occur
+        if on_sites:
+            with self._stage("partial"):
+                self.partial = apply_partial_rules(program, before, on_sites)
+        with self._stage("saturate", total=options.budgets.iterations) as step:
+            report.saturation = saturate(program, options.budgets, self.rules, on_iteration=lambda _: step(), table=self.table)
+        self.saturation = report.saturation
+        self._saturated = None
+        dump.saturation(self)
+        return self.saturation
+
+    def saturated(self) -> SerializedEGraph:
+        """The saturated e-graph as Python tables (serialized once, shared by every extraction)."""
+        if self._saturated is None:
+            if self.saturation is None:
+                self.saturate()
+            assert self.program is not None
+            self._saturated = serialize(self.program.egraph)
+        return self._saturated
+
+    def roots(self) -> list[str]:
+        """The e-classes of the graph outputs, in output order."""
+        eg = self.saturated()
+        assert self.program is not None
+        return [eg.roots[i] for i in range(len(self.program.outputs))]
+
+    def extract(
+        self,
+        *,
+        extractor: str | None = None,
+        cost: CostModel | None = None,
+        pins: Mapping[str, ENode] | None = None,
+        warm_start: ExtractedGraph | None = None,
+    ) -> ExtractedGraph:
+        """Choose a program (stage ``extract``) with ``extractor`` (default ``options.extractor``)
+        under ``cost`` (default the options' cost model), with ``pins`` forcing chosen e-nodes
+        (``extract.pinning``); ILP starts from ``warm_start`` or a greedy-DAG run."""
+        method = extractor or self.options.extractor
+        if method not in ("greedy-dag", "tree", "ilp"):
+            raise OptionsError(f"unknown extractor {method!r} (greedy-dag, tree or ilp)")
+        report = self.report
+        with self._stage("extract"):
+            serialized = self.saturated()
+            if pins:
+                from onnxsat.extract.pinning import pin
+
+                serialized = pin(serialized, pins)
+            roots = self.roots()
+            cost = cost or self.cost or cost_model(self.options)
+            if method == "ilp":
+                from onnxsat.extract.ilp import extract_ilp
+
+                greedy = warm_start or extract_greedy(serialized, cost, roots)
+                graph = extract_ilp(serialized, cost, roots, time_limit=self.options.ilp_time_limit, warm_start=greedy)
+            else:
+                graph = extract_greedy(serialized, cost, roots, tree_only=method == "tree")
+        report.cost_after = graph.cost
+        if self.partial:
+            for record in self.partial:
+                record.used = False
+            mark_used(self.partial, graph.choice(), graph.origins)
+            report.partial = [asdict(r) for r in self.partial]
+        report.extractor = graph.method
+        report.extraction_gap = graph.gap
+        dump.extracted(self, graph)
+        return graph
+
+    def export(self, graph: ExtractedGraph | None = None) -> onnx.ModelProto:
+        """The chosen program as an ONNX model, constants folded (stage ``export``) and checked by
+        onnx's full checker (stage ``check``)."""
+        graph = graph or self.extract()
+        assert self.program is not None
+        options = self.options
+        with self._stage("export"):
+            exported = to_onnx(self.program, graph, allow_contrib_ops=options.allow_contrib_ops)
+            folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
+        with self._stage("check"):
+            _check_output(self.model, folded)
+        dump.exported(self, folded)
+        return folded
+
+    def verify(self, optimized: onnx.ModelProto, *, name_culprits: bool = True) -> VerificationSummary:
+        """Compare ``optimized`` with the original on onnxruntime (stage ``verify``); raises
+        ``VerificationError`` on a mismatch, naming a minimal failing rule set when
+        ``name_culprits``, and ``UnverifiableError`` when it cannot be checked (the summary says
+        "unverified" instead with ``allow_unverified``). Uses ``prepare_reference``'s outputs when it ran."""
+        with self._stage("verify"):
+            summary = _verify(self.model, optimized, self.options, self.rules if name_culprits else None, self.reference)
+        stages = self.report.stage_seconds
+        summary.seconds = round(stages.get("reference", 0.0) + stages["verify"], 4)
+        self.report.verification = summary
+        dump.verification(self, optimized)
+        return summary
+
+    def rewrite(self) -> onnx.ModelProto:
+        """load, saturate, extract and export: the optimized model, not verified."""
+        self.load()
+        self.saturate()
+        graph = self.extract()
+        if self.original is not None and graph.cost > self.original.cost:
+            # The saturated e-graph still holds the original program, so an extraction dearer than
+            # it is a miss of the extractor (greedy choices are local): the original's is kept.
+            self.report.warnings.append(
+                f"extraction found {graph.cost:,.1f} us, above the input's {self.original.cost:,.1f} us:"
+                " the input's program is kept"
+            )
+            graph = self.original
+            self.report.cost_after = graph.cost
+        return self.export(graph)
 
 
 def cost_model(options: Options) -> CostModel:
@@ -135,19 +329,6 @@ def cost_model(options: Options) -> CostModel:
     return cost
 
 
-def _extract(program, cost: CostModel, options: Options) -> ExtractedGraph:  # type: ignore[no-untyped-def]
-    serialized = serialize(program.egraph)
-    roots = [serialized.roots[i] for i in range(len(program.outputs))]
-    if options.extractor not in ("greedy-dag", "tree", "ilp"):
-        raise OptionsError(f"unknown extractor {options.extractor!r} (greedy-dag, tree or ilp)")
-    greedy = extract_greedy(serialized, cost, roots, tree_only=options.extractor == "tree")
-    if options.extractor != "ilp":
-        return greedy
-    from onnxsat.extract.ilp import extract_ilp
-
-    return extract_ilp(serialized, cost, roots, time_limit=options.ilp_time_limit, warm_start=greedy)
-
-
 def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[onnx.ModelProto, Report]:
     """Optimize a model; the result is checked against the original before it is returned.
 
@@ -158,19 +339,11 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     bytes) is replaced by the input itself (``Report.kept_original`` says why).
     """
     options = options or Options()
-    report = Report(model_name=model.graph.name, file_bytes_before=serialized_size(model))
-    report.pinned_dims = _pins_by_input(model, options)
-    report.nodes_before = _op_counts(model)
-    report.warnings.extend(load_plugins(options))
-    try:
-        enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
-        check_phase_budgets(options.budgets)
-    except ValueError as exc:
-        raise OptionsError(str(exc)) from exc
-    reference = _prepare_reference(model, options, report) if options.verify else None
-    if isinstance(reference, str) and options.allow_unverified:
-        report.warnings.append(f"the optimized model may not be checked: {reference}")
-    optimized = _verified_rewrite(model, options, enabled, report, reference)
+    session = Session(model, options)
+    report = session.report
+    if options.verify:
+        session.prepare_reference()
+    optimized = _verified_rewrite(session)
     if options.measure:
         from onnxsat.measure import keep_if_faster
 
@@ -182,16 +355,15 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     return optimized, report
 
 
-def _verified_rewrite(
-    model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, reference: Reference | str | None
-) -> onnx.ModelProto:
+def _verified_rewrite(session: Session) -> onnx.ModelProto:
     """The best verified result: rules that break a run are dropped and the run repeated, within
     ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    options, report, enabled = session.options, session.report, list(session.rules)
     for attempt in range(options.rule_retries + 2):
         last = attempt > options.rule_retries or not enabled
         rules = [] if attempt > options.rule_retries else enabled
         try:
-            return _attempt(model, options, rules, report, reference)
+            return _attempt(session if attempt == 0 else session.with_rules(rules))
         except (UnsoundRewriteError, VerificationError) as exc:
             if last:
                 raise
@@ -204,27 +376,20 @@ def _verified_rewrite(
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-def _attempt(
-    model: onnx.ModelProto, options: Options, enabled: list[str], report: Report, reference: Reference | str | None
-) -> onnx.ModelProto:
-    """One run with ``enabled`` rules: rewrite, check, verify (raising on an unsound rule or a mismatch)."""
+def _attempt(session: Session) -> onnx.ModelProto:
+    """One run of the session's rules: rewrite, check, verify (raising on an unsound rule or a mismatch)."""
     try:
-        optimized = rewrite_model(model, options, enabled, report)
+        with session:
+            optimized = session.rewrite()
     except UnsoundRuleError as exc:
         from onnxsat.minimize import find_unsound_rules
 
-        culprits = find_unsound_rules(model, options, enabled, exc.iteration)
+        culprits = find_unsound_rules(session.model, session.options, session.rules, exc.iteration)
         raise UnsoundRewriteError(culprits, exc.detail) from exc
-    with _stage(report, "check", options.progress):
-        check_model_full(optimized)
-    if options.verify:
-        with _stage(report, "verify", options.progress):
-            report.verification = _verify(model, optimized, options, enabled, reference)
-        report.verification.seconds = round(
-            report.stage_seconds.get("reference", 0.0) + report.stage_seconds["verify"], 4
-        )
+    if session.options.verify:
+        session.verify(optimized)
     else:
-        report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
+        session.report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
     return optimized
 
 
@@ -332,7 +497,7 @@ def _verify(
     original: onnx.ModelProto,
     optimized: onnx.ModelProto,
     options: Options,
-    enabled: list[str],
+    enabled: list[str] | None,
     reference: Reference | str | None = None,
 ) -> VerificationSummary:
     result, mode = compare(original, optimized, options, reference)
@@ -351,7 +516,7 @@ def _verify(
     bad = next(o for o in result.outputs if not o.ok)
     from onnxsat.minimize import minimal_failing_rules
 
-    culprits = minimal_failing_rules(original, options, enabled)
+    culprits = minimal_failing_rules(original, options, enabled) if enabled is not None else None
     raise VerificationError(bad.name, bad.max_abs_err, bad.detail or "outputs differ", culprit_rules=culprits)
 
 

@@ -15,7 +15,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import onnx
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report
 from onnxsat.pipeline import optimize
+from onnxsat.rules.registry import RuleTable
 
 __all__ = [
     "Run",
@@ -49,12 +50,20 @@ class Run:
     original: onnx.ModelProto
     optimized: onnx.ModelProto
     report: Report
+    options: Options = field(default_factory=Options)
+
+    def rules(self) -> RuleTable:
+        """The run's rule table (the in-tree rules and the plugins its options asked for)."""
+        from onnxsat.rules.plugins import load_plugins
+
+        return load_plugins(self.options)[0]
 
 
 def run(name: str, model: onnx.ModelProto, options: Options | None = None) -> Run:
     """Optimize ``model`` (verified on onnxruntime like any run) and keep what the study needs."""
-    optimized, report = optimize(model, options or Options())
-    return Run(name, model, optimized, report)
+    options = options or Options()
+    optimized, report = optimize(model, options)
+    return Run(name, model, optimized, report, options)
 
 
 def iteration_records(result: Run) -> list[Record]:
@@ -82,9 +91,7 @@ def rule_records(result: Run) -> list[Record]:
     egglog 13.2's run report gives zero durations per rule, so ``seconds`` is 0 there; the
     iteration records' ``seconds`` are measured wall times.
     """
-    from onnxsat.rules import RULES
-    from onnxsat.rules.plugins import rule_source
-
+    rules = result.rules()
     matches: Counter[str] = Counter()
     seconds: dict[str, float] = {}
     first: dict[str, int] = {}
@@ -100,8 +107,8 @@ def rule_records(result: Run) -> list[Record]:
         {
             "model": result.name,
             "rule": rule,
-            "family": RULES.family_of(rule),
-            "source": rule_source(rule),
+            "family": rules.family_of(rule),
+            "source": rules.source_of(rule),
             "matches": n,
             "seconds": seconds.get(rule, 0.0),
             "first_iteration": first[rule],
@@ -115,9 +122,7 @@ def _site_rule_records(result: Run) -> list[Record]:
     """Per-site (PET-verified) rules, which run before saturation: ``matches`` counts the sites added
     to the e-graph, ``first_iteration`` is 0, ``seconds`` the whole per-site stage's time over its
     rules, and ``in_program`` whether extraction used one of the rule's sites (the report's record)."""
-    from onnxsat.rules import RULES
-    from onnxsat.rules.plugins import rule_source
-
+    rules_table = result.rules()
     emitted = [p for p in result.report.partial if p["status"] == "emitted"]
     rules = sorted({p["rule"] for p in emitted})
     stage = result.report.stage_seconds.get("partial", 0.0)
@@ -125,8 +130,8 @@ def _site_rule_records(result: Run) -> list[Record]:
         {
             "model": result.name,
             "rule": rule,
-            "family": RULES.family_of(rule),
-            "source": rule_source(rule),
+            "family": rules_table.family_of(rule),
+            "source": rules_table.source_of(rule),
             "matches": sum(p["rule"] == rule for p in emitted),
             "seconds": stage / len(rules),
             "first_iteration": 0,
@@ -153,17 +158,17 @@ def rules_in_program(result: Run) -> dict[str, bool]:
     egglog does not record.
     """
     from onnxsat.egraph.ops import BY_CTOR
-    from onnxsat.rules import RULES
     from onnxsat.rules.verify import describe_rule
 
+    table = result.rules()
     before = Counter(n.op_type for n in result.original.graph.node)
     after = Counter(n.op_type for n in result.optimized.graph.node)
     out: dict[str, bool] = {}
     for rule in result.report.saturation.rule_matches():
-        if rule not in RULES.egg_rules:
+        if rule not in table.egg_rules:
             continue
         credited = False
-        for variant in describe_rule(RULES, rule)["variants"]:
+        for variant in describe_rule(table, rule)["variants"]:
             rhs = [_root_op(t) for t in variant["rhs"]]
             lhs = [_root_op(t) for t in variant["lhs"]]
             for built in rhs:
@@ -195,11 +200,9 @@ def ablation(
     full run's model (``onnxsat.latency``: interleaved rounds, bootstrap 95% CI; use >= 30 rounds
     for a claim). ``full``: a run of ``model`` with ``options`` already made (not repeated).
     """
-    from onnxsat.rules import RULES
-
     options = options or Options()
     full = full or run(name, model, options)
-    chosen = list(RULES.families) if families is None else list(families)
+    chosen = list(full.rules().families) if families is None else list(families)
     records = [_ablation_record(full, "(none)", full, latency_rounds, calls_per_round)]
     for family in chosen:
         if family in options.disable_rules:
@@ -262,48 +265,31 @@ def extractor_records(
     """
     import time
 
-    from onnxsat.egraph.importer import from_onnx
-    from onnxsat.extract.greedy import extract_greedy
-    from onnxsat.extract.serialized import serialize
-    from onnxsat.pipeline import cost_model
-    from onnxsat.rules.partial import apply_site_rules
-    from onnxsat.rules.plugins import load_plugins
-    from onnxsat.rules.schedule import saturate, select_rules
+    from onnxsat.pipeline import Session
 
-    options = options or Options()
-    load_plugins(options)
-    program = from_onnx(model, {k: list(v) for k, v in options.input_shapes.items()})
-    enabled = select_rules(options.rules_only, options.disable_rules, options.enable_rules)
-    apply_site_rules(program, enabled)  # per-site rules (PET-verified) join before saturation, as in optimize
-    saturate(program, options.budgets, enabled)
-    egraph = serialize(program.egraph)
-    roots = [egraph.roots[i] for i in range(len(program.outputs))]
-    cost = cost_model(options)
-    records = []
-    greedy = None
-    for method in methods:
-        start = time.perf_counter()
-        if method == "ilp":
-            from onnxsat.extract.ilp import extract_ilp
-
-            graph = extract_ilp(egraph, cost, roots, time_limit=options.ilp_time_limit, warm_start=greedy)
-        elif method in ("tree", "greedy-dag"):
-            graph = extract_greedy(egraph, cost, roots, tree_only=method == "tree")
+    with Session(model, options or Options()) as session:  # plugins, rules, the per-site stage as in optimize
+        session.saturate()
+        egraph = session.saturated()
+        records = []
+        greedy = None
+        for method in methods:
+            if method not in ("tree", "greedy-dag", "ilp"):
+                raise ValueError(f"unknown extractor {method!r} (tree, greedy-dag or ilp)")
+            start = time.perf_counter()
+            graph = session.extract(extractor=method, warm_start=greedy)
             greedy = graph if method == "greedy-dag" else greedy
-        else:
-            raise ValueError(f"unknown extractor {method!r} (tree, greedy-dag or ilp)")
-        records.append(
-            {
-                "model": name,
-                "extractor": method,
-                "cost": graph.cost,
-                "seconds": time.perf_counter() - start,
-                "gap": graph.gap,
-                "optimal": graph.optimal,
-                "nodes": sum(1 for _, n in graph.nodes if not n.op.startswith(("Tensor.", "TList."))),
-                "eclasses": len(egraph.classes),
-            }
-        )
+            records.append(
+                {
+                    "model": name,
+                    "extractor": method,
+                    "cost": graph.cost,
+                    "seconds": time.perf_counter() - start,
+                    "gap": graph.gap,
+                    "optimal": graph.optimal,
+                    "nodes": sum(1 for _, n in graph.nodes if not n.op.startswith(("Tensor.", "TList."))),
+                    "eclasses": len(egraph.classes),
+                }
+            )
     return records
 
 

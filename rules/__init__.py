@@ -1,26 +1,20 @@
 """Rewrite rules: the rule table, the in-tree families, schedules and verification.
 
-Importing this package registers every in-tree family in ``registry.RULES``, in this order.
+The in-tree families are built when the rule table is first needed (``RuleTable.default()``;
+``RULES`` names it), not on import of this package, so commands that only read rule names and
+modules that only need the rule machinery do not build ~1,000 egglog rules.
 """
 
-from . import (  # noqa: F401  (each module registers its family)
-    algebraic,
-    core,
-    dtype,
-    fusion,
-    interchange,
-    layout,
-    linear,
-    multi,
-    partial_families,  # PET partial rules: a verified pass, off by default
-    partial_merge,  # PET partial rule: 1x1 Conv + k x k Conv merged, border corrected (off by default)
-    partial_subpixel,  # an exact site rule: the same verified pass, on by default (layout family)
-    pooling,
-    reduce,
-    shape_fold,
-    transpose,
-    views,
-)
-from .registry import RULES
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["RULES"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RULES":
+        from .registry import RuleTable
+
+        return RuleTable.default()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,19 +14,16 @@ from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "algebraic"
+FAMILY = Family("algebraic")
+FAMILIES = (FAMILY,)
 Op = Callable[[L.Tensor, L.Tensor], L.Tensor]
 
 x, y, z, a, b, c, w, w2, bias, bias2 = vars_("x y z a b c w w2 bias bias2", L.Tensor)
 sa, sb, sc, ws, strides, pads, dil = vars_("sa sb sc ws strides pads dil", Vec[i64])
 ia, ib, dt, group, ta, tb = vars_("ia ib dt group ta tb", i64)
 alpha, beta, fv = vars_("alpha beta fv", f64)
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 # ---------------------------------------------------------------- constant folding (x op a) op b
@@ -61,7 +58,7 @@ def _const_fold(
     """(x inner a) outer b => rhs. (``ne(inner).to(x)`` skips an inner op that an identity already
     merged with x, as in x == x + 0: folding it again would add a new constant term every iteration.)"""
     lhs = outer(inner(x, a), b)
-    _add(
+    FAMILY.rewrite(
         name,
         lhs,
         rhs,
@@ -98,8 +95,8 @@ for _int, _pinned in _EXACT_INTS.items():
     _const_fold("mul-add-const-distribute", L.add, L.mul, L.add(L.mul(x, b), L.mul(a, b)), _pinned, variant=_int)
 # x - c => x + (-c) (exact) and x / c => x * (1/c) for a constant c, so the Add/Mul folds above
 # apply (x / c and x * (1/c) differ in the last bit: float32/float64 only, not float16/bfloat16).
-_add("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a), L.varies(x))
-_add(
+FAMILY.rewrite("sub-const-to-add", L.sub(x, a), L.add(x, L.neg(a)), L.is_const(a), L.varies(x))
+FAMILY.rewrite(
     "div-const-to-mul",
     L.div(x, a),
     L.mul(x, L.reciprocal(a)),
@@ -111,10 +108,10 @@ _add(
 # c*x => x*c and c+x => x+c for a constant c: one canonical side for every fold (exact).
 # (Constant folds ask ``varies(x)``: weight-only arithmetic folds at export, and rewriting it only
 # grows the e-graph.)
-_add("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a), L.varies(x))
-_add("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a), L.varies(x))
+FAMILY.rewrite("mul-const-commute", L.mul(a, x), L.mul(x, a), L.is_const(a), L.varies(x))
+FAMILY.rewrite("add-const-commute", L.add(a, x), L.add(x, a), L.is_const(a), L.varies(x))
 # x + x => x * 2 (exact): joins the Mul folds.
-_add(
+FAMILY.rewrite(
     "add-self",
     L.add(x, x),
     L.mul(x, L.Tensor.splat(f64(2.0), Vec[i64].empty(), dt)),
@@ -124,33 +121,33 @@ _add(
 # ---------------------------------------------------------------- factoring and negation
 # x*a + x*b => x*(a+b): one multiply instead of two.
 # Reassociates (a+b is rounded once more), so not on float16/bfloat16 like the constant folds.
-_add("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)), L.dtype(x) == dt, *_NOT_LOW_PRECISION)
+FAMILY.rewrite("mul-factor", L.add(L.mul(x, a), L.mul(x, b)), L.mul(x, L.add(a, b)), L.dtype(x) == dt, *_NOT_LOW_PRECISION)
 # x + (-y) => x - y, and x - (-y) => x + y: one op instead of two.
-_add("add-neg", L.add(x, L.neg(y)), L.sub(x, y))
-_add("add-neg", L.add(L.neg(y), x), L.sub(x, y), variant="left")
-_add("sub-neg", L.sub(x, L.neg(y)), L.add(x, y))
+FAMILY.rewrite("add-neg", L.add(x, L.neg(y)), L.sub(x, y))
+FAMILY.rewrite("add-neg", L.add(L.neg(y), x), L.sub(x, y), variant="left")
+FAMILY.rewrite("sub-neg", L.sub(x, L.neg(y)), L.add(x, y))
 # (-x) * (-y) => x * y; (-x) / (-y) => x / y.
-_add("neg-mul-neg", L.mul(L.neg(x), L.neg(y)), L.mul(x, y))
-_add("neg-div-neg", L.div(L.neg(x), L.neg(y)), L.div(x, y))
+FAMILY.rewrite("neg-mul-neg", L.mul(L.neg(x), L.neg(y)), L.mul(x, y))
+FAMILY.rewrite("neg-div-neg", L.div(L.neg(x), L.neg(y)), L.div(x, y))
 # -(x - y) => y - x.
-_add("neg-sub", L.neg(L.sub(x, y)), L.sub(y, x))
+FAMILY.rewrite("neg-sub", L.neg(L.sub(x, y)), L.sub(y, x))
 # exp(x) * exp(y) => exp(x + y) is not included: exp(1000) * exp(-1000) is inf * 0 = NaN, not 1.
 # sqrt(x) * sqrt(x) => x is only valid for x >= 0; not included either.
 # abs(abs(x)) => abs(x).
-_add("abs-abs", L.abs_(L.abs_(x)), L.abs_(x))
+FAMILY.rewrite("abs-abs", L.abs_(L.abs_(x)), L.abs_(x))
 # abs(neg(x)) => abs(x).
-_add("abs-neg", L.abs_(L.neg(x)), L.abs_(x))
+FAMILY.rewrite("abs-neg", L.abs_(L.neg(x)), L.abs_(x))
 # relu(x) - relu(-x) => x (exact for every float: one of the two terms is zero).
-_add("relu-difference", L.sub(L.relu(x), L.relu(L.neg(x))), x)
+FAMILY.rewrite("relu-difference", L.sub(L.relu(x), L.relu(L.neg(x))), x)
 # reciprocal(reciprocal(x)) is x only up to rounding of 1/x; not included.
 # relu(f(x)) => f(x) where f is never negative (sigmoid, exp, abs; sqrt gives NaN or >= 0).
 for _name, _f in (("sigmoid", L.sigmoid), ("exp", L.exp), ("abs", L.abs_), ("sqrt", L.sqrt)):
-    _add("relu-nonnegative", L.relu(_f(x)), _f(x), variant=_name)
+    FAMILY.rewrite("relu-nonnegative", L.relu(_f(x)), _f(x), variant=_name)
 
 # ---------------------------------------------------------------- MatMul and Gemm
 _2d = (L.shape(x) == sa, sa.length() == i64(2), L.shape(w) == sb, sb.length() == i64(2))
 # (x@W1)@W2 => x@(W1@W2) for constant W1, W2: two matmuls become one (the product folds). Reassociates.
-_add(
+FAMILY.rewrite(
     "matmul-const-assoc",
     L.matmul(L.matmul(x, w), w2),
     L.matmul(x, L.matmul(w, w2)),
@@ -166,7 +163,7 @@ _add(
 # x@a + x@b => x@(a+b) (distributivity): one matmul instead of two.
 # (Guarded so that the sum does not broadcast: both products have the result's shape; not on
 # float16/bfloat16, where summing the weights first rounds differently.)
-_add(
+FAMILY.rewrite(
     "matmul-factor-right",
     L.add(L.matmul(x, a), L.matmul(x, b)),
     L.matmul(x, L.add(a, b)),
@@ -179,7 +176,7 @@ _add(
     *_NOT_LOW_PRECISION,
 )
 # a@x + b@x => (a+b)@x.
-_add(
+FAMILY.rewrite(
     "matmul-factor-left",
     L.add(L.matmul(a, x), L.matmul(b, x)),
     L.matmul(L.add(a, b), x),
@@ -193,7 +190,7 @@ _add(
 )
 # B^T @ A^T => (A @ B)^T for matrices: one transpose instead of two.
 _T = Vec(i64(1), i64(0))
-_add(
+FAMILY.rewrite(
     "matmul-transposes",
     L.matmul(L.transpose(w, _T), L.transpose(x, _T)),
     L.transpose(L.matmul(x, w), _T),
@@ -202,7 +199,7 @@ _add(
 for _r in (3, 4):
     # ... and for batched products (the last two axes swapped, batch axes kept).
     _swap = Vec(*[i64(i) for i in range(_r - 2)], i64(_r - 1), i64(_r - 2))
-    _add(
+    FAMILY.rewrite(
         "matmul-transposes",
         L.matmul(L.transpose(w, _swap), L.transpose(x, _swap)),
         L.transpose(L.matmul(x, w), _swap),
@@ -213,18 +210,18 @@ for _r in (3, 4):
         variant=f"batched{_r}",
     )
 # x @ W^T + c => Gemm(transB=1): the transpose is free inside Gemm.
-_add(
+FAMILY.rewrite(
     "gemm-fold-transpose-b",
     L.gemm(x, L.transpose(w, _T), c, alpha, beta, ta, i64(0)),
     L.gemm(x, w, c, alpha, beta, ta, i64(1)),
 )
-_add(
+FAMILY.rewrite(
     "gemm-fold-transpose-b",
     L.gemm(x, L.transpose(w, _T), c, alpha, beta, ta, i64(1)),
     L.gemm(x, w, c, alpha, beta, ta, i64(0)),
     variant="untranspose",
 )
-_add(
+FAMILY.rewrite(
     "gemm-fold-transpose-a",
     L.gemm(L.transpose(x, _T), w, c, alpha, beta, i64(0), tb),
     L.gemm(x, w, c, alpha, beta, i64(1), tb),
@@ -232,7 +229,7 @@ _add(
 # Gemm(...) * s => Gemm(alpha*s, beta*s) is not included: ONNX stores alpha/beta as float32, so the
 # fold would round the scale of a float64 model (found by rule verification).
 # Gemm(a, b, c) + d for a constant d that does not enlarge the output => bias c + d (folds).
-_add(
+FAMILY.rewrite(
     "gemm-bias-fold",
     L.add(L.gemm(x, w, c, alpha, f64(1.0), ta, tb), bias),
     L.gemm(x, w, L.add(c, bias), alpha, f64(1.0), ta, tb),
@@ -254,7 +251,7 @@ for _n in (1, 2, 3):
     ):
         per_out = L.reshape(a, L.Tensor.ints(Vec(ws[0], *_one), i64(1)), i64(0))
         per_bias = L.reshape(a, L.Tensor.ints(Vec(ws[0]), i64(1)), i64(0))
-        _add(
+        FAMILY.rewrite(
             "conv-mul-fold",
             L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
             L.conv(x, L.mul(w, per_out), L.mul(b, per_bias), strides, pads, dil, group),
@@ -266,7 +263,7 @@ for _n in (1, 2, 3):
             L.is_const(b),
             variant=f"{_variant}-{_n}",
         )
-        _add(
+        FAMILY.rewrite(
             "conv-mul-fold",
             L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
             L.conv(x, L.mul(w, per_out), L.Tensor.none(), strides, pads, dil, group),
@@ -277,7 +274,7 @@ for _n in (1, 2, 3):
             variant=f"{_variant}-nobias-{_n}",
         )
         # Conv followed by a per-channel constant shift folds into the bias.
-        _add(
+        FAMILY.rewrite(
             "conv-add-fold",
             L.add(L.conv(x, w, b, strides, pads, dil, group), a),
             L.conv(x, w, L.add(b, per_bias), strides, pads, dil, group),
@@ -289,7 +286,7 @@ for _n in (1, 2, 3):
             L.is_const(b),
             variant=f"{_variant}-{_n}",
         )
-        _add(
+        FAMILY.rewrite(
             "conv-add-fold",
             L.add(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
             L.conv(x, w, per_bias, strides, pads, dil, group),
@@ -301,7 +298,7 @@ for _n in (1, 2, 3):
         )
 
 # Conv followed by a constant scalar scale folds into W and b (TASO's conv bilinearity with smul).
-_add(
+FAMILY.rewrite(
     "conv-mul-fold",
     L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
     L.conv(x, L.mul(w, a), L.mul(b, a), strides, pads, dil, group),
@@ -313,7 +310,7 @@ _add(
     L.is_const(b),
     variant="scalar",
 )
-_add(
+FAMILY.rewrite(
     "conv-mul-fold",
     L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
     L.conv(x, L.mul(w, a), L.Tensor.none(), strides, pads, dil, group),
@@ -326,7 +323,7 @@ _add(
 
 # Conv bilinearity: conv(x, W1) + conv(x, W2) => conv(x, W1 + W2) (TASO): one conv instead of two.
 # Like every reassociating rule here, not on float16/bfloat16.
-_add(
+FAMILY.rewrite(
     "conv-weight-sum",
     L.add(
         L.conv(x, w, L.Tensor.none(), strides, pads, dil, group),
@@ -338,7 +335,7 @@ _add(
     L.dtype(x) == dt,
     *_NOT_LOW_PRECISION,
 )
-_add(
+FAMILY.rewrite(
     "conv-weight-sum",
     L.add(L.conv(x, w, bias, strides, pads, dil, group), L.conv(x, w2, bias2, strides, pads, dil, group)),
     L.conv(x, L.add(w, w2), L.add(bias, bias2), strides, pads, dil, group),
@@ -351,7 +348,7 @@ _add(
     variant="bias",
 )
 # conv(x1, W) + conv(x2, W) => conv(x1 + x2, W) without bias (TASO): one conv instead of two.
-_add(
+FAMILY.rewrite(
     "conv-input-sum",
     L.add(
         L.conv(x, w, L.Tensor.none(), strides, pads, dil, group),
@@ -364,4 +361,4 @@ _add(
     *_NOT_LOW_PRECISION,
 )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)

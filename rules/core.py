@@ -7,14 +7,14 @@ Rules that depend on a rank are generated once per rank under one name.
 from __future__ import annotations
 
 from egglog import String, Vec, f64, i64, vars_
-from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from ..egraph.shapes import MAX_RANK
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "core"
+FAMILY = Family("core")
+FAMILIES = (FAMILY,)
 
 x, y, w, b, scale, bias, mean, var, c = vars_("x y w b scale bias mean var c", L.Tensor)
 sa, sb, ws, pa, pb, strides, pads, dil = vars_("sa sb ws pa pb strides pads dil", Vec[i64])
@@ -23,20 +23,16 @@ eps, fv = vars_("eps fv", f64)
 (s_str,) = vars_("s_str", String)
 
 
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
-
-
 def _splat(value: float) -> L.Tensor:
     return L.Tensor.splat(value, sb, dt)
 
 
 # Dropout and Identity are no-ops at inference.
-_add("identity-elim", L.identity(x), x)
+FAMILY.rewrite("identity-elim", L.identity(x), x)
 # Two negations cancel.
-_add("neg-neg", L.neg(L.neg(x)), x)
+FAMILY.rewrite("neg-neg", L.neg(L.neg(x)), x)
 # Relu is idempotent.
-_add("relu-relu", L.relu(L.relu(x)), L.relu(x))
+FAMILY.rewrite("relu-relu", L.relu(L.relu(x)), L.relu(x))
 # x*1, x/1, x+0, x-0 are x when the constant does not broadcast x to a larger shape.
 for _i, (_name, _lhs) in enumerate(
     (
@@ -48,12 +44,12 @@ for _i, (_name, _lhs) in enumerate(
         ("sub-zero", L.sub(x, _splat(0.0))),
     )
 ):
-    _add(_name, _lhs, x, L.shape(t) == sa, L.shape(x) == sa, variant=str(_i))
+    FAMILY.rewrite(_name, _lhs, x, L.shape(t) == sa, L.shape(x) == sa, variant=str(_i))
 
 for _r in range(1, MAX_RANK + 1):
     # Two transposes compose into one (and vanish when they are inverses, see below).
     composed = Vec(*[pa[pb[i]] for i in range(_r)])
-    _add(
+    FAMILY.rewrite(
         "transpose-compose",
         L.transpose(L.transpose(x, pa), pb),
         L.transpose(x, composed),
@@ -62,7 +58,7 @@ for _r in range(1, MAX_RANK + 1):
         variant=str(_r),
     )
     # A transpose by the identity permutation is a copy.
-    _add(
+    FAMILY.rewrite(
         "transpose-identity-elim",
         L.transpose(x, pa),
         x,
@@ -70,7 +66,7 @@ for _r in range(1, MAX_RANK + 1):
         variant=str(_r),
     )
     # Reshape of a reshape only needs the last target; written with the analysed shape.
-    _add(
+    FAMILY.rewrite(
         "reshape-reshape",
         L.reshape(L.reshape(x, y, ia), c, ib),
         L.reshape(x, L.Tensor.ints(sa, i64(1)), i64(0)),
@@ -82,7 +78,7 @@ for _r in range(1, MAX_RANK + 1):
 
 # Shape of a tensor whose dims are all known is a constant (then the shape arithmetic folds).
 for _r in range(MAX_RANK + 1):
-    _add(
+    FAMILY.rewrite(
         "shape-of-known",
         L.shape_of(x, i64(0), i64(2**63 - 1)),
         L.Tensor.ints(sa, i64(1)),
@@ -93,18 +89,18 @@ for _r in range(MAX_RANK + 1):
     )
 
 # where(c, x, x) is x when the condition does not broadcast x to a larger shape.
-_add("where-same", L.where(c, x, x), x, L.shape(t) == sa, L.shape(x) == sa)
+FAMILY.rewrite("where-same", L.where(c, x, x), x, L.shape(t) == sa, L.shape(x) == sa)
 # Clip(x, 0) without an upper bound is Relu (Conv+Relu fusion, relu rules apply).
-_add("clip-zero-to-relu", L.clip(x, L.Tensor.splat(0.0, Vec[i64].empty(), dt), L.Tensor.none()), L.relu(x))
+FAMILY.rewrite("clip-zero-to-relu", L.clip(x, L.Tensor.splat(0.0, Vec[i64].empty(), dt), L.Tensor.none()), L.relu(x))
 # x ** 1 is x and x ** 2 is x * x (exact in IEEE arithmetic; a Mul is far cheaper than a Pow).
 # (x ** 0.5 is not sqrt(x): they differ at -0 and -inf.)
-_add("pow-one-elim", L.pow_(x, _splat(1.0)), x, L.shape(t) == sa, L.shape(x) == sa)
-_add("pow-two-to-mul", L.pow_(x, _splat(2.0)), L.mul(x, x), L.shape(t) == sa, L.shape(x) == sa)
+FAMILY.rewrite("pow-one-elim", L.pow_(x, _splat(1.0)), x, L.shape(t) == sa, L.shape(x) == sa)
+FAMILY.rewrite("pow-two-to-mul", L.pow_(x, _splat(2.0)), L.mul(x, x), L.shape(t) == sa, L.shape(x) == sa)
 # GlobalAveragePool over 1x1 spatial dims is a copy.
-_add("global-pool-noop", L.global_average_pool(x), x, L.shape(t) == sa, L.shape(x) == sa)
+FAMILY.rewrite("global-pool-noop", L.global_average_pool(x), x, L.shape(t) == sa, L.shape(x) == sa)
 
 # A reshape to the shape its input already has is a no-op.
-_add("reshape-noop", L.reshape(x, y, ia), x, L.shape(t) == sa, L.shape(x) == sa)
+FAMILY.rewrite("reshape-noop", L.reshape(x, y, ia), x, L.shape(t) == sa, L.shape(x) == sa)
 
 # BatchNormalization after Conv folds into the conv's weights and bias (weight algebra).
 for _n in (1, 2, 3):
@@ -120,7 +116,7 @@ for _n in (1, 2, 3):
         L.is_const(mean),
         L.is_const(var),
     )
-    _add(
+    FAMILY.rewrite(
         "conv-batchnorm-fold",
         L.batch_norm(L.conv(x, w, b, strides, pads, dil, group), scale, bias, mean, var, eps),
         L.conv(x, folded_w, L.add(L.mul(L.sub(b, mean), factor), bias), strides, pads, dil, group),
@@ -129,7 +125,7 @@ for _n in (1, 2, 3):
         *guards,
         variant=f"bias{_n}",
     )
-    _add(
+    FAMILY.rewrite(
         "conv-batchnorm-fold",
         L.batch_norm(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), scale, bias, mean, var, eps),
         L.conv(x, folded_w, L.add(L.mul(L.neg(mean), factor), bias), strides, pads, dil, group),
@@ -139,7 +135,7 @@ for _n in (1, 2, 3):
 
 # MatMul + Add of a bias broadcastable to [M, N] is one Gemm (one kernel, bias fused).
 for _variant, _lhs in (("right", L.add(L.matmul(x, w), c)), ("left", L.add(c, L.matmul(x, w)))):
-    _add(
+    FAMILY.rewrite(
         "matmul-add-to-gemm",
         _lhs,
         L.gemm(x, w, c, 1.0, 1.0, i64(0), i64(0)),
@@ -155,5 +151,5 @@ for _variant, _lhs in (("right", L.add(L.matmul(x, w), c)), ("left", L.add(c, L.
     )
 
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)
 """This family's rule names, in declaration order."""

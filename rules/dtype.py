@@ -16,9 +16,10 @@ from __future__ import annotations
 from egglog import Vec, i64, vars_
 
 from ..egraph import lang as L
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "dtype"
+FAMILY = Family("dtype")
+FAMILIES = (FAMILY,)
 
 (x,) = vars_("x", L.Tensor)
 mid, to = vars_("mid to", i64)
@@ -44,9 +45,7 @@ EXACT_WIDENINGS: dict[int, tuple[int, ...]] = {
 # precision exports cast up and back down around ops that were moved; with to == x's type the
 # remaining Cast is then removed by cast-same). One variant per source type, its dtype pinned.
 for _src, _mids in EXACT_WIDENINGS.items():
-    rewrite_rule(
-        RULES,
-        FAMILY,
+    FAMILY.rewrite(
         "cast-cast-lossless",
         L.cast(L.cast(x, mid), to),
         L.cast(x, to),
@@ -55,4 +54,4 @@ for _src, _mids in EXACT_WIDENINGS.items():
         variant=str(_src),
     )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)

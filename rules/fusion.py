@@ -25,9 +25,10 @@ from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "fusion"
+FAMILY = Family("fusion")
+FAMILIES = (FAMILY,)
 MATCH_RTOL = 2.0**-22
 """Constants match within this relative distance (float32 rounding is at most 2**-24)."""
 FLOAT32_RTOL = 2.0**-18
@@ -39,12 +40,6 @@ sx, sd, sg, sb, va = vars_("sx sd sg sb va", Vec[i64])
 dt, cd1, cd2, cd3, cd4, cd5, nz, nz2, ax = vars_("dt cd1 cd2 cd3 cd4 cd5 nz nz2 ax", i64)
 c1, c2, c3, c4, c5, eps = vars_("c1 c2 c3 c4 c5 eps", f64)
 (approx,) = vars_("approx", String)
-
-
-def _add(
-    name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "", rtol: float | None = None
-) -> None:
-    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant, rtol=rtol)
 
 
 def _near(value: f64, exact: float) -> tuple[FactLike, ...]:
@@ -127,7 +122,7 @@ for _sq_name, _squared in _squares.items():
         ("div", L.div(_centered, _std)),
         ("rsqrt", L.mul(_centered, L.reciprocal(_std))),
     ):
-        _add(
+        FAMILY.rewrite(
             "layer-norm-fusion",
             _normed,
             L.layer_norm(x, _unit_scale, L.Tensor.none(), i64(-1), eps),
@@ -145,7 +140,7 @@ _ln_last_axis = (
     (ax + sx.length()) % sx.length() == sx.length() - i64(1),
 )
 # LayerNorm(x, 1) * gamma => LayerNorm(x, gamma) for a gamma over the normalized axis: one op fewer.
-_add(
+FAMILY.rewrite(
     "layer-norm-absorb-scale",
     L.mul(L.layer_norm(x, L.Tensor.splat(f64(1.0), sd, cd1), L.Tensor.none(), ax, eps), g),
     L.layer_norm(x, g, L.Tensor.none(), ax, eps),
@@ -155,7 +150,7 @@ _add(
     L.dtype(g) == cd1,
 )
 # LayerNorm(x, gamma) + beta => LayerNorm(x, gamma, beta) for a beta over the normalized axis.
-_add(
+FAMILY.rewrite(
     "layer-norm-absorb-bias",
     L.add(L.layer_norm(x, g, L.Tensor.none(), ax, eps), bias),
     L.layer_norm(x, g, bias, ax, eps),
@@ -182,7 +177,7 @@ def _gelu_targets(name: str, forms: Callable[[tuple[i64, ...]], _Forms], approxi
         ("fused", L.fused_gelu(x, approximate, dt), _opset_below(20), "fused"),
     ):
         for variant, (lhs, guards) in forms(_const_types(target)).items():
-            _add(
+            FAMILY.rewrite(
                 name,
                 lhs,
                 rhs,
@@ -229,8 +224,8 @@ _gelu_targets("gelu-tanh-fusion", _gelu_tanh_forms, "tanh")
 # ---------------------------------------------------------------- SiLU / Swish
 # x * sigmoid(x) => Swish (opset >= 24) or the fused kind: two passes become one.
 for _order, _lhs in (("xs", L.mul(x, L.sigmoid(x))), ("sx", L.mul(L.sigmoid(x), x))):
-    _add("silu-fusion", _lhs, L.swish(x, 1.0), _opset(24), *_float_input("Swish"), variant=f"{_order}-std")
-    _add(
+    FAMILY.rewrite("silu-fusion", _lhs, L.swish(x, 1.0), _opset(24), *_float_input("Swish"), variant=f"{_order}-std")
+    FAMILY.rewrite(
         "silu-fusion",
         _lhs,
         L.fused_silu(x),
@@ -245,7 +240,7 @@ for _order, _lhs in (("xs", L.mul(x, L.sigmoid(x))), ("sx", L.mul(L.sigmoid(x), 
 _cd = _const_types("HardSigmoid")
 _relu6 = L.clip(L.add(x, _const(c1, sd, _cd[0])), _const(c2, sg, _cd[1]), _const(c3, sb, _cd[2]))
 _relu6_consts = (*_near(c1, 3.0), c2 == f64(0.0), *_near(c3, 6.0))
-_add(
+FAMILY.rewrite(
     "hard-sigmoid-fusion",
     L.div(_relu6, _const(c4, va, _cd[3])),
     L.hard_sigmoid(x, 1.0 / 6.0, 0.5),
@@ -256,7 +251,7 @@ _add(
     rtol=FLOAT32_RTOL,
 )
 # x * relu6(x + 3) / 6 => HardSwish (opset >= 14): four ops become one.
-_add(
+FAMILY.rewrite(
     "hard-swish-fusion",
     L.div(L.mul(x, _relu6), _const(c4, va, _cd[3])),  # HardSwish runs the types HardSigmoid does
     L.hard_swish(x),
@@ -272,7 +267,7 @@ for _order, _lhs in (
     ("xh", L.mul(x, L.hard_sigmoid(x, c1, c2))),
     ("hx", L.mul(L.hard_sigmoid(x, c1, c2), x)),
 ):
-    _add(
+    FAMILY.rewrite(
         "hard-swish-fusion",
         _lhs,
         L.hard_swish(x),
@@ -288,7 +283,7 @@ for _order, _lhs in (
 # exp(x - max(x)) / sum(exp(x - max(x))) over one axis => Softmax (opset >= 13, any axis): five ops,
 # one pass. (exp(x) / sum(exp(x)) without the max is not fused: it overflows where Softmax does not.)
 _shifted = L.exp(L.sub(x, L.reduce_max(x, _axes, i64(1), nz)))
-_add(
+FAMILY.rewrite(
     "softmax-fusion",
     L.div(_shifted, L.reduce_sum(_shifted, _axes, i64(1), nz2)),
     L.softmax(x, (va[0] + sx.length()) % sx.length()),
@@ -307,7 +302,7 @@ _bias_guards = (
     L.shape(bias) == Vec(_dim),
     *_dtype_in(x, ORT_TYPES["fused"]),
 )
-_add(
+FAMILY.rewrite(
     "bias-gelu-fusion",
     L.gelu(L.add(x, bias), approx),
     L.fused_bias_gelu(x, bias, approx, dt),
@@ -315,7 +310,7 @@ _add(
     variant="std",
     rtol=FLOAT32_RTOL,
 )
-_add(
+FAMILY.rewrite(
     "bias-gelu-fusion",
     L.fused_gelu(L.add(x, bias), approx, dt),
     L.fused_bias_gelu(x, bias, approx, dt),
@@ -324,4 +319,4 @@ _add(
     rtol=FLOAT32_RTOL,
 )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)

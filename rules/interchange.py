@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from egglog import Vec, f64, i64, ne, vars_
-from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "interchange"
+FAMILY = Family("interchange")
+FAMILIES = (FAMILY,)
 
 x, y, z, w, c, w1, w2, b1, b2 = vars_("x y z w c w1 w2 b1 b2", L.Tensor)
 sizes, steps, lo, hi = vars_("sizes steps lo hi", L.Tensor)
@@ -25,10 +25,6 @@ sa, sb, sc, sd, so, vs, ve, vm, va = vars_("sa sb sc sd so vs ve vm va", Vec[i64
 strides, pads, dil, kernel = vars_("strides pads dil kernel", Vec[i64])
 ia, ib, nout, dt, cm, cip, group = vars_("ia ib nout dt cm cip group", i64)
 (fa,) = vars_("fa", f64)
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 def _cat(items: list[L.Tensor], axis: i64 | int) -> L.Tensor:
@@ -50,7 +46,7 @@ BINARY: dict[str, Callable[[L.Tensor, L.Tensor], L.Tensor]] = {
 for _name, _g in BINARY.items():
     # concat(g(x, y), g(z, w)) => g(concat(x, z), concat(y, w)) (TASO) for operands that do not
     # broadcast: one op over the concatenation instead of two.
-    _add(
+    FAMILY.rewrite(
         "concat-binary",
         _cat([_g(x, y), _g(z, w)], ia),
         _g(_cat([x, z], ia), _cat([y, w], ia)),
@@ -68,7 +64,7 @@ for _name, _g in (("add", L.add), ("mul", L.mul)):
     _keeps = (L.shape(x) == sa, L.shape(_g(x, c)) == sa, L.shape(z) == sb, L.shape(_g(z, c)) == sb)
     _lhs, _rhs = _cat([_g(x, c), _g(z, c)], ia), _g(_cat([x, z], ia), c)
     # c does not reach the concat axis ...
-    _add(
+    FAMILY.rewrite(
         "concat-shared-operand",
         _lhs,
         _rhs,
@@ -78,7 +74,7 @@ for _name, _g in (("add", L.add), ("mul", L.mul)):
         variant=f"{_name}-short",
     )
     # ... or has a 1 there.
-    _add(
+    FAMILY.rewrite(
         "concat-shared-operand",
         _lhs,
         _rhs,
@@ -90,7 +86,7 @@ for _name, _g in (("add", L.add), ("mul", L.mul)):
     )
 
 # concat(clip(x), clip(y)) => clip(concat(x, y)) for equal bounds (Relu6 branches).
-_add(
+FAMILY.rewrite(
     "concat-clip",
     _cat([L.clip(x, lo, hi), L.clip(y, lo, hi)], ia),
     L.clip(_cat([x, y], ia), lo, hi),
@@ -98,7 +94,7 @@ _add(
     L.dtype(y) == dt,
 )
 # concat(softmax(x, a), softmax(y, a)) over another axis => softmax(concat(x, y), a).
-_add(
+FAMILY.rewrite(
     "concat-softmax",
     _cat([L.softmax(x, ib), L.softmax(y, ib)], ia),
     L.softmax(_cat([x, y], ia), ib),
@@ -124,7 +120,7 @@ for _axis in (0, 1):
     }
     for _name, _pool in _pools.items():
         # concat(pool(x), pool(y)) on the batch or channel axis => pool(concat(x, y)) (TASO): one pool.
-        _add(
+        FAMILY.rewrite(
             "concat-pool",
             _cat([_pool(x), _pool(y)], _axis),
             _pool(_cat([x, y], _axis)),
@@ -134,16 +130,16 @@ for _axis in (0, 1):
 
 # ---------------------------------------------------------------- Concat structure
 # concat(concat(x, y, a), z, a) => concat(x, y, z, a): flat concats meet Split/Slice rules.
-_add("concat-flatten", _cat([_cat([x, y], ia), z], ia), _cat([x, y, z], ia), variant="left")
-_add("concat-flatten", _cat([x, _cat([y, z], ia)], ia), _cat([x, y, z], ia), variant="right")
+FAMILY.rewrite("concat-flatten", _cat([_cat([x, y], ia), z], ia), _cat([x, y, z], ia), variant="left")
+FAMILY.rewrite("concat-flatten", _cat([x, _cat([y, z], ia)], ia), _cat([x, y, z], ia), variant="right")
 # A Concat of one tensor is that tensor.
-_add("concat-single", _cat([x], ia), x)
+FAMILY.rewrite("concat-single", _cat([x], ia), x)
 
 # ---------------------------------------------------------------- Split / Slice against Concat
 # split(concat(x, y)) on the same axis with the parts' sizes gives the parts back (TASO's split definition).
 _parts = (L.shape(x) == sa, L.shape(y) == sb)
 for _i, _part in ((0, x), (1, y)):
-    _add(
+    FAMILY.rewrite(
         "split-concat",
         L.split(_cat([x, y], ia), _ints(vs), ia, nout, i64(_i)),
         _part,
@@ -151,7 +147,7 @@ for _i, _part in ((0, x), (1, y)):
         vs == Vec(sa[ia], sb[ia]),
         variant=f"sizes-{_i}",
     )
-    _add(
+    FAMILY.rewrite(
         "split-concat",
         L.split(_cat([x, y], ia), L.Tensor.none(), ia, i64(2), i64(_i)),
         _part,
@@ -160,11 +156,11 @@ for _i, _part in ((0, x), (1, y)):
         variant=f"even-{_i}",
     )
 # A Split into one part is its input.
-_add("split-single", L.split(x, _ints(vs), ia, nout, i64(0)), x, vs.length() == i64(1), variant="sizes")
-_add("split-single", L.split(x, L.Tensor.none(), ia, i64(1), i64(0)), x, variant="even")
+FAMILY.rewrite("split-single", L.split(x, _ints(vs), ia, nout, i64(0)), x, vs.length() == i64(1), variant="sizes")
+FAMILY.rewrite("split-single", L.split(x, L.Tensor.none(), ia, i64(1), i64(0)), x, variant="even")
 # concat(split(x)_0, split(x)_1[, split(x)_2]) on the split axis is x.
 for _n in (2, 3):
-    _add(
+    FAMILY.rewrite(
         "concat-split",
         _cat([L.split(x, sizes, ia, nout, i64(i)) for i in range(_n)], ia),
         x,
@@ -179,7 +175,7 @@ _one_axis = (vs.length() == i64(1), ve.length() == i64(1), vs[0] >= i64(0), ve[0
 for _steps_name, _steps in (("nosteps", L.Tensor.none()), ("steps", L.Tensor.ints(vm, i64(1)))):
     _steps_ok = () if _steps_name == "nosteps" else (vm.length() == i64(1), vm[0] >= i64(1))
     _axes = _ints(Vec(ia))
-    _add(
+    FAMILY.rewrite(
         "slice-concat",
         L.slice_(_cat([x, y], ia), _ints(vs), _ints(ve), _axes, _steps),
         L.slice_(x, _ints(vs), _ints(ve), _axes, _steps),
@@ -189,7 +185,7 @@ for _steps_name, _steps in (("nosteps", L.Tensor.none()), ("steps", L.Tensor.int
         ve[0] <= sa[ia],
         variant=f"first-{_steps_name}",
     )
-    _add(
+    FAMILY.rewrite(
         "slice-concat",
         L.slice_(_cat([x, y], ia), _ints(vs), _ints(ve), _axes, _steps),
         L.slice_(y, _ints(Vec(vs[0] - sa[ia])), _ints(Vec(ve[0] - sa[ia])), _axes, _steps),
@@ -201,7 +197,7 @@ for _steps_name, _steps in (("nosteps", L.Tensor.none()), ("steps", L.Tensor.int
         variant=f"second-{_steps_name}",
     )
 # concat(x[s:m], x[m:e]) on the sliced axis => x[s:e]: adjacent slices merge.
-_add(
+FAMILY.rewrite(
     "concat-slices",
     _cat(
         [
@@ -233,7 +229,7 @@ _UNARY: dict[str, Callable[[L.Tensor], L.Tensor]] = {
 for _name, _f in _UNARY.items():
     # f(split(x)_i) => split(f(x))_i: after a merge, one activation over the merged output is
     # shared by every part (TENSAT's relu-of-concat multi-pattern rule, without the cycle risk).
-    _add(
+    FAMILY.rewrite(
         "split-unary",
         _f(L.split(x, sizes, ia, nout, ib)),
         L.split(_f(x), sizes, ia, nout, ib),
@@ -242,7 +238,7 @@ for _name, _f in _UNARY.items():
 
 # ---------------------------------------------------------------- Concat and MatMul
 # concat(x @ w1, x @ w2, last axis) => x @ concat(w1, w2, axis 1) (TASO): one wider GEMM.
-_add(
+FAMILY.rewrite(
     "concat-matmul-shared-left",
     _cat([L.matmul(x, w1), L.matmul(x, w2)], ia),
     L.matmul(x, _cat([w1, w2], 1)),
@@ -254,7 +250,7 @@ _add(
     ia == so.length() - i64(1),
 )
 # concat(x @ w, y @ w, a row/batch axis) => concat(x, y, a) @ w for a matrix w: one taller GEMM.
-_add(
+FAMILY.rewrite(
     "concat-matmul-shared-right",
     _cat([L.matmul(x, w), L.matmul(y, w)], ia),
     L.matmul(_cat([x, y], ia), w),
@@ -266,7 +262,7 @@ _add(
     ia + i64(1) < sa.length(),
 )
 # x @ y + z @ w => concat(x, z, last) @ concat(y, w, 0) (TASO): one GEMM over the joint inner dim.
-_add(
+FAMILY.rewrite(
     "matmul-sum-to-concat",
     L.add(L.matmul(x, y), L.matmul(z, w)),
     L.matmul(_cat([x, z], sa.length() - i64(1)), _cat([y, w], 0)),
@@ -284,7 +280,7 @@ _add(
 
 # ---------------------------------------------------------------- Concat and Conv
 # concat(conv(x, w), conv(y, w), batch axis) => conv(concat(x, y), w) (TASO).
-_add(
+FAMILY.rewrite(
     "concat-conv-batch",
     _cat([L.conv(x, w, c, strides, pads, dil, group), L.conv(y, w, c, strides, pads, dil, group)], 0),
     L.conv(_cat([x, y], 0), w, c, strides, pads, dil, group),
@@ -295,7 +291,7 @@ _add(
 # concat(conv(x, w1, b1), conv(x, w2, b2), channels) => conv(x, concat(w1, w2), concat(b1, b2)) (TASO):
 # sibling convs whose outputs are concatenated (Inception) become one conv.
 _same_kernel = (L.shape(w1) == sa, L.shape(w2) == sb, sa.set(i64(0), i64(0)) == sb.set(i64(0), i64(0)))
-_add(
+FAMILY.rewrite(
     "concat-conv-channels",
     _cat(
         [
@@ -308,7 +304,7 @@ _add(
     *_same_kernel,
     variant="nobias",
 )
-_add(
+FAMILY.rewrite(
     "concat-conv-channels",
     _cat([L.conv(x, w1, b1, strides, pads, dil, i64(1)), L.conv(x, w2, b2, strides, pads, dil, i64(1))], 1),
     L.conv(x, _cat([w1, w2], 0), _cat([b1, b2], 0), strides, pads, dil, i64(1)),
@@ -324,7 +320,7 @@ for _variant, _b1, _b2, _b in (
     ("nobias", L.Tensor.none(), L.Tensor.none(), L.Tensor.none()),
     ("bias", b1, b2, _cat([b1, b2], 0)),
 ):
-    _add(
+    FAMILY.rewrite(
         "concat-conv-grouped",
         _cat(
             [L.conv(x, w1, _b1, strides, pads, dil, i64(1)), L.conv(y, w2, _b2, strides, pads, dil, i64(1))],
@@ -344,7 +340,7 @@ _in_channels = (
     L.shape(w2) == sd,
     sc.set(i64(1), i64(0)) == sd.set(i64(1), i64(0)),
 )
-_add(
+FAMILY.rewrite(
     "conv-sum-to-concat",
     L.add(
         L.conv(x, w1, L.Tensor.none(), strides, pads, dil, i64(1)),
@@ -354,7 +350,7 @@ _add(
     *_in_channels,
     variant="nobias",
 )
-_add(
+FAMILY.rewrite(
     "conv-sum-to-concat",
     L.add(L.conv(x, w1, b1, strides, pads, dil, i64(1)), L.conv(y, w2, b2, strides, pads, dil, i64(1))),
     L.conv(_cat([x, y], 1), _cat([w1, w2], 1), L.add(b1, b2), strides, pads, dil, i64(1)),
@@ -364,5 +360,5 @@ _add(
     variant="bias",
 )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)
 """This family's rule names, in declaration order."""

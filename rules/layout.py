@@ -13,20 +13,17 @@ from egglog.egraph import FactLike
 from ..egraph import lang as L
 from ..egraph.shapes import MAX_RANK, norm_axis
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "layout"
-SHAPE_FAMILY = "shape-arith"
+FAMILY = Family("layout")
+SHAPE_FAMILY = Family("shape-arith")
+FAMILIES = (FAMILY, SHAPE_FAMILY)
 
 x, y, z, c, lo, hi, w, b = vars_("x y z c lo hi w b", L.Tensor)
 p, sa, sb, va, vb, vc, strides, pads, dil, kernel = vars_("p sa sb va vb vc strides pads dil kernel", Vec[i64])
 ia, ib, ic, to, group, ceil_mode, dt = vars_("ia ib ic to group ceil_mode dt", i64)
 fa, fb = vars_("fa fb", f64)
 (mode,) = vars_("mode", String)
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "", family: str = FAMILY) -> None:
-    rewrite_rule(RULES, family, name, lhs, rhs, *guards, variant=variant)
 
 
 UNARY: dict[str, Callable[[L.Tensor], L.Tensor]] = {
@@ -58,10 +55,10 @@ BINARY: dict[str, Callable[[L.Tensor, L.Tensor], L.Tensor]] = {
 # ---------------------------------------------------------------- transposes through elementwise ops
 for _name, _f in UNARY.items():
     # f(transpose(x)) => transpose(f(x)): moves transposes next to each other so they cancel.
-    _add("transpose-sink-unary", _f(L.transpose(x, p)), L.transpose(_f(x), p), variant=_name)
+    FAMILY.rewrite("transpose-sink-unary", _f(L.transpose(x, p)), L.transpose(_f(x), p), variant=_name)
 for _name, _g in BINARY.items():
     # g(T(a), T(b)) => T(g(a, b)) for equal ranks (broadcasting commutes with a shared permutation).
-    _add(
+    FAMILY.rewrite(
         "transpose-sink-binary",
         _g(L.transpose(x, p), L.transpose(y, p)),
         L.transpose(_g(x, y), p),
@@ -71,14 +68,14 @@ for _name, _g in BINARY.items():
         variant=_name,
     )
     # g(T(a), s) and g(s, T(a)) => T(g(a, s)) for a scalar s.
-    _add(
+    FAMILY.rewrite(
         "transpose-sink-scalar",
         _g(L.transpose(x, p), c),
         L.transpose(_g(x, c), p),
         L.shape(c) == Vec[i64].empty(),
         variant=f"{_name}-right",
     )
-    _add(
+    FAMILY.rewrite(
         "transpose-sink-scalar",
         _g(c, L.transpose(x, p)),
         L.transpose(_g(c, x), p),
@@ -90,7 +87,7 @@ for _name, _g in BINARY.items():
 for _name, _f in UNARY.items():
     # concat(f(a), f(b)) => f(concat(a, b)) (TASO): one op over the concatenation.
     # (The inputs must share a dtype for the inner Concat to be valid: Cast may unify them.)
-    _add(
+    FAMILY.rewrite(
         "concat-unary",
         L.concat(L.tlist([_f(x), _f(y)]), ia),
         _f(L.concat(L.tlist([x, y]), ia)),
@@ -98,7 +95,7 @@ for _name, _f in UNARY.items():
         L.dtype(y) == dt,
         variant=f"{_name}-2",
     )
-    _add(
+    FAMILY.rewrite(
         "concat-unary",
         L.concat(L.tlist([_f(x), _f(y), _f(z)]), ia),
         _f(L.concat(L.tlist([x, y, z]), ia)),
@@ -133,7 +130,7 @@ for _r in VIEW_CHAIN_RANKS:
             if _outer == _inner == "reshape":
                 continue  # core's reshape-reshape
             # Two view ops are one Reshape to the final shape (then it may vanish, see below).
-            _add(
+            FAMILY.rewrite(
                 "view-view-to-reshape",
                 _v2(_v1(x)),
                 L.reshape(x, L.Tensor.ints(sa, i64(1)), i64(0)),
@@ -144,10 +141,10 @@ for _name, _v in VIEWS.items():
     if _name in ("reshape", "unsqueeze"):
         continue  # core's reshape-noop; an Unsqueeze always adds dims
     # A view op that does not change the shape is a no-op.
-    _add("view-noop", _v(x), x, L.shape(t) == sa, L.shape(x) == sa, variant=_name)
+    FAMILY.rewrite("view-noop", _v(x), x, L.shape(t) == sa, L.shape(x) == sa, variant=_name)
 
 # Cast to the type a tensor already has is a no-op.
-_add("cast-same", L.cast(x, to), x, L.dtype(x) == to)
+FAMILY.rewrite("cast-same", L.cast(x, to), x, L.dtype(x) == to)
 
 # ---------------------------------------------------------------- Pad folded into Conv / AveragePool
 for _n in (1, 2, 3):
@@ -164,7 +161,7 @@ for _n in (1, 2, 3):
     for _variant, _value in (("zero", L.Tensor.splat(f64(0.0), vb, ic)), ("default", L.Tensor.none())):
         _padded = L.pad(x, L.Tensor.ints(va, i64(1)), _value, L.Tensor.none(), String("constant"))
         # A zero Pad before a Conv is the Conv's own padding.
-        _add(
+        FAMILY.rewrite(
             "pad-into-conv",
             L.conv(_padded, w, b, strides, pads, dil, group),
             L.conv(x, w, b, strides, _spatial_pads, dil, group),
@@ -174,7 +171,7 @@ for _n in (1, 2, 3):
         # ... and an AveragePool's when padded zeros are counted (count_include_pad=1).
         # (floor mode only: with ceil_mode a window starting in the end padding is kept after an
         # explicit Pad but dropped by the pool's own padding; pads must stay below the kernel.)
-        _add(
+        FAMILY.rewrite(
             "pad-into-avgpool",
             L.average_pool(_padded, kernel, strides, pads, i64(0), i64(1)),
             L.average_pool(x, kernel, strides, _spatial_pads, i64(0), i64(1)),
@@ -187,7 +184,7 @@ for _n in (1, 2, 3):
 # ---------------------------------------------------------------- Pad chains
 for _r in range(1, MAX_RANK + 1):
     # A Pad by zeros everywhere is a copy.
-    _add(
+    FAMILY.rewrite(
         "pad-noop",
         L.pad(x, L.Tensor.ints(va, i64(1)), z, c, mode),
         x,
@@ -195,7 +192,7 @@ for _r in range(1, MAX_RANK + 1):
         variant=str(_r),
     )
     # Two constant Pads with one value (or both the default 0) are one Pad by the summed pads.
-    _add(
+    FAMILY.rewrite(
         "pad-pad",
         L.pad(L.pad(x, L.Tensor.ints(va, i64(1)), z, L.Tensor.none(), String("constant")), L.Tensor.ints(vb, i64(1)), z, L.Tensor.none(), String("constant")),
         L.pad(x, L.Tensor.ints(Vec(*[va[i] + vb[i] for i in range(2 * _r)]), i64(1)), z, L.Tensor.none(), String("constant")),
@@ -210,16 +207,15 @@ for _r in range(1, MAX_RANK + 1):
 _SCALAR = i64(0)
 _VECTOR = i64(1)
 # Gather of a constant int vector by a constant scalar index is a constant.
-_add(
+SHAPE_FAMILY.rewrite(
     "gather-const-ints",
     L.gather(L.Tensor.ints(va, _VECTOR), L.Tensor.ints(vb, _SCALAR), i64(0)),
     L.Tensor.ints(Vec(va[norm_axis(vb[0], va.length())]), _SCALAR),
     vb[0] < va.length(),
     vb[0] >= i64(0) - va.length(),
-    family=SHAPE_FAMILY,
 )
 for _k in range(1, 5):
-    _add(
+    SHAPE_FAMILY.rewrite(
         "gather-const-ints",
         L.gather(L.Tensor.ints(va, _VECTOR), L.Tensor.ints(vb, _VECTOR), i64(0)),
         L.Tensor.ints(Vec(*[va[norm_axis(vb[i], va.length())] for i in range(_k)]), _VECTOR),
@@ -227,29 +223,25 @@ for _k in range(1, 5):
         *[vb[i] < va.length() for i in range(_k)],
         *[vb[i] >= i64(0) - va.length() for i in range(_k)],
         variant=f"vector{_k}",
-        family=SHAPE_FAMILY,
     )
 # Unsqueeze of a constant scalar to a vector; Concat of constant vectors; Cast to int64 of a constant.
-_add(
+SHAPE_FAMILY.rewrite(
     "unsqueeze-const-ints",
     L.unsqueeze(L.Tensor.ints(va, _SCALAR), L.Tensor.ints(Vec(i64(0)), _VECTOR)),
     L.Tensor.ints(va, _VECTOR),
-    family=SHAPE_FAMILY,
 )
-_add(
+SHAPE_FAMILY.rewrite(
     "concat-const-ints",
     L.concat(L.tlist([L.Tensor.ints(va, _VECTOR), L.Tensor.ints(vb, _VECTOR)]), i64(0)),
     L.Tensor.ints(va.append(vb), _VECTOR),
-    family=SHAPE_FAMILY,
 )
-_add(
+SHAPE_FAMILY.rewrite(
     "concat-const-ints",
     L.concat(L.tlist([L.Tensor.ints(va, _VECTOR), L.Tensor.ints(vb, _VECTOR), L.Tensor.ints(vc, _VECTOR)]), i64(0)),
     L.Tensor.ints(va.append(vb).append(vc), _VECTOR),
     variant="3",
-    family=SHAPE_FAMILY,
 )
-_add("cast-const-ints", L.cast(L.Tensor.ints(va, ia), i64(7)), L.Tensor.ints(va, ia), family=SHAPE_FAMILY)
+SHAPE_FAMILY.rewrite("cast-const-ints", L.cast(L.Tensor.ints(va, ia), i64(7)), L.Tensor.ints(va, ia))
 # Scalar int arithmetic on constants (sequence length * heads, ...).
 _SMALL = i64(1 << 31)  # operands bounded so the i64 result cannot overflow
 for _name, _g, _op in (
@@ -257,7 +249,7 @@ for _name, _g, _op in (
     ("sub", L.sub, lambda u, v: u - v),
     ("mul", L.mul, lambda u, v: u * v),
 ):
-    _add(
+    SHAPE_FAMILY.rewrite(
         "int-arith-const",
         _g(L.Tensor.ints(va, ia), L.Tensor.ints(vb, ia)),
         L.Tensor.ints(Vec(_op(va[0], vb[0])), ia),
@@ -268,10 +260,9 @@ for _name, _g, _op in (
         va[0] > i64(0) - _SMALL,
         vb[0] > i64(0) - _SMALL,
         variant=_name,
-        family=SHAPE_FAMILY,
     )
 # Division only of non-negative values (ONNX and egglog agree on truncation there).
-_add(
+SHAPE_FAMILY.rewrite(
     "int-arith-const",
     L.div(L.Tensor.ints(va, ia), L.Tensor.ints(vb, ia)),
     L.Tensor.ints(Vec(va[0] / vb[0]), ia),
@@ -280,7 +271,6 @@ _add(
     va[0] >= i64(0),
     vb[0] > i64(0),
     variant="div",
-    family=SHAPE_FAMILY,
 )
 
-RULE_NAMES = list(RULES.families[FAMILY]) + list(RULES.families[SHAPE_FAMILY])
+RULE_NAMES = FAMILY.names + SHAPE_FAMILY.names

@@ -11,23 +11,19 @@ guarded by dtype because each is exact up to that rounding in every float type.
 from __future__ import annotations
 
 from egglog import String, Vec, f64, i64, ne, vars_
-from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "linear"
+FAMILY = Family("linear")
+FAMILIES = (FAMILY,)
 
 x, y, z, w, v, b, c = vars_("x y z w v b c", L.Tensor)
 scale, bias, mean, var = vars_("scale bias mean var", L.Tensor)
 sx, sy, sz, sw, sv, so, strides, pads, dil = vars_("sx sy sz sw sv so strides pads dil", Vec[i64])
 ta, tb, group, dt = vars_("ta tb group dt", i64)
 alpha, beta, eps = vars_("alpha beta eps", f64)
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 def _ints(*values: i64 | int) -> L.Tensor:
@@ -46,7 +42,7 @@ _matrix_w = (L.is_const(w), L.shape(w) == sw, sw.length() == i64(2))
 for _rx, _rw in ((2, 2), (3, 3), (4, 4), (3, 2), (4, 2)):
     # (x @ w)^T => w^T @ x^T over the last two axes (TASO): the transposes fold into constant
     # operands or cancel against neighbouring ones (attention's K^T).
-    _add(
+    FAMILY.rewrite(
         "transpose-matmul",
         L.transpose(L.matmul(x, w), _swap_last(max(_rx, _rw))),
         L.matmul(L.transpose(w, _swap_last(_rw)), L.transpose(x, _swap_last(_rx))),
@@ -57,7 +53,7 @@ for _rx, _rw in ((2, 2), (3, 3), (4, 4), (3, 2), (4, 2)):
         variant=f"{_rx}-{_rw}",
     )
 # Gemm(a, b)^T => Gemm(b, a) with the transpose flags swapped and flipped: the Transpose is free.
-_add(
+FAMILY.rewrite(
     "gemm-transpose-out",
     L.transpose(L.gemm(x, y, L.Tensor.none(), alpha, beta, ta, tb), Vec(i64(1), i64(0))),
     L.gemm(y, x, L.Tensor.none(), alpha, beta, i64(1) - tb, i64(1) - ta),
@@ -74,14 +70,14 @@ _matrices = (
 )
 # (x @ y) @ z <=> x @ (y @ z) for matrices (TASO): the cheaper order depends on the shapes, so
 # both are offered to the extractor. Reassociates.
-_add(
+FAMILY.rewrite(
     "matmul-assoc",
     L.matmul(L.matmul(x, y), z),
     L.matmul(x, L.matmul(y, z)),
     *_matrices,
     variant="to-right",
 )
-_add(
+FAMILY.rewrite(
     "matmul-assoc",
     L.matmul(x, L.matmul(y, z)),
     L.matmul(L.matmul(x, y), z),
@@ -98,7 +94,7 @@ for _variant, _v_shape, _w_scaled in (
 ):
     # (x * v) @ W => x @ (v[:, None] * W) for a constant per-input-feature scale v (LayerNorm's
     # gamma before a projection): the Mul folds into the weight. Reassociates.
-    _add(
+    FAMILY.rewrite(
         "matmul-input-scale-fold",
         L.matmul(L.mul(x, v), w),
         L.matmul(x, _w_scaled),
@@ -116,7 +112,7 @@ for _variant, _v_shape, _w_scaled in (
     ("scalar", Vec[i64].empty(), L.mul(w, v)),
 ):
     # (x @ W) * v => x @ (W * v) for a constant per-output-feature scale v. Reassociates.
-    _add(
+    FAMILY.rewrite(
         "matmul-output-scale-fold",
         L.mul(L.matmul(x, w), v),
         L.matmul(x, _w_scaled),
@@ -131,7 +127,7 @@ for _variant, _v_shape, _w_scaled in (
 for _variant, _v_shape in (("vector", Vec(sw[0])), ("row", Vec(i64(1), sw[0]))):
     # (x + v) @ W => x @ W + v @ W for a constant shift v (LayerNorm's beta before a projection):
     # v @ W folds, and the sum becomes a Gemm bias. Reassociates.
-    _add(
+    FAMILY.rewrite(
         "matmul-input-shift-fold",
         L.matmul(L.add(x, v), w),
         L.add(L.matmul(x, w), L.matmul(L.reshape(v, _ints(sw[0]), i64(0)), w)),
@@ -156,7 +152,7 @@ for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
     )
     # Gemm(x, W, c) * v => Gemm(x, W * v, c * v) for a constant per-output-feature scale v (ONNX
     # keeps alpha/beta in float32, so the scale goes into the tensors, not into alpha). Reassociates.
-    _add(
+    FAMILY.rewrite(
         "gemm-mul-fold",
         L.mul(L.gemm(x, w, c, alpha, beta, ta, i64(_tb)), v),
         L.gemm(
@@ -174,7 +170,7 @@ for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
         L.shape(c) == sz,
         variant=f"transb{_tb}",
     )
-    _add(
+    FAMILY.rewrite(
         "gemm-mul-fold",
         L.mul(L.gemm(x, w, L.Tensor.none(), alpha, beta, ta, i64(_tb)), v),
         L.gemm(x, L.mul(w, L.reshape(v, _col, i64(0))), L.Tensor.none(), alpha, beta, ta, i64(_tb)),
@@ -188,7 +184,7 @@ for _tb, _col in ((0, _ints(so[1])), (1, _ints(so[1], 1))):
 # layer exported as Gemm after LayerNorm's gamma. Reassociates.
 for _tb, _k, _col in ((0, sw[0], _ints(sw[0], 1)), (1, sw[1], _ints(sw[1]))):
     for _variant, _v_shape in (("vector", Vec(_k)), ("row", Vec(i64(1), _k))):
-        _add(
+        FAMILY.rewrite(
             "gemm-input-scale-fold",
             L.gemm(L.mul(x, v), w, c, alpha, beta, i64(0), i64(_tb)),
             L.gemm(x, L.mul(w, L.reshape(v, _col, i64(0))), c, alpha, beta, i64(0), i64(_tb)),
@@ -208,7 +204,7 @@ for _tb, _k, _w_kn in ((0, sw[0], w), (1, sw[1], L.transpose(w, Vec(i64(1), i64(
         ("bias", c, L.add(c, _shift), (L.is_const(c), L.shape(c) == sz, sz.length() <= i64(1))),
         ("nobias", L.Tensor.none(), _shift, ()),
     ):
-        _add(
+        FAMILY.rewrite(
             "gemm-input-shift-fold",
             L.gemm(L.add(x, v), w, _c, f64(1.0), f64(1.0), i64(0), i64(_tb)),
             L.gemm(x, w, _c_new, f64(1.0), f64(1.0), i64(0), i64(_tb)),
@@ -231,7 +227,7 @@ for _n in (1, 2):
     ):
         # conv(x * v, W) => conv(x, W * v[None, :, None, None]) for a constant per-input-channel
         # scale v (group 1; zero padding stays zero). Reassociates.
-        _add(
+        FAMILY.rewrite(
             "conv-input-scale-fold",
             L.conv(L.mul(x, v), w, b, strides, pads, dil, i64(1)),
             L.conv(x, L.mul(w, L.reshape(v, _per_in, i64(0))), b, strides, pads, dil, i64(1)),
@@ -245,7 +241,7 @@ for _n in (1, 2):
             ne(L.mul(x, v)).to(x),
             variant=f"{_variant}-{_n}",
         )
-_add(
+FAMILY.rewrite(
     "conv-input-scale-fold",
     L.conv(L.mul(x, v), w, b, strides, pads, dil, group),
     L.conv(x, L.mul(w, v), b, strides, pads, dil, group),
@@ -272,7 +268,7 @@ _conv_shift = (
     L.shape(L.add(x, v)) == sx,
     ne(L.add(x, v)).to(x),
 )
-_add(
+FAMILY.rewrite(
     "conv-input-shift-fold",
     L.conv(L.add(x, v), w, b, strides, _unpadded, dil, i64(1)),
     L.conv(x, w, L.add(b, _shift_sum), strides, _unpadded, dil, i64(1)),
@@ -281,7 +277,7 @@ _add(
     L.shape(b) == Vec(sw[0]),
     variant="bias",
 )
-_add(
+FAMILY.rewrite(
     "conv-input-shift-fold",
     L.conv(L.add(x, v), w, L.Tensor.none(), strides, _unpadded, dil, i64(1)),
     L.conv(x, w, _shift_sum, strides, _unpadded, dil, i64(1)),
@@ -296,16 +292,16 @@ _add(
 (wname,) = vars_("wname", String)
 (cval,) = vars_("cval", f64)
 _leaf = L.Tensor.weight(wname)
-_add("neg-into-weights", L.matmul(L.neg(x), _leaf), L.matmul(x, L.neg(_leaf)), variant="matmul")
-_add(
+FAMILY.rewrite("neg-into-weights", L.matmul(L.neg(x), _leaf), L.matmul(x, L.neg(_leaf)), variant="matmul")
+FAMILY.rewrite(
     "neg-into-weights",
     L.conv(L.neg(x), _leaf, b, strides, pads, dil, group),
     L.conv(x, L.neg(_leaf), b, strides, pads, dil, group),
     variant="conv",
 )
-_add("neg-into-weights", L.mul(L.neg(x), _leaf), L.mul(x, L.neg(_leaf)), L.varies(x), variant="mul")
+FAMILY.rewrite("neg-into-weights", L.mul(L.neg(x), _leaf), L.mul(x, L.neg(_leaf)), L.varies(x), variant="mul")
 _splat = L.Tensor.splat(cval, sv, dt)
-_add("neg-into-weights", L.mul(L.neg(x), _splat), L.mul(x, L.neg(_splat)), L.varies(x), variant="mul-splat")
+FAMILY.rewrite("neg-into-weights", L.mul(L.neg(x), _splat), L.mul(x, L.neg(_splat)), L.varies(x), variant="mul-splat")
 
 # ---------------------------------------------------------------- BatchNormalization as an affine map
 for _r in (2,):
@@ -315,7 +311,7 @@ for _r in (2,):
     # [N, C] input (BatchNorm1d next to a Linear): the Mul and Add then fold into the MatMul/Gemm.
     # Not for conv feature maps: after a Conv, conv-batchnorm-fold does it in one step, and before
     # one (BN-ReLU-Conv) nothing folds, so the extra terms would only grow the e-graph. Reassociates.
-    _add(
+    FAMILY.rewrite(
         "batchnorm-to-affine",
         L.batch_norm(x, scale, bias, mean, var, eps),
         L.add(
@@ -332,5 +328,5 @@ for _r in (2,):
         variant=str(_r),
     )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)
 """This family's rule names, in declaration order."""

@@ -10,21 +10,17 @@ siblings' kernels differ in size, so they are never one e-class. These rules run
 
 from __future__ import annotations
 
-from egglog import Vec, f64, i64, ne, rule, union, vars_
+from egglog import Vec, f64, i64, ne, union, vars_
 
 from ..egraph import lang as L
-from .registry import RULES
+from .registry import Family
 
-FAMILY = "multi"
+FAMILY = Family("multi")
+FAMILIES = (FAMILY,)
 
 t1, t2, x, w1, w2, b1, b2 = vars_("t1 t2 x w1 w2 b1 b2", L.Tensor)
 s1, s2, sx, strides, pads, dil = vars_("s1 s2 sx strides pads dil", Vec[i64])
 i1, i2, group = vars_("i1 i2 group", i64)
-
-
-def _add(name: str, variant: str, *facts, actions) -> None:  # type: ignore[no-untyped-def]
-    egg_name = f"{name}/{variant}"
-    RULES.add(FAMILY, name, rule(*facts, name=egg_name).then(*actions), egg_name)
 
 
 def _ordered(a: L.Tensor, b: L.Tensor) -> tuple:
@@ -42,9 +38,8 @@ def _parts(merged: L.Tensor, axis: i64, n1: i64, n2: i64) -> tuple[L.Tensor, L.T
 # Parallel MatMuls x@W1, x@W2 (attention Q/K/V) => x@[W1|W2] split on the last axis.
 _merged = L.matmul(x, L.concat(L.tlist([w1, w2]), i64(1)))
 _p1, _p2 = _parts(_merged, sx.length() - 1, s1[1], s2[1])
-_add(
+FAMILY.rule(
     "merge-parallel-matmul",
-    "2d-weights",
     t1 == L.matmul(x, w1),
     t2 == L.matmul(x, w2),
     *_ordered(w1, w2),
@@ -57,7 +52,8 @@ _add(
     s1[0] == s2[0],
     L.shape(x) == sx,
     sx.length() >= i64(2),
-    actions=[union(t1).with_(_p1), union(t2).with_(_p2)],
+    then=[union(t1).with_(_p1), union(t2).with_(_p2)],
+    variant="2d-weights",
 )
 
 # Parallel Gemms x*W1 + b1, x*W2 + b2 with equal alpha/beta/transA (fully connected heads) => one
@@ -71,9 +67,8 @@ for _tb, _waxis, _n1, _n2 in ((0, 1, s1[1], s2[1]), (1, 0, s1[0], s2[0])):
         _c = L.concat(L.tlist([b1, b2]), i64(0)) if _with_bias else L.Tensor.none()
         _merged_gemm = L.gemm(x, L.concat(L.tlist([w1, w2]), i64(_waxis)), _c, a1, a2, ta, i64(_tb))
         _g1, _g2 = _parts(_merged_gemm, i64(1), _n1, _n2)
-        _add(
+        FAMILY.rule(
             "merge-parallel-gemm",
-            f"transb{_tb}-{'bias' if _with_bias else 'nobias'}",
             t1 == L.gemm(x, w1, _c1, a1, a2, ta, i64(_tb)),
             t2 == L.gemm(x, w2, _c2, a1, a2, ta, i64(_tb)),
             *_ordered(w1, w2),
@@ -85,7 +80,8 @@ for _tb, _waxis, _n1, _n2 in ((0, 1, s1[1], s2[1]), (1, 0, s1[0], s2[0])):
             s2.length() == i64(2),
             s1[1 - _waxis] == s2[1 - _waxis],
             *((L.is_const(b1), L.is_const(b2), L.shape(b1) == Vec(_n1), L.shape(b2) == Vec(_n2)) if _with_bias else ()),
-            actions=[union(t1).with_(_g1), union(t2).with_(_g2)],
+            then=[union(t1).with_(_g1), union(t2).with_(_g2)],
+            variant=f"transb{_tb}-{'bias' if _with_bias else 'nobias'}",
         )
 
 # Parallel Convs with equal stride/padding/dilation and kernel size (Inception branches) => one
@@ -98,9 +94,8 @@ for _with_bias in (True, False):
     merged = L.conv(x, L.concat(L.tlist([w1, w2]), i64(0)), bias, strides, pads, dil, i64(1))
     p1, p2 = _parts(merged, i64(1), s1[0], s2[0])
     bias_guards = (L.is_const(b1), L.is_const(b2), L.shape(b1) == Vec(s1[0]), L.shape(b2) == Vec(s2[0])) if _with_bias else ()
-    _add(
+    FAMILY.rule(
         "merge-parallel-conv",
-        "bias" if _with_bias else "nobias",
         t1 == c1,
         t2 == c2,
         *_ordered(w1, w2),
@@ -108,7 +103,8 @@ for _with_bias in (True, False):
         L.is_const(w2),
         *_same_kernel,
         *bias_guards,
-        actions=[union(t1).with_(p1), union(t2).with_(p2)],
+        then=[union(t1).with_(p1), union(t2).with_(p2)],
+        variant="bias" if _with_bias else "nobias",
     )
 
 # A 1x1 Conv next to a 3x3 sibling (padding one more on each side, unit dilation) is the 3x3 Conv
@@ -125,9 +121,8 @@ for _with_bias in (True, False):
     bias = L.concat(L.tlist([b1, b2]), i64(0)) if _with_bias else L.Tensor.none()
     merged = L.conv(x, L.concat(L.tlist([w1_3x3, w2]), i64(0)), bias, strides, _pads3, _one, i64(1))
     p1, p2 = _parts(merged, i64(1), s1[0], s2[0])
-    _add(
+    FAMILY.rule(
         "merge-enlarge-1x1-into-3x3",
-        "bias" if _with_bias else "nobias",
         t1 == c1,
         t2 == c2,
         L.is_const(w1),
@@ -137,7 +132,8 @@ for _with_bias in (True, False):
         s1 == Vec(s1[0], s2[1], i64(1), i64(1)),
         s2 == Vec(s2[0], s2[1], i64(3), i64(3)),
         *((L.is_const(b1), L.is_const(b2), L.shape(b1) == Vec(s1[0]), L.shape(b2) == Vec(s2[0])) if _with_bias else ()),
-        actions=[union(t1).with_(p1), union(t2).with_(p2)],
+        then=[union(t1).with_(p1), union(t2).with_(p2)],
+        variant="bias" if _with_bias else "nobias",
     )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)

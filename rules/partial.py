@@ -35,6 +35,7 @@ from egglog import EggSmolError, union
 from ..egraph import lang as L
 from ..egraph.graph_types import ENode, Ref, SerializedEGraph
 from ..egraph.shapes import shape_rules
+from .registry import Family
 from .rule_instances import TermLit, TermNode, term_list, to_egglog
 
 FAMILY = "partial"
@@ -266,15 +267,20 @@ EXACT_FAMILY = "layout"
 """Where exact site rules are listed and enabled (by default), next to the exact pool-separable rule."""
 
 
-def register(rule: PartialRule) -> None:
-    """Add a site rule to the rule table, verified by PET's method: a partial rule to the opt-in family
-    ``partial``, an exact one to the default-on ``EXACT_FAMILY``."""
-    from .registry import RULES
+def site_families() -> tuple[Family, Family]:
+    """A module's own families for its site rules (``register``): the opt-in ``partial`` one and
+    ``EXACT_FAMILY``."""
+    return Family(FAMILY, default_off=True), Family(EXACT_FAMILY)
+
+
+def register(families: tuple[Family, Family], rule: PartialRule) -> None:
+    """Add a site rule to ``families`` (from ``site_families``), verified by PET's method: a partial
+    rule to the opt-in family ``partial``, an exact one to the default-on ``EXACT_FAMILY``."""
     from .verify_partial import verify_partial_rule
 
     PARTIAL_RULES[rule.name] = rule
-    RULES.add_custom(EXACT_FAMILY if rule.exact else FAMILY, rule.name, verify_partial_rule, rule.pattern)
-    RULES.default_off.add(FAMILY)  # a verification pass at the model's shapes: opt-in (--enable-rules partial)
+    partial, exact = families
+    (exact if rule.exact else partial).custom_rule(rule.name, verify_partial_rule, rule.pattern)
 
 
 # ---------------------------------------------------------------- the pass

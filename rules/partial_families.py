@@ -29,9 +29,12 @@ from .partial import (
     recompute_slab,
     register,
     reshape,
+    site_families,
     slice_axis,
     transpose,
 )
+
+FAMILIES = site_families()
 
 TILES = 2
 """Spatial-to-batch cuts the height into this many tiles."""
@@ -180,6 +183,7 @@ def _spatial_finder(rule: str, ops: frozenset[str]):  # type: ignore[no-untyped-
 
 
 register(
+    FAMILIES,
     PartialRule(
         "conv-spatial-to-batch",
         "Conv with a small batch and a tall input: height tiles stacked on the batch (one Conv over"
@@ -205,6 +209,7 @@ def _pool_sample(op: str, n: int, c: int, h: int, w: int, k: int, s: int, pads: 
 
 
 register(
+    FAMILIES,
     PartialRule(
         "pool-spatial-to-batch",
         "AveragePool/MaxPool with overlapping windows: height tiles stacked on the batch, rows"
@@ -328,6 +333,7 @@ def _width_pairs() -> list[OpCall]:
 
 
 register(
+    FAMILIES,
     PartialRule(
         "conv-concat-width",
         "Independent Convs sharing weight, bias and attributes: one Conv over their inputs"
@@ -366,6 +372,7 @@ def dilated_site(rule: str, call: OpCall) -> Site | None:
 
 
 register(
+    FAMILIES,
     PartialRule(
         "dilated-conv-to-batch",
         "Dilated Conv as a plain Conv over the d*d input phases stacked on the batch (space-to-batch);"
@@ -408,6 +415,7 @@ def _matmul_sample(a: tuple[int, ...], n: int, tag: str) -> OpCall:
 
 
 register(
+    FAMILIES,
     PartialRule(
         "matmul-batch-to-gemm",
         "Batched MatMul with a 2-D weight: batch dims folded into the rows of one larger GEMM"

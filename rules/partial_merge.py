@@ -30,11 +30,14 @@ from .partial import (
     overwrite,
     register,
     reshape,
+    site_families,
     slice_axis,
     transpose,
 )
 from .partial_families import rebind_leaves, shared_leaves
 from .rule_instances import TermLit, TermNode
+
+FAMILIES = site_families()
 
 RULE = "conv-pointwise-merge"
 
@@ -176,6 +179,7 @@ def pair_sample(
 
 
 register(
+    FAMILIES,
     PartialRule(
         RULE,
         "A 1x1 Conv (with bias) feeding a zero-padded k x k Conv: one k x k Conv over the product weights"

@@ -33,10 +33,13 @@ from .partial import (
     leaf,
     register,
     reshape,
+    site_families,
     transpose,
 )
 from .partial_families import exact_site
 from .rule_instances import TermLit, TermNode
+
+FAMILIES = site_families()
 
 RULE = "conv-transpose-subpixel"
 
@@ -184,6 +187,7 @@ def conv_transpose_sample(
 
 
 register(
+    FAMILIES,
     PartialRule(
         RULE,
         "ConvTranspose with stride >= 2 as one Conv over s*s phase kernels (gathered from the weight,"

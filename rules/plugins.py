@@ -4,8 +4,11 @@ A plugin is a Python module exposing a ``RulePlugin`` (as ``PLUGIN``, or any obj
 point names): named rewrite rules over onnxsat's tensor language, their metadata, and optional
 new op rows. Plugins come from the entry-point group ``onnxsat.rules`` (loaded once, lazily)
 and from ``--rules path/to/file.py``. Every plugin rule is verified with the same verifier as
-the in-tree rules before it joins the rule table; an unsound one is rejected with its
-counterexample and the run goes on without it (``strict`` makes that an error). Verdicts are
+the in-tree rules before it may join a run's rule table; an unsound one is rejected with its
+counterexample and the run goes on without it (``strict`` makes that an error). A plugin is
+loaded and verified once per process, but what it adds is scoped to the runs that ask for it:
+its rules join a copy of the in-tree table (``run_table``) and its op rows are in the op table
+only while such a run lasts (``plugin_ops``). Verdicts are
 cached on disk, keyed by a hash of the rule's text, so a plugin is verified once, not per run.
 docs/plugins.md is the user guide; everything here not in ``__all__`` is internal.
 """
@@ -15,11 +18,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import sys
-import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import Any, Literal
 from egglog import RewriteOrRule, Ruleset, String, Vec, eq, f64, i64, rule, set_, var
 from egglog.declarations import BiRewriteDecl, EqDecl, RewriteDecl, RuleDecl, UnboundVarDecl, UnionDecl
 
+from onnxsat.base import disk_cache
 from onnxsat.base.errors import OnnxsatError
 from onnxsat.base.options import Options
 
@@ -35,7 +38,8 @@ from ..egraph import lang as L
 from ..egraph.graph_types import CHOICE_OPS
 from ..egraph.ops import BY_CTOR, OPS, OpSpec, ctor_name
 from ..egraph.shapes import shape_rules
-from .registry import RULES, RuleTable, rewrite_rule
+from .listing import ENTRY_POINT_GROUP
+from .registry import Family, RuleTable, rewrite_rule
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -46,11 +50,13 @@ __all__ = [
     "ensure_plugins",
     "load_plugins",
     "load_plugin",
+    "plugin_messages",
+    "plugin_ops",
     "rule_source",
+    "run_table",
     "unload_plugin",
 ]
 
-ENTRY_POINT_GROUP = "onnxsat.rules"
 IN_TREE = "in-tree"
 CACHE_FILE = "plugin-verification.json"
 VERIFY_SETTINGS = {"seeds": 3, "min_instances": 5, "max_candidates": 300, "seed": 0}
@@ -210,6 +216,11 @@ def _op_rules(spec: OpSpec, shape: ShapeRule | tuple[RewriteOrRule, ...]) -> lis
     return out
 
 
+_ANALYSED: set[int] = set()
+"""Op rows whose analysis rules were added to ``shape_rules`` (once per process: they match only
+terms of the op, which nothing builds while the row is out of the op table)."""
+
+
 def _install_op(spec: OpSpec, shape: ShapeRule | tuple[RewriteOrRule, ...]) -> bool:
     """Add the row to the op table and its rules to the analysis; False if it was already there."""
     known = OPS.get(spec.op_type)
@@ -217,8 +228,10 @@ def _install_op(spec: OpSpec, shape: ShapeRule | tuple[RewriteOrRule, ...]) -> b
         if known is spec:
             return False
         raise ValueError(f"op {spec.op_type} is already modelled ({ctor_name(known.ctor)})")
-    for built in _op_rules(spec, shape):
-        shape_rules.append(built)
+    if id(spec) not in _ANALYSED:
+        for built in _op_rules(spec, shape):
+            shape_rules.append(built)
+        _ANALYSED.add(id(spec))
     OPS[spec.op_type] = spec
     BY_CTOR[spec.name] = spec
     CHOICE_OPS.add(spec.name)
@@ -231,6 +244,22 @@ def _uninstall_op(spec: OpSpec) -> None:
         del OPS[spec.op_type]
         BY_CTOR.pop(spec.name, None)
         CHOICE_OPS.discard(spec.name)
+
+
+@contextmanager
+def plugin_ops(loads: Sequence[PluginLoad]) -> Iterator[None]:
+    """The op rows of ``loads`` in the op table for one run (import, rewrite, export, verify), and
+    out of it again afterwards, so a later run without these plugins imports those ops as unknown."""
+    installed: list[OpSpec] = []
+    try:
+        for load in loads:
+            for spec, shape in load.plugin.ops if load.plugin else []:
+                if spec.op_type in load.ops and _install_op(spec, shape):
+                    installed.append(spec)
+        yield
+    finally:
+        for spec in installed:
+            _uninstall_op(spec)
 
 
 # ---------------------------------------------------------------- loading
@@ -246,7 +275,9 @@ class PluginLoad:
     """Rule name -> reason (the verifier's detail and rendered counterexample)."""
     error: str | None = None
     ops: list[str] = field(default_factory=list)
-    """op types this plugin added to the op table."""
+    """op types this plugin adds to the op table (in runs that use it, see ``plugin_ops``)."""
+    families: list[Family] = field(default_factory=list)
+    """The accepted rules, by family (what ``run_table`` adds to a run's table)."""
 
     def messages(self) -> list[str]:
         """One line per problem, naming the plugin and the rule (for warnings and reports)."""
@@ -257,16 +288,25 @@ class PluginLoad:
 
 
 _LOADED: dict[str, PluginLoad] = {}
-"""Source -> load result; a source is loaded once per process."""
-_SOURCES: dict[str, str] = {}
-"""Rule name -> where it came from, for plugin rules (in-tree rules are absent)."""
+"""Source -> load result; a source is loaded (and its rules verified) once per process."""
 _ENTRY_POINT_LOADS: list[PluginLoad] | None = None
 """The installed plugins' loads, once looked up."""
 
 
-def rule_source(name: str) -> str:
-    """``in-tree``, or ``plugin NAME (SOURCE)`` for a plugin rule."""
-    return _SOURCES.get(name, IN_TREE)
+def rule_source(name: str, table: RuleTable | None = None) -> str:
+    """``in-tree``, or ``plugin NAME (SOURCE)`` for a plugin rule of ``table`` (a run's table)."""
+    return (table or RuleTable.default()).source_of(name)
+
+
+def run_table(loads: Sequence[PluginLoad]) -> RuleTable:
+    """The rule table of a run using ``loads``: the in-tree table, or a copy of it extended by the
+    plugins' accepted rules (the in-tree table itself never changes, so other runs do not see them)."""
+    added = [(fam, _label(load)) for load in loads for fam in load.families]
+    return RuleTable.default().with_rules(added) if added else RuleTable.default()
+
+
+def _label(load: PluginLoad) -> str:
+    return f"plugin {load.plugin.name if load.plugin else '?'} ({load.source})"
 
 
 def _plugin_of(obj: Any, source: str) -> RulePlugin:
@@ -320,7 +360,10 @@ def load_plugin(
         _admit(load, load.plugin, verify=verify, cache_dir=cache_dir)
     except Exception as exc:  # a broken plugin must not stop the run
         load.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+        load.families.clear()
         _undo_ops(load)
+    else:
+        _undo_ops(load, keep_names=True)  # in the op table only while verifying; runs use plugin_ops
     _LOADED[source] = load
     for text in load.messages():
         warnings.warn(text, PluginWarning, stacklevel=2)
@@ -334,31 +377,39 @@ def _raise_if_strict(loads: list[PluginLoad], strict: bool) -> None:
         raise PluginError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
 
 
-def _undo_ops(load: PluginLoad) -> None:
+def _undo_ops(load: PluginLoad, *, keep_names: bool = False) -> None:
     for spec, _ in load.plugin.ops if load.plugin else []:
         if spec.op_type in load.ops:
             _uninstall_op(spec)
-    load.ops.clear()
+    if not keep_names:
+        load.ops.clear()
 
 
 def _admit(load: PluginLoad, plugin: RulePlugin, *, verify: bool, cache_dir: str | Path | None) -> None:
-    clashes = [n for n in plugin.table.names() if n in RULES.egg_rules or n in RULES.families]
+    """Verify the plugin's rules; the sound ones go to ``load.families`` (not to any shared table)."""
+    in_tree = RuleTable.default()
+    taken = {n for other in _LOADED.values() for fam in other.families for n in fam.names}
+    clashes = [
+        n for n in plugin.table.names() if n in in_tree.egg_rules or n in in_tree.families or n in taken
+    ]
     for name in clashes:
         load.rejected[name] = "a rule or family of that name already exists"
     candidates = [n for n in plugin.table.names() if n not in clashes]
     verdicts = _verify(plugin.table, candidates, cache_dir) if verify else {}
+    families: dict[str, Family] = {}
     for name in candidates:
         verdict = verdicts.get(name)
         if verdict is not None and not verdict["ok"]:
             load.rejected[name] = _reason(verdict)
             continue
-        family = plugin.table.family_of(name) or plugin.family
+        family_name = plugin.table.family_of(name) or plugin.family
+        family = families.setdefault(family_name, Family(family_name))
         for egg_name, built in plugin.table.egg_rules[name]:
-            RULES.add(family, name, built, egg_name)
+            family.add(name, built, egg_name)
         if name in plugin.table.tolerances:
-            RULES.tolerances[name] = plugin.table.tolerances[name]
-        _SOURCES[name] = f"plugin {plugin.name} ({load.source})"
+            family.tolerances[name] = plugin.table.tolerances[name]
         load.accepted.append(name)
+    load.families = list(families.values())
 
 
 def _reason(verdict: dict[str, Any]) -> str:
@@ -415,28 +466,30 @@ def _verify(table: RuleTable, names: list[str], cache_dir: str | Path | None) ->
 
 
 def _read_cache(cache_dir: str | Path | None) -> dict[str, Any]:
-    if cache_dir is None:
-        return {}
-    try:
-        data = json.loads((Path(cache_dir) / CACHE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """Verdicts from the cache file (checksummed JSON in a private directory; never unpickled)."""
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    raw = disk_cache.read(directory / CACHE_FILE) if directory is not None else None
+    if raw is None:
         return {}  # missing or damaged: verify again
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return {}
     return data if isinstance(data, dict) else {}
 
 
 def _write_cache(cache_dir: str | Path | None, cache: dict[str, Any]) -> None:
     """Atomic write; a cache that cannot be written only costs a re-verification next time."""
-    if cache_dir is None:
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    if directory is None:
         return
-    directory = Path(cache_dir)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{CACHE_FILE}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(cache, f, sort_keys=True, default=str)
-        os.replace(tmp, directory / CACHE_FILE)
-    except (OSError, ValueError, TypeError) as exc:
+        payload = json.dumps(cache, sort_keys=True, default=str).encode("utf-8")
+    except (ValueError, TypeError) as exc:
         warnings.warn(f"plugin verification cache not written: {exc}", stacklevel=3)
+        return
+    if not disk_cache.write(directory / CACHE_FILE, payload):
+        warnings.warn(f"plugin verification cache not written to {directory}", stacklevel=3)
 
 
 # ---------------------------------------------------------------- entry points and files
@@ -454,9 +507,11 @@ def ensure_plugins(
     """Load the installed plugins (looked up once per process) and ``files`` (each once).
 
     Returns the loads of the installed plugins and of ``files``; with ``strict``, any plugin that
-    failed to load or any rejected rule among them raises ``PluginError``.
+    failed to load or any rejected rule among them raises ``PluginError``. ``cache_dir`` also keeps
+    the built in-tree rules between processes (``table_cache``).
     """
     global _ENTRY_POINT_LOADS
+    RuleTable.default(cache_dir)  # the in-tree rules first (read from ``cache_dir`` when it has them)
     loads: list[PluginLoad] = []
     if entry_points:
         if _ENTRY_POINT_LOADS is None:
@@ -467,6 +522,8 @@ def ensure_plugins(
         loads.extend(_ENTRY_POINT_LOADS)
     for file in files:
         path = Path(file)
+        if not path.is_file():  # named by the user: an error even when other problems are warnings
+            raise PluginError(f"--rules {file}: no such file")
 
         def get(path: Path = path) -> Any:
             module = _module_from_file(path)
@@ -480,13 +537,7 @@ def ensure_plugins(
 
 
 def unload_plugin(load: PluginLoad) -> None:
-    """Take a plugin's rules and op rows out again (tests; a later load of the source reloads it)."""
-    for name in load.accepted:
-        RULES.remove(name)
-        RULES.tolerances.pop(name, None)
-        _SOURCES.pop(name, None)
-    for family in [f for f, names in RULES.families.items() if not names]:
-        del RULES.families[family]
+    """Forget a load (tests; a later load of the source imports and verifies it again)."""
     _undo_ops(load)
     _LOADED.pop(load.source, None)
 
@@ -499,12 +550,28 @@ def _reset_entry_points() -> None:
     _ENTRY_POINT_LOADS = None
 
 
-def load_plugins(options: Options) -> list[str]:
-    """Load the plugins ``options`` asks for; one line per plugin or rule left out (for the report)."""
+def plugin_summary(loads: Sequence[PluginLoad]) -> list[str]:
+    """One line per plugin of ``loads`` (code that ran in this process), for the report."""
+    lines = []
+    for load in loads:
+        name = load.plugin.name if load.plugin is not None else "?"
+        state = f"not loaded: {load.error}" if load.error else f"{len(load.accepted)} rule(s)"
+        lines.append(f"{name} ({load.source}): {state}")
+    return lines
+
+
+def load_plugins(options: Options) -> tuple[RuleTable, list[PluginLoad]]:
+    """Load the plugins ``options`` asks for: the run's rule table and the loads (their op rows go
+    in with ``plugin_ops``, their problems in the report with ``plugin_messages``)."""
     loads = ensure_plugins(
         options.rule_files,
         entry_points=options.entry_point_plugins,
         strict=options.strict_plugins,
         cache_dir=options.plugin_cache_dir,
     )
+    return run_table(loads), loads
+
+
+def plugin_messages(loads: Sequence[PluginLoad]) -> list[str]:
+    """One line per plugin or rule left out (for the report)."""
     return [text for load in loads for text in load.messages()]

@@ -19,8 +19,10 @@ from egglog import Vec, i64, ne, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
-from .layout import FAMILY
-from .registry import RULES, rewrite_rule
+from .registry import Family
+
+FAMILY = Family("layout")
+FAMILIES = (FAMILY,)
 
 MIN_SEPARABLE_WINDOW = 5
 """Measured on this CPU (onnxruntime, ORT_ENABLE_ALL, benchmarks/results/partial_candidates.md):
@@ -75,10 +77,8 @@ loss at any onnxruntime level, where separable passes lose at ORT_ENABLE_BASIC a
 
 # A large MaxPool window as a column max then a row max (k + k instead of k * k reads per output).
 for _why, _fact in _NOT_CASCADED.items():
-    rewrite_rule(
-        RULES,
-        FAMILY,
-        "pool-separable",
+    FAMILY.rewrite(
+    "pool-separable",
         L.max_pool(x, kernel, strides, pads, dil, _FLOOR),
         L.max_pool(L.max_pool(x, *_COLUMN, _NO_DILATION, _FLOOR), *_ROW, _NO_DILATION, _FLOOR),
         *_GUARDS,
@@ -87,9 +87,7 @@ for _why, _fact in _NOT_CASCADED.items():
         variant=f"max-{_why}",
     )
 # ... and a large AveragePool window as a column mean then a row mean (either divisor convention).
-rewrite_rule(
-    RULES,
-    FAMILY,
+FAMILY.rewrite(
     "pool-separable",
     L.average_pool(x, kernel, strides, pads, _FLOOR, cip),
     L.average_pool(L.average_pool(x, *_COLUMN, _FLOOR, cip), *_ROW, _FLOOR, cip),
@@ -118,9 +116,7 @@ _REST = kernel[0] - i64(CASCADE_STEP - 1)
 _REST_PAD = pads[0] - i64(_STEP_PAD)
 
 # A 'same' k x k MaxPool (k >= 9 odd) as the k - 4 window's pool of the 5 x 5 window's pool.
-rewrite_rule(
-    RULES,
-    FAMILY,
+FAMILY.rewrite(
     "pool-cascade",
     L.max_pool(x, kernel, strides, pads, dil, _FLOOR),
     L.max_pool(

@@ -15,9 +15,10 @@ from egglog.egraph import FactLike
 from ..egraph import lang as L
 from ..egraph.shapes import norm_axis
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
 
-FAMILY = "reduce"
+FAMILY = Family("reduce")
+FAMILIES = (FAMILY,)
 
 x, c, axes = vars_("x c axes", L.Tensor)
 sx, va, vb = vars_("sx va vb", Vec[i64])
@@ -27,10 +28,6 @@ FLOAT, DOUBLE = 1, 11
 _WIDE_FLOATS = Vec(i64(FLOAT), i64(DOUBLE))
 
 REDUCTIONS: dict[str, Callable[..., L.Tensor]] = {"mean": L.reduce_mean, "sum": L.reduce_sum, "max": L.reduce_max}
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 def _ints(v: Vec[i64]) -> L.Tensor:
@@ -43,10 +40,10 @@ def _axis_ok(v: Vec[i64], k: int) -> list[FactLike]:
 
 for _rname, _reduce in REDUCTIONS.items():
     # Mean, sum or max over axes of size 1 (kept) is the input itself.
-    _add("reduce-unit-axes-elim", _reduce(x, axes, i64(1), noop), x, L.shape(t) == sx, L.shape(x) == sx, variant=f"{_rname}-keep")
+    FAMILY.rewrite("reduce-unit-axes-elim", _reduce(x, axes, i64(1), noop), x, L.shape(t) == sx, L.shape(x) == sx, variant=f"{_rname}-keep")
     # ... and, with keepdims=0, a Squeeze of those axes.
     for _k in (1, 2):
-        _add(
+        FAMILY.rewrite(
             "reduce-unit-axes-elim",
             _reduce(x, _ints(va), i64(0), noop),
             L.squeeze(x, _ints(va)),
@@ -62,7 +59,7 @@ for _rname, _reduce in REDUCTIONS.items():
 # (Reassociates the sum; the mean of equal-size group means is the mean.) Likewise sums and maxes.
 for _rname, _name in (("mean", "reduce-mean-mean"), ("sum", "reduce-sum-sum"), ("max", "reduce-max-max")):
     _reduce = REDUCTIONS[_rname]
-    _add(
+    FAMILY.rewrite(
         _name,
         _reduce(_reduce(x, _ints(va), i64(1), noop), _ints(vb), i64(1), noop2),
         _reduce(x, _ints(va.append(vb)), i64(1), i64(0)),
@@ -83,7 +80,7 @@ for _rname in ("mean", "sum"):
         ("mul-left", lambda v: L.mul(c, v), lambda r: L.mul(c, r)),
         ("div", lambda v: L.div(v, c), lambda r: L.div(r, c)),
     ):
-        _add(
+        FAMILY.rewrite(
             "reduce-scalar-hoist",
             _reduce(_inner(x), axes, keep, noop),
             _outer(_reduce(x, axes, keep, noop)),
@@ -95,7 +92,7 @@ for _rname in ("mean", "sum"):
 
 # ReduceMean over all spatial axes with keepdims is GlobalAveragePool (one specialised kernel).
 for _r in (3, 4, 5):
-    _add(
+    FAMILY.rewrite(
         "reduce-mean-to-global-pool",
         L.reduce_mean(x, _ints(va), i64(1), noop),
         L.global_average_pool(x),
@@ -107,4 +104,4 @@ for _r in (3, 4, 5):
         variant=str(_r),
     )
 
-RULE_NAMES = list(RULES.families[FAMILY])
+RULE_NAMES = list(FAMILY.names)

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from egglog import EggSmolError, Schedule, back_off, run
 
 from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
-from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport
+from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport, StopReason
 
 from ..egraph.program import Program
 from ..egraph.shapes import shape_rules
-from .registry import RULES
+from .registry import RuleTable
 
 _ALGEBRA, _LAYOUT, _PARTIAL, _MULTI, _FUSION = PHASE_NAMES  # the names are Options'; a new one needs a place here
 ALGEBRA_FAMILIES = ("core", "algebraic", "linear", "interchange", "reduce")
@@ -55,8 +55,9 @@ class Phase:
 
 def default_schedule(budgets: Budgets, families: Iterable[str] | None = None) -> list[Phase]:
     """analysis -> (algebra, layout) x 2 -> partial (PET) -> one phase per plugin family -> multi -> fusion,
-    each with its own limits from ``budgets.phases`` (``--phase-budget``)."""
-    known = list(RULES.families) if families is None else list(families)
+    each with its own limits from ``budgets.phases`` (``--phase-budget``). ``families``: those of the
+    run's rule table (default: the in-tree ones)."""
+    known = list(RuleTable.default().families) if families is None else list(families)
     plugins = [Phase(f"plugin:{f}", (f,)) for f in known if f not in _IN_TREE]
     rounds = [Phase(_ALGEBRA, ALGEBRA_FAMILIES), Phase(_LAYOUT, LAYOUT_FAMILIES)] * 2
     phases = [
@@ -78,17 +79,19 @@ def _with_own_limits(phase: Phase, own: PhaseBudget) -> Phase:
     )
 
 
-def check_phase_budgets(budgets: Budgets) -> None:
+def check_phase_budgets(budgets: Budgets, table: RuleTable | None = None) -> None:
     """Raise ValueError when a per-phase budget names no phase of the default schedule."""
-    names = [*PHASE_NAMES, *(p.name for p in default_schedule(budgets) if p.name.startswith("plugin:"))]
+    plugins = default_schedule(budgets, (table or RuleTable.default()).families)
+    names = [*PHASE_NAMES, *(p.name for p in plugins if p.name.startswith("plugin:"))]
     for name, _ in budgets.phases:
         if name not in names:
             raise ValueError(f"--phase-budget names unknown phase {name!r} (phases: {', '.join(names)})")
 
 
-def phase_rules(phase: Phase, enabled: list[str]) -> list[str]:
+def phase_rules(phase: Phase, enabled: list[str], table: RuleTable | None = None) -> list[str]:
     """The enabled rules a phase runs (``--rules-only``/``--disable-rules`` already applied)."""
-    return [n for n in enabled if RULES.family_of(n) in phase.families]
+    family_of = (table or RuleTable.default()).family_of
+    return [n for n in enabled if family_of(n) in phase.families]
 
 
 class UnsoundRuleError(RuntimeError):
@@ -105,31 +108,41 @@ class UnsoundRuleError(RuntimeError):
         self.iteration = iteration
 
 
-def _rule_name(key: object) -> str:
+def _rule_name(key: object, table: RuleTable) -> str:
     """onnxsat name of a run-report key (egglog gives rule declarations or their names)."""
-    return RULES.name_of(str(getattr(key, "name", None) or key))
+    return table.name_of(str(getattr(key, "name", None) or key))
 
 
 def select_rules(
-    rules_only: tuple[str, ...] = (), disable: tuple[str, ...] = (), enable: tuple[str, ...] = ()
+    rules_only: tuple[str, ...] = (),
+    disable: tuple[str, ...] = (),
+    enable: tuple[str, ...] = (),
+    table: RuleTable | None = None,
 ) -> list[str]:
-    """Rule names enabled by ``--rules-only`` / ``--disable-rules`` / ``--enable-rules`` (names or
-    family names). Default-off families (``RuleTable.default_off``) run only when named."""
-    known = RULES.names()
-    expand = expand_rule_names
-    enabled = expand(rules_only) if rules_only else set(known) - expand(RULES.default_off)
+    """Rule names of ``table`` (the run's; default: the in-tree one) enabled by ``--rules-only`` /
+    ``--disable-rules`` / ``--enable-rules`` (names or family names). Default-off families
+    (``RuleTable.default_off``) run only when named."""
+    rules = table or RuleTable.default()
+    known = rules.names()
+
+    def expand(items: Iterable[str]) -> set[str]:
+        return expand_rule_names(items, rules)
+
+    enabled = expand(rules_only) if rules_only else set(known) - expand(rules.default_off)
     enabled |= expand(enable)
     enabled -= expand(disable)
     return [n for n in known if n in enabled]
 
 
-def expand_rule_names(items: Iterable[str]) -> set[str]:
-    """Rule and family names -> the rule names they stand for; ValueError on an unknown name."""
-    known = set(RULES.names())
+def expand_rule_names(items: Iterable[str], table: RuleTable | None = None) -> set[str]:
+    """Rule and family names of ``table`` (default: the in-tree one) -> the rule names they stand
+    for; ValueError on an unknown name."""
+    rules = table or RuleTable.default()
+    known = set(rules.names())
     out: set[str] = set()
     for item in items:
-        if item in RULES.families:
-            out.update(RULES.families[item])
+        if item in rules.families:
+            out.update(rules.families[item])
         elif item in known:
             out.add(item)
         else:
@@ -137,10 +150,10 @@ def expand_rule_names(items: Iterable[str]) -> set[str]:
     return out
 
 
-def rewrite_step(enabled: list[str], budgets: Budgets) -> Schedule:
+def rewrite_step(enabled: list[str], budgets: Budgets, table: RuleTable | None = None) -> Schedule:
     """One iteration of the enabled rules under the back-off scheduler."""
     scheduler = back_off(match_limit=budgets.match_limit, ban_length=budgets.ban_length)
-    return run(RULES.ruleset_for(enabled), scheduler=scheduler)
+    return run((table or RuleTable.default()).ruleset_for(enabled), scheduler=scheduler)
 
 
 def saturate(
@@ -151,24 +164,30 @@ def saturate(
     *,
     stop_before: int | None = None,
     schedule: list[Phase] | None = None,
+    table: RuleTable | None = None,
 ) -> SaturationReport:
     """Run the schedule's phases within budgets; returns per-iteration and per-phase records.
 
     A phase stops at its first budget reached or when an iteration changes nothing (saturated);
     the global e-node and time budgets stop the whole schedule. ``stop_before`` stops before that
-    (global) iteration index, which is how a failing iteration is replayed.
+    (global) iteration index, which is how a failing iteration is replayed. ``table``: the run's
+    rule table (default: the in-tree one).
     """
+    table = table or RuleTable.default()
     report = SaturationReport(enodes_before=program.node_count())
-    phases = [(p, phase_rules(p, enabled)) for p in (schedule if schedule is not None else default_schedule(budgets))]
+    schedule = schedule if schedule is not None else default_schedule(budgets, table.families)
+    phases = [(p, phase_rules(p, enabled, table)) for p in schedule]
     phases = [(p, names) for p, names in phases if names]
     for _, names in phases:  # compile each phase's rules first: a fixed cost, not exploration time
-        program.egraph.run(rewrite_step(names, budgets) * 0)
+        program.egraph.run(rewrite_step(names, budgets, table) * 0)
     start = time.perf_counter()
     report.phases.append(_analysis(program, len(report.iterations)))
-    global_stop = ""
+    global_stop: StopReason | None = None
     for position, (phase, names) in enumerate(phases):
         share = (start + budgets.seconds - time.perf_counter()) / (len(phases) - position)
-        record = _run_phase(program, phase, names, budgets, report, start, share, enabled, on_iteration, stop_before)
+        record = _run_phase(
+            program, phase, names, budgets, report, start, share, enabled, on_iteration, stop_before, table
+        )
         report.phases.append(record)
         if _global_budget_hit(record, program, budgets, start):
             global_stop = record.stop_reason
@@ -183,7 +202,7 @@ def _analysis(program: Program, index: int) -> PhaseRecord:
     """The analyses to saturation (import ran them; rerun so the record says it)."""
     t0 = time.perf_counter()
     program.egraph.run(shape_rules.saturate())
-    return PhaseRecord("analysis", 0, "saturated", program.node_count(), time.perf_counter() - t0, first_iteration=index)
+    return PhaseRecord("analysis", 0, StopReason.SATURATED, program.node_count(), time.perf_counter() - t0, first_iteration=index)
 
 
 def _run_phase(
@@ -197,6 +216,7 @@ def _run_phase(
     enabled: list[str],
     on_iteration: Callable[[IterationRecord], None] | None,
     stop_before: int | None,
+    table: RuleTable,
 ) -> PhaseRecord:
     """One phase; without its own time budget it gets ``share`` (an equal part of what is left of
     the global one, so a slow early phase cannot starve the later ones)."""
@@ -204,29 +224,29 @@ def _run_phase(
     enodes = min(budgets.enodes, phase.enodes if phase.enodes is not None else budgets.enodes)
     t0 = time.perf_counter()
     deadline = min(start + budgets.seconds, t0 + (share if phase.seconds is None else phase.seconds))
-    step = rewrite_step(names, budgets)
+    step = rewrite_step(names, budgets, table)
     first = len(report.iterations)
-    stop = "iterations"
+    stop = StopReason.ITERATIONS
     for _ in range(limit):
         index = len(report.iterations)
         if stop_before is not None and index >= stop_before:
-            stop = "replayed"
+            stop = StopReason.REPLAYED
             break
-        record, updated = _iterate(program, step, phase.name, index, enabled)
+        record, updated = _iterate(program, step, phase.name, index, enabled, table)
         report.iterations.append(record)
         if on_iteration is not None:
             on_iteration(record)
         if not updated:
-            stop = "saturated"
+            stop = StopReason.SATURATED
             break
         if record.enodes >= enodes:
-            stop = "enodes"
+            stop = StopReason.ENODES
             break
         if time.perf_counter() >= deadline:
-            stop = "seconds"
+            stop = StopReason.SECONDS
             break
     if limit <= 0:
-        stop = "no iterations"
+        stop = StopReason.NO_ITERATIONS
     return PhaseRecord(
         phase.name,
         len(report.iterations) - first,
@@ -241,42 +261,49 @@ def _run_phase(
 
 def _global_budget_hit(record: PhaseRecord, program: Program, budgets: Budgets, start: float) -> bool:
     """Whether a phase was stopped by a global budget (which ends the schedule) or by its own."""
-    if record.stop_reason == "replayed":
+    if record.stop_reason == StopReason.REPLAYED:
         return True
-    if record.stop_reason == "enodes":
+    if record.stop_reason == StopReason.ENODES:
         return program.node_count() >= budgets.enodes
-    if record.stop_reason == "seconds":
+    if record.stop_reason == StopReason.SECONDS:
         return time.perf_counter() - start >= budgets.seconds
     return False
 
 
-def _overall(phases: list[PhaseRecord]) -> str:
+def _overall(phases: list[PhaseRecord]) -> StopReason:
     """One word for the whole run: saturated when every phase was, else the first phase budget hit."""
     if not phases:
-        return "no rules enabled"
+        return StopReason.NO_RULES
     reasons = [p.stop_reason for p in phases]
-    return next((r for r in reasons if r != "saturated"), "saturated")
+    return next((r for r in reasons if r != StopReason.SATURATED), StopReason.SATURATED)
 
 
-def schedule_rulesets(enabled: list[str], budgets: Budgets) -> list[list[str]]:
+def schedule_rulesets(enabled: list[str], budgets: Budgets, table: RuleTable | None = None) -> list[list[str]]:
     """The rule sets the default schedule runs, one per distinct phase (to pre-register them)."""
+    table = table or RuleTable.default()
     seen: list[list[str]] = []
-    for phase in default_schedule(budgets):
-        names = phase_rules(phase, enabled)
+    for phase in default_schedule(budgets, table.families):
+        names = phase_rules(phase, enabled, table)
         if names and names not in seen:
             seen.append(names)
     return seen
 
 
-def declarations(enabled: list[str], budgets: Budgets) -> tuple[tuple[str, ...], list[Schedule]]:
+def declarations(
+    enabled: list[str], budgets: Budgets, table: RuleTable | None = None
+) -> tuple[tuple[str, ...], list[Schedule]]:
     """What a run of the default schedule declares into its e-graph, and a key naming it: the
     analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``)."""
-    phases = schedule_rulesets(enabled, budgets)
-    key = ("shapes", *("\n".join(names) for names in phases))
-    return key, [shape_rules.saturate(), *(rewrite_step(names, budgets) for names in phases)]
+    table = table or RuleTable.default()
+    phases = schedule_rulesets(enabled, budgets, table)
+    rulesets = [table.ruleset_for(names) for names in phases]
+    key = ("shapes", *(str(r.__egg_ident__.name) for r in rulesets))
+    return key, [shape_rules.saturate(), *(rewrite_step(names, budgets, table) for names in phases)]
 
 
-def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: list[str]) -> tuple[IterationRecord, bool]:
+def _iterate(
+    program: Program, step: Schedule, phase: str, index: int, enabled: list[str], table: RuleTable
+) -> tuple[IterationRecord, bool]:
     """One rewrite iteration, then the analyses to fixpoint; conflicting shapes raise."""
     t0 = time.perf_counter()
     try:
@@ -287,10 +314,10 @@ def _iterate(program: Program, step: Schedule, phase: str, index: int, enabled: 
     matches: dict[str, int] = {}
     seconds: dict[str, float] = {}
     for key, n in run_report.num_matches_per_rule.items():
-        name = _rule_name(key)
+        name = _rule_name(key, table)
         matches[name] = matches.get(name, 0) + int(n)
     for key, dt in run_report.search_and_apply_time_per_rule.items():
-        name = _rule_name(key)
+        name = _rule_name(key, table)
         seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
     record = IterationRecord(
         phase=phase,

@@ -14,9 +14,11 @@ from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from ..egraph.shapes import clamp, norm_axis
-from .layout import SHAPE_FAMILY
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
+
+SHAPE_FAMILY = Family("shape-arith")
+FAMILIES = (SHAPE_FAMILY,)
 
 x, z, target = vars_("x z target", L.Tensor)
 (tail,) = vars_("tail", L.TList)
@@ -27,10 +29,6 @@ ia, ib, az, dt = vars_("ia ib az dt", i64)
 INT64_MAX = 2**63 - 1
 _SCALAR = i64(0)
 _VECTOR = i64(1)
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, SHAPE_FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 def _ints(v: Vec[i64], rank: i64 = _VECTOR) -> L.Tensor:
@@ -46,7 +44,7 @@ _in_z = (vg[0] < sz.length(), vg[0] >= i64(0) - sz.length())
 
 # ---------------------------------------------------------------- reading known dims
 # Gather of a known dim out of a Shape whose other dims may be symbolic is that dim.
-_add(
+SHAPE_FAMILY.rewrite(
     "gather-shape-known-dim",
     L.gather(_FULL_SHAPE, _ints(vg, _SCALAR), i64(0)),
     _ints(Vec(sz[norm_axis(vg[0], sz.length())]), _SCALAR),
@@ -54,7 +52,7 @@ _add(
     *_in_z,
     sz[norm_axis(vg[0], sz.length())] >= i64(0),
 )
-_add(
+SHAPE_FAMILY.rewrite(
     "gather-shape-known-dim",
     L.gather(_FULL_SHAPE, _ints(vg), i64(0)),
     _ints(Vec(sz[norm_axis(vg[0], sz.length())])),
@@ -69,7 +67,7 @@ _add(
 for _n in range(1, 6):
     _start = clamp(norm_axis(ia, sx.length()), 0, sx.length())
     _end = clamp(norm_axis(ib.min(i64(2**62)), sx.length()), 0, sx.length())
-    _add(
+    SHAPE_FAMILY.rewrite(
         "shape-range-of-known",
         L.shape_of(x, ia, ib),
         _ints(Vec(*[sx[_start + i] for i in range(_n)])),
@@ -85,7 +83,7 @@ for _n in range(1, 5):
     _start = clamp(norm_axis(vb[0], _len), 0, _len)
     _end = clamp(norm_axis(vc[0].min(i64(2**62)), _len), 0, _len)
     for _axes_name, _axes in (("implicit", L.Tensor.none()), ("axis0", _ints(Vec(i64(0))))):
-        _add(
+        SHAPE_FAMILY.rewrite(
             "slice-const-ints",
             L.slice_(_ints(va), _ints(vb), _ints(vc), _axes, L.Tensor.none()),
             _ints(Vec(*[va[_start + i] for i in range(_n)])),
@@ -96,10 +94,10 @@ for _n in range(1, 5):
         )
 
 # Squeeze / Reshape of a one-element int vector to a scalar and back.
-_add("squeeze-const-ints", L.squeeze(_ints(va), L.Tensor.none()), _ints(va, _SCALAR), va.length() == i64(1))
-_add("squeeze-const-ints", L.squeeze(_ints(va), _ints(Vec(i64(0)))), _ints(va, _SCALAR), va.length() == i64(1), variant="axis0")
+SHAPE_FAMILY.rewrite("squeeze-const-ints", L.squeeze(_ints(va), L.Tensor.none()), _ints(va, _SCALAR), va.length() == i64(1))
+SHAPE_FAMILY.rewrite("squeeze-const-ints", L.squeeze(_ints(va), _ints(Vec(i64(0)))), _ints(va, _SCALAR), va.length() == i64(1), variant="axis0")
 for _rank in (0, 1):
-    _add(
+    SHAPE_FAMILY.rewrite(
         "reshape-const-ints",
         L.reshape(L.Tensor.ints(va, ia), target, az),
         L.Tensor.ints(va, i64(_rank)),
@@ -109,7 +107,7 @@ for _rank in (0, 1):
     )
 
 # ConstantOfShape of a constant shape is a splat that rules can read (x * ones => x).
-_add(
+SHAPE_FAMILY.rewrite(
     "constant-of-shape-const",
     L.constant_of_shape(_ints(va), fv, dt),
     L.Tensor.splat(fv, va, dt),
@@ -120,7 +118,7 @@ _add(
 for _r in range(1, 7):
     # A Reshape whose output shape is known takes it as a literal target; whatever computed the
     # old target (a Shape -> Gather -> Concat chain) becomes dead. Dims >= 1: a 0 would copy.
-    _add(
+    SHAPE_FAMILY.rewrite(
         "reshape-known-target",
         L.reshape(x, target, az),
         L.reshape(x, _ints(sa), i64(0)),
@@ -129,7 +127,7 @@ for _r in range(1, 7):
         variant=str(_r),
     )
     # Likewise an Expand to a known shape (the broadcast of x's shape and the target is the output).
-    _add("expand-known-target", L.expand(x, target), L.expand(x, _ints(sa)), L.shape(t) == sa, *_known(sa, _r), variant=str(_r))
+    SHAPE_FAMILY.rewrite("expand-known-target", L.expand(x, target), L.expand(x, _ints(sa)), L.shape(t) == sa, *_known(sa, _r), variant=str(_r))
 
 
 # ---------------------------------------------------------------- symbolic dims copied by Reshape
@@ -152,7 +150,7 @@ def _same_dim(src_shape: Vec[i64], index: Vec[i64], dim: i64) -> list[FactLike]:
 # the Shape chain of x.view(x.size(0), -1) disappears even with a symbolic batch dim. Entries
 # keep their positions, so other 0s still copy the same dims; concat-const-ints then folds the
 # literal parts (x.view(B, S, heads, -1) takes two steps, the second after a literal prefix).
-_add(
+SHAPE_FAMILY.rewrite(
     "reshape-target-copied-dims",
     L.reshape(x, L.concat(L.TList.cons(_dim_of(z, vg), tail), i64(0)), i64(0)),
     L.reshape(x, L.concat(L.TList.cons(_ints(Vec(i64(0))), tail), i64(0)), i64(0)),
@@ -162,7 +160,7 @@ _add(
     *_same_dim(sz, vg, sx[0]),
     variant="first",
 )
-_add(
+SHAPE_FAMILY.rewrite(
     "reshape-target-copied-dims",
     L.reshape(x, L.concat(L.TList.cons(_ints(va), L.TList.cons(_dim_of(z, vg), tail)), i64(0)), i64(0)),
     L.reshape(x, L.concat(L.TList.cons(_ints(va.push(i64(0))), tail), i64(0)), i64(0)),

@@ -16,9 +16,11 @@ from egglog.egraph import FactLike
 from ..egraph import lang as L
 from ..egraph.shapes import is_zero, norm_axis
 from .layout import BINARY
-from .layout import FAMILY as LAYOUT_FAMILY
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
+
+LAYOUT_FAMILY = Family("layout")
+FAMILIES = (LAYOUT_FAMILY,)
 
 x, y, z, c, sizes, st, en, steps, value = vars_("x y z c sizes st en steps value", L.Tensor)
 p, sa, sx, va, vb, vc = vars_("p sa sx va vb vc", Vec[i64])
@@ -29,10 +31,6 @@ INVERSE_RANKS = (2, 3, 4, 5)
 """Ranks for which rules that need the inverse permutation are generated (egglog has no loops)."""
 CONST_OPERAND_RANKS = (3, 4)
 """Ranks of transpose-sink-binary-const ([B,S,D] and NCHW/NHWC; each rank costs 8 egglog rules)."""
-
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, LAYOUT_FAMILY, name, lhs, rhs, *guards, variant=variant)
 
 
 def _axis(axis: i64) -> i64:
@@ -55,13 +53,13 @@ def _ints(items: list[i64]) -> L.Tensor:
 
 
 # Softmax over axis a of T(x) is T(softmax over p[a] of x).
-_add("transpose-sink-softmax", L.softmax(L.transpose(x, p), ia), L.transpose(L.softmax(x, _axis(ia)), p))
+LAYOUT_FAMILY.rewrite("transpose-sink-softmax", L.softmax(L.transpose(x, p), ia), L.transpose(L.softmax(x, _axis(ia)), p))
 
 # A keepdims reduction keeps the rank, so the transpose moves below it with remapped axes.
 _REDUCE: dict[str, Callable[..., L.Tensor]] = {"mean": L.reduce_mean, "sum": L.reduce_sum}
 for _rname, _reduce in _REDUCE.items():
     for _k in (1, 2):
-        _add(
+        LAYOUT_FAMILY.rewrite(
             "transpose-sink-reduce",
             _reduce(L.transpose(x, p), L.Tensor.ints(va, i64(1)), i64(1), noop),
             L.transpose(_reduce(x, _ints([_axis(va[i]) for i in range(_k)]), i64(1), noop), p),
@@ -71,13 +69,13 @@ for _rname, _reduce in _REDUCE.items():
         )
 
 # Concat of equally transposed tensors is the transpose of their Concat on the remapped axis.
-_add(
+LAYOUT_FAMILY.rewrite(
     "transpose-sink-concat",
     L.concat(L.tlist([L.transpose(x, p), L.transpose(y, p)]), ia),
     L.transpose(L.concat(L.tlist([x, y]), _axis(ia)), p),
     variant="2",
 )
-_add(
+LAYOUT_FAMILY.rewrite(
     "transpose-sink-concat",
     L.concat(L.tlist([L.transpose(x, p), L.transpose(y, p), L.transpose(z, p)]), ia),
     L.transpose(L.concat(L.tlist([x, y, z]), _axis(ia)), p),
@@ -85,7 +83,7 @@ _add(
 )
 
 # Each output of a Split of T(x) is T(the same output of a Split of x on the remapped axis).
-_add(
+LAYOUT_FAMILY.rewrite(
     "transpose-sink-split",
     L.split(L.transpose(x, p), sizes, ia, ib, ic),
     L.transpose(L.split(x, sizes, _axis(ia), ib, ic), p),
@@ -93,7 +91,7 @@ _add(
 
 # Slice of T(x) on axes A is T(Slice of x on axes p[A]) (explicit or implicit axes).
 for _k in (1, 2):
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "transpose-sink-slice",
         L.slice_(L.transpose(x, p), st, en, L.Tensor.ints(vc, i64(1)), steps),
         L.transpose(L.slice_(x, st, en, _ints([_axis(vc[i]) for i in range(_k)]), steps), p),
@@ -101,7 +99,7 @@ for _k in (1, 2):
         *_in_range(vc, _k),
         variant=f"axes{_k}",
     )
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "transpose-sink-slice",
         L.slice_(L.transpose(x, p), L.Tensor.ints(va, i64(1)), en, L.Tensor.none(), steps),
         L.transpose(L.slice_(x, L.Tensor.ints(va, i64(1)), en, _ints([p[i] for i in range(_k)]), steps), p),
@@ -119,14 +117,14 @@ for _r in INVERSE_RANKS:
         if _r not in CONST_OPERAND_RANKS or _gname == "pow":
             continue
         _const = (L.is_const(c), L.shape(c) == sa, sa.length() == i64(_r), *_rank)
-        _add(
+        LAYOUT_FAMILY.rewrite(
             "transpose-sink-binary-const",
             _g(L.transpose(x, p), c),
             L.transpose(_g(x, L.transpose(c, Vec(*_inv))), p),
             *_const,
             variant=f"{_gname}-right-{_r}",
         )
-        _add(
+        LAYOUT_FAMILY.rewrite(
             "transpose-sink-binary-const",
             _g(c, L.transpose(x, p)),
             L.transpose(_g(L.transpose(c, Vec(*_inv)), x), p),
@@ -135,7 +133,7 @@ for _r in INVERSE_RANKS:
         )
     # Pad of T(x) is T(Pad of x) with the pads permuted back (begins then ends).
     _pads = Vec(*[va[_inv[j]] for j in range(_r)], *[va[i64(_r) + _inv[j]] for j in range(_r)])
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "transpose-sink-pad",
         L.pad(L.transpose(x, p), L.Tensor.ints(va, i64(1)), value, L.Tensor.none(), mode),
         L.transpose(L.pad(x, L.Tensor.ints(_pads, i64(1)), value, L.Tensor.none(), mode), p),
@@ -156,7 +154,7 @@ for _r in range(2, 7):
     _inverted_pairs_have_a_unit_axis = [
         _gt(p[i], p[j]) * (sx[p[i]] - 1) * (sx[p[j]] - 1) == i64(0) for i in range(_r) for j in range(i + 1, _r)
     ]
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "transpose-to-reshape",
         L.transpose(x, p),
         L.reshape(x, L.Tensor.ints(sa, i64(1)), i64(0)),

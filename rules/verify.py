@@ -37,7 +37,7 @@ from ..extract.cost import NodeCtx
 from ..extract.greedy import topological, tree_choice
 from ..extract.pricing import IndexedEGraph, Pricer, const_classes
 from ..extract.serialized import serialize
-from .registry import RULES, RuleTable
+from .registry import RuleTable
 from .rule_instances import (
     LEAVES,
     OPSET,
@@ -226,7 +226,7 @@ class RuleVerifier:
         max_candidates: int = 300,
         seed: int = 0,
     ):
-        self.table = RULES if table is None else table
+        self.table = RuleTable.default() if table is None else table
         self.seeds, self.min_instances, self.max_candidates, self.seed = (
             seeds,
             min_instances,
@@ -405,7 +405,7 @@ def verify_rule(
     seed: int = 0,
     table: RuleTable | None = None,
 ) -> RuleVerification:
-    """Verify one rule of ``table`` (default: the process-wide ``RULES``) on generated instances."""
+    """Verify one rule of ``table`` (default: the in-tree table) on generated instances."""
     return verify_rules(
         [name],
         seeds=seeds,
@@ -430,7 +430,7 @@ def verify_rules(
     ``seeds`` input draws per instance; ``min_instances`` instances (and each egglog rule at least
     once) must fire within ``max_candidates`` generated candidates per rule.
     """
-    table = RULES if table is None else table
+    table = RuleTable.default() if table is None else table
     unknown = [n for n in names or [] if n not in table.egg_rules]
     if unknown:
         raise KeyError(f"unknown rule(s): {', '.join(unknown)}")

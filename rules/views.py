@@ -12,23 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from egglog import Vec, f64, i64, vars_
-from egglog.egraph import FactLike
 
 from ..egraph import lang as L
 from ..egraph.shapes import is_zero, norm_axis
 from .layout import BINARY, UNARY
-from .layout import FAMILY as LAYOUT_FAMILY
 from .registry import ROOT as t
-from .registry import RULES, rewrite_rule
+from .registry import Family
+
+LAYOUT_FAMILY = Family("layout")
+FAMILIES = (LAYOUT_FAMILY,)
 
 x, y, z, c, s, target, axes, st, en, steps = vars_("x y z c s target axes st en steps", L.Tensor)
 sa, sx, sy, se, sv, va, vb = vars_("sa sx sy se sv va vb", Vec[i64])
 ia, ib, ic, az, dt = vars_("ia ib ic az dt", i64)
 (fv,) = vars_("fv", f64)
-
-def _add(name: str, lhs: L.Tensor, rhs: L.Tensor, *guards: FactLike, variant: str = "") -> None:
-    rewrite_rule(RULES, LAYOUT_FAMILY, name, lhs, rhs, *guards, variant=variant)
-
 
 def _ints(v: Vec[i64]) -> L.Tensor:
     return L.Tensor.ints(v, i64(1))
@@ -37,12 +34,12 @@ def _ints(v: Vec[i64]) -> L.Tensor:
 # ---------------------------------------------------------------- Reshape through elementwise ops
 for _name, _f in UNARY.items():
     # f(reshape(x)) => reshape(f(x)): Reshapes move next to each other and merge (attention round trips).
-    _add("reshape-sink-unary", _f(L.reshape(x, target, az)), L.reshape(_f(x), target, az), variant=_name)
+    LAYOUT_FAMILY.rewrite("reshape-sink-unary", _f(L.reshape(x, target, az)), L.reshape(_f(x), target, az), variant=_name)
 for _name, _g in BINARY.items():
     if _name == "pow":
         continue  # rare between reshapes; each variant costs registration time in every e-graph
     # g(reshape(a, s), reshape(b, s)) => reshape(g(a, b), s) when a and b have one shape (no broadcasting).
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "reshape-sink-binary",
         _g(L.reshape(x, target, az), L.reshape(y, target, az)),
         L.reshape(_g(x, y), target, az),
@@ -55,7 +52,7 @@ for _name, _g in BINARY.items():
         ("right", _g(L.reshape(x, target, az), c), _g(x, c)),
         ("left", _g(c, L.reshape(x, target, az)), _g(c, x)),
     ):
-        _add(
+        LAYOUT_FAMILY.rewrite(
             "reshape-sink-binary",
             _lhs,
             L.reshape(_rhs, target, az),
@@ -88,7 +85,7 @@ def _padded(dims: Vec[i64]) -> Vec[i64]:
 for _name, _v in _inner_views().items():
     # A Reshape to a literal target without 0s (which would copy the view's dims) only needs the
     # view's input: one view op instead of two, on symbolic dims too.
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "reshape-absorbs-view",
         L.reshape(_v(x), _ints(vb), i64(0)),
         L.reshape(x, _ints(vb), i64(0)),
@@ -98,7 +95,7 @@ for _name, _v in _inner_views().items():
     # A 0 entry copies the view's dim at that position: fine when x has the same dim there.
     for _n in range(1, 5):
         _kept = [is_zero(vb[i]) * (i64(1) - is_zero(sv[i] - _padded(sx)[i])) == i64(0) for i in range(_n)]
-        _add(
+        LAYOUT_FAMILY.rewrite(
             "reshape-absorbs-view",
             L.reshape(_v(x), _ints(vb), i64(0)),
             L.reshape(x, _ints(vb), i64(0)),
@@ -110,12 +107,12 @@ for _name, _v in _inner_views().items():
             variant=f"{_name}-copies-{_n}",
         )
     # With allowzero=1 the target is always literal.
-    _add("reshape-absorbs-view", L.reshape(_v(x), target, i64(1)), L.reshape(x, target, i64(1)), variant=f"{_name}-allowzero")
+    LAYOUT_FAMILY.rewrite("reshape-absorbs-view", L.reshape(_v(x), target, i64(1)), L.reshape(x, target, i64(1)), variant=f"{_name}-allowzero")
 
 for _r in range(1, 7):
     # A Reshape whose every target entry keeps x's dim (0 copies it, the same known value, or the
     # one -1 that is then what is left) is a copy: x.view(B, S, -1) of a [B, S, D] tensor.
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "reshape-identity-target",
         L.reshape(x, _ints(vb), i64(0)),
         x,
@@ -128,9 +125,9 @@ for _r in range(1, 7):
 
 # ---------------------------------------------------------------- Squeeze / Unsqueeze
 # squeeze(unsqueeze(x, A), A) => x: both count A in the unsqueezed rank, so equal axes cancel.
-_add("squeeze-unsqueeze-cancel", L.squeeze(L.unsqueeze(x, axes), axes), x)
+LAYOUT_FAMILY.rewrite("squeeze-unsqueeze-cancel", L.squeeze(L.unsqueeze(x, axes), axes), x)
 # unsqueeze(squeeze(x, A), A) => x when the squeezed dims come back (the shapes say so).
-_add(
+LAYOUT_FAMILY.rewrite(
     "squeeze-unsqueeze-cancel",
     L.unsqueeze(L.squeeze(x, axes), axes),
     x,
@@ -149,7 +146,7 @@ def _before(u: i64, v: i64) -> i64:
 # x[:, None, None]). Axes non-negative (negative ones count from a different rank in each op).
 _a, _b = va[0], vb[0]
 _shifted = _a + _before(_b, _a)
-_add(
+LAYOUT_FAMILY.rewrite(
     "unsqueeze-unsqueeze",
     L.unsqueeze(L.unsqueeze(x, _ints(va)), _ints(vb)),
     L.unsqueeze(x, _ints(Vec(_b.min(_shifted), _b.max(_shifted)))),
@@ -162,7 +159,7 @@ _add(
 _na = norm_axis(va[0], sx.length())
 _nb = norm_axis(vb[0], sx.length() - 1)
 _orig_b = _nb + _before(_na, _nb)
-_add(
+LAYOUT_FAMILY.rewrite(
     "squeeze-squeeze",
     L.squeeze(L.squeeze(x, _ints(va)), _ints(vb)),
     L.squeeze(x, _ints(Vec(_na.min(_orig_b), _na.max(_orig_b)))),
@@ -177,9 +174,9 @@ _add(
 
 # ---------------------------------------------------------------- Slice
 # A Slice with positive steps that keeps the whole shape is a copy.
-_add("slice-noop", L.slice_(x, st, en, axes, L.Tensor.none()), x, L.shape(t) == sx, L.shape(x) == sx)
+LAYOUT_FAMILY.rewrite("slice-noop", L.slice_(x, st, en, axes, L.Tensor.none()), x, L.shape(t) == sx, L.shape(x) == sx)
 for _k in (1, 2, 3):
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "slice-noop",
         L.slice_(x, st, en, axes, _ints(vb)),
         x,
@@ -199,7 +196,7 @@ vs1, ve1, va1, vs2, ve2, va2 = vars_("vs1 ve1 va1 vs2 ve2 va2", Vec[i64])
 _one_axis_each = [v.length() == i64(1) for v in (vs1, ve1, va1, vs2, ve2, va2)]
 _inner = _slice1(x, vs1, ve1, va1)
 # Slices of one axis each on two different axes are one Slice (PyTorch's x[:, a:b][..., c:d]).
-_add(
+LAYOUT_FAMILY.rewrite(
     "slice-slice",
     _slice1(_inner, vs2, ve2, va2),
     L.slice_(x, _ints(vs1.append(vs2)), _ints(ve1.append(ve2)), _ints(va1.append(va2)), L.Tensor.none()),
@@ -211,7 +208,7 @@ _add(
 # Two slices of one axis with non-negative bounds compose: x[s1:e1][s2:e2] = x[s1+s2 : min(e1, s1+e2)].
 _dim = sx[norm_axis(va1[0], sx.length())]
 _s1, _e1, _s2, _e2 = vs1[0], ve1[0], vs2[0], ve2[0]
-_add(
+LAYOUT_FAMILY.rewrite(
     "slice-slice",
     _slice1(_inner, vs2, ve2, va1),
     _slice1(x, Vec(_s1 + _s2.min(_dim)), Vec(_e1.min(_dim).min(_s1 + _e2.min(_dim))), va1),
@@ -229,10 +226,10 @@ _add(
 
 # ---------------------------------------------------------------- Expand
 # An Expand that does not change the shape is a copy.
-_add("expand-noop", L.expand(x, s), x, L.shape(t) == sx, L.shape(x) == sx)
+LAYOUT_FAMILY.rewrite("expand-noop", L.expand(x, s), x, L.shape(t) == sx, L.shape(x) == sx)
 # expand(expand(x, a), b) => expand(x, final shape) once the final shape is known.
 for _r in range(1, 5):
-    _add(
+    LAYOUT_FAMILY.rewrite(
         "expand-expand",
         L.expand(L.expand(x, s), target),
         L.expand(x, _ints(sa)),
@@ -248,8 +245,8 @@ for _r in (3, 4):  # attention masks and [B,S,D] activations
     _guards = (L.shape(L.expand(x, s)) == se, L.shape(y) == sy, se.length() == i64(_r), sy.length() == i64(_r), *_covered)
     for _name in ("add", "sub", "mul", "div"):
         _g = BINARY[_name]
-        _add("expand-elim-broadcast", _g(L.expand(x, s), y), _g(x, y), *_guards, variant=f"{_name}-right-{_r}")
-        _add("expand-elim-broadcast", _g(y, L.expand(x, s)), _g(y, x), *_guards, variant=f"{_name}-left-{_r}")
+        LAYOUT_FAMILY.rewrite("expand-elim-broadcast", _g(L.expand(x, s), y), _g(x, y), *_guards, variant=f"{_name}-right-{_r}")
+        LAYOUT_FAMILY.rewrite("expand-elim-broadcast", _g(y, L.expand(x, s)), _g(y, x), *_guards, variant=f"{_name}-left-{_r}")
 
 # ---------------------------------------------------------------- constants through views
 _VIEW_OF: dict[str, Callable[[L.Tensor], L.Tensor]] = {
@@ -261,7 +258,7 @@ for _name, _view in _VIEW_OF.items():
     for _r in range(5):
         # A view of a uniform constant is a uniform constant of the view's (known) shape, which
         # rules reading splat values (x*1, x+0) can use.
-        _add(
+        LAYOUT_FAMILY.rewrite(
             "view-of-splat",
             _view(L.Tensor.splat(fv, sx, dt)),
             L.Tensor.splat(fv, sa, dt),
@@ -272,8 +269,8 @@ for _name, _view in _VIEW_OF.items():
         )
 
 # ---------------------------------------------------------------- single-input Concat, single-output Split
-_add("concat-single-elim", L.concat(L.tlist([x]), ia), x)
-_add("split-single-elim", L.split(x, s, ia, ib, i64(0)), x, L.shape(t) == sx, L.shape(x) == sx)
+LAYOUT_FAMILY.rewrite("concat-single-elim", L.concat(L.tlist([x]), ia), x)
+LAYOUT_FAMILY.rewrite("split-single-elim", L.split(x, s, ia, ib, i64(0)), x, L.shape(t) == sx, L.shape(x) == sx)
 
 RULE_NAMES = [
     "reshape-sink-unary",

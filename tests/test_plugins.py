@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import subprocess
+import sys
 import textwrap
 import tomllib
 import warnings
@@ -26,9 +29,8 @@ WRONG_PLUGIN = textwrap.dedent(
     """Three rules: one sound (egglog ruleset style), one numerically wrong, one missing a guard."""
     from egglog import Vec, i64, rewrite, ruleset, vars_
 
-    from onnxsat.egraph import lang as L
-    from onnxsat.rules.plugins import RulePlugin
-    from onnxsat.rules.registry import ROOT
+    from onnxsat.plugin import ROOT, RulePlugin
+    from onnxsat.plugin import lang as L
 
     PLUGIN = RulePlugin("wrong-examples", family="wrong-examples")
     (x,) = vars_("x", L.Tensor)
@@ -58,7 +60,7 @@ WRONG_PLUGIN = textwrap.dedent(
 
 @pytest.fixture
 def clean_plugins() -> Iterator[None]:
-    """Every plugin a test loads is unloaded afterwards (the rule and op tables are process-wide)."""
+    """Every plugin a test loads is unloaded afterwards (loads are cached per process)."""
     before = set(P._LOADED)
     P._reset_entry_points()
     yield
@@ -97,14 +99,20 @@ def test_entry_point_plugin_is_discovered_verified_and_fires(
     assert load.source == "entry point soft-activations" and load.error is None
     assert load.accepted == ["softplus-fusion", "softsign-fusion"] and not load.rejected
     assert load.ops == ["Softplus", "Softsign"]
-    assert P.rule_source("softplus-fusion") == "plugin soft-activations (entry point soft-activations)"
-    assert RULES.family_of("softsign-fusion") == "soft-activations"
+    table = P.run_table([load])
+    assert P.rule_source("softplus-fusion", table) == "plugin soft-activations (entry point soft-activations)"
+    assert table.family_of("softsign-fusion") == "soft-activations"
+    assert "softsign-fusion" not in RULES.egg_rules  # the in-tree table is not changed by a plugin
     ops = [n.op_type for n in optimized.graph.node]
     assert sorted(ops) == ["MatMul", "MatMul", "Softplus", "Softsign"]
     assert report.saturation.rule_matches()["softplus-fusion"] >= 1
     assert report.verification.status == "passed"  # onnxruntime agrees with the original
     assert not report.warnings
-    cached = json.loads((tmp_path / "cache" / P.CACHE_FILE).read_text())
+    from onnxsat.base import disk_cache
+
+    entry = disk_cache.read(tmp_path / "cache" / P.CACHE_FILE)  # checksummed JSON
+    assert entry is not None
+    cached = json.loads(entry)
     assert sorted(v["name"] for v in cached.values()) == ["softplus-fusion", "softsign-fusion"]
 
 
@@ -154,10 +162,57 @@ def test_a_broken_plugin_is_a_warning_naming_it(clean_plugins: None, tmp_path: P
     empty.write_text("X = 1\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loads = P.ensure_plugins([str(broken), str(empty), str(tmp_path / "missing.py")], entry_points=False)
+        loads = P.ensure_plugins([str(broken), str(empty)], entry_points=False)
     messages = [str(w.message) for w in caught if issubclass(w.category, P.PluginWarning)]
-    assert [load.error is not None for load in loads] == [True, True, True]
+    assert [load.error is not None for load in loads] == [True, True]
     assert f"plugin {broken.resolve()} not loaded: ModuleNotFoundError" in messages[0]
     assert "defines no PLUGIN" in messages[1]
-    assert "no such file" in messages[2]
+    # a file the user named that does not exist is an error, not a warning
+    with pytest.raises(P.PluginError, match="no such file"):
+        P.ensure_plugins([str(tmp_path / "missing.py")], entry_points=False)
     assert cli.main(["rules", "list", "--strict-plugins", "--rules", str(broken)]) == 2
+
+
+_FRESH_RUN = """
+import hashlib, json, sys
+import onnx
+import onnxsat
+options = onnxsat.Options(**json.loads(sys.argv[2]))
+optimized, report = onnxsat.optimize(onnx.load(sys.argv[1]), options)
+print(json.dumps([hashlib.sha256(optimized.SerializeToString(deterministic=True)).hexdigest(),
+                  sorted(report.saturation.rule_matches()), report.warnings]))
+"""
+
+
+def _result(optimized: onnx.ModelProto, report: onnxsat.Report) -> list:
+    digest = hashlib.sha256(optimized.SerializeToString(deterministic=True)).hexdigest()
+    return [digest, sorted(report.saturation.rule_matches()), report.warnings]
+
+
+def test_a_plugin_of_one_run_is_not_seen_by_the_next(clean_plugins: None, tmp_path: Path) -> None:
+    """Two optimize calls in one process give what two fresh processes give: the first call's
+    plugin (its rules and its op rows) is gone in the second."""
+    plugin_file = str(EXAMPLE_PLUGIN / "onnxsat_soft_activations" / "__init__.py")
+    with_plugin = {"rule_files": [plugin_file], "entry_point_plugins": False, "plugin_cache_dir": str(tmp_path)}
+    without = {"entry_point_plugins": False}
+    model = onnx.load(str(EXAMPLE_MODEL))
+    first, first_report = onnxsat.optimize(model, onnxsat.Options(**with_plugin))
+    second, second_report = onnxsat.optimize(model, onnxsat.Options(**without))
+    assert "Softplus" in [n.op_type for n in first.graph.node]
+    assert "Softplus" not in [n.op_type for n in second.graph.node]
+    # The plugin's op rows are out of the op table too: its ops are unknown to a run without it.
+    _, third_report = onnxsat.optimize(first, onnxsat.Options(**without))
+    assert third_report.unknown_ops.get("Softplus") == 1
+
+    def fresh(options: dict) -> list:
+        out = subprocess.run(
+            [sys.executable, "-c", _FRESH_RUN, str(EXAMPLE_MODEL), json.dumps(options)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
+        return json.loads(out.stdout.splitlines()[-1])
+
+    assert _result(first, first_report) == fresh(with_plugin)
+    assert _result(second, second_report) == fresh(without)

@@ -202,3 +202,160 @@ def test_original_runs_once_per_seed_on_one_session(monkeypatch: pytest.MonkeyPa
     assert report.verification.status == "passed"
     assert len(sessions) == 2, sessions  # the original once, the optimized once
     assert "reference" in report.stage_seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# caches and temp files
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_cache_entries_are_checksummed_and_private(tmp_path: Path) -> None:
+    from onnxsat.base import disk_cache
+
+    directory = disk_cache.private_dir(tmp_path / "cache")
+    assert directory is not None and (directory.stat().st_mode & 0o777) == 0o700
+    entry = directory / "k.o"
+    assert disk_cache.write(entry, b"object bytes") and disk_cache.read(entry) == b"object bytes"
+    entry.write_bytes(entry.read_bytes()[:-3])  # truncated, as by a full disk or a kill
+    assert disk_cache.read(entry) is None and not entry.exists()
+    from onnxsat.kernels import jit
+    from onnxsat.rules import plugins
+
+    for module in (disk_cache, jit, plugins):  # the caches hold bytes and JSON, never pickles
+        source = Path(module.__file__ or "").read_text()
+        assert "import pickle" not in source and "pickle.load" not in source
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    with pytest.warns(UserWarning, match="open to other users"):
+        assert disk_cache.private_dir(shared) is None
+    (tmp_path / "link").symlink_to(directory)
+    with pytest.warns(UserWarning, match="not a directory"):
+        assert disk_cache.private_dir(tmp_path / "link") is None
+
+
+def test_stale_temp_files_of_killed_runs_are_removed(tmp_path: Path) -> None:
+    from onnxsat.base import disk_cache
+
+    dead, alive = _dead_pid(), __import__("os").getpid()
+    stale = tmp_path / f".k.o.{dead}.abc123.tmp"
+    live = tmp_path / f".k.o.{alive}.def456.tmp"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    assert disk_cache.write(tmp_path / "k.o", b"data")
+    assert not stale.exists() and live.exists()
+    # the final write of a model: .OUT.PID.*.tmp of a killed run goes on the next write
+    out = tmp_path / "out.onnx"
+    leftover = tmp_path / f".out.onnx.{dead}.zz9.tmp"
+    leftover.write_bytes(b"half a model")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    modelio.save_model_atomic(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), out)
+    assert out.is_file() and not leftover.exists()
+
+
+def test_kernel_cache_rejects_a_damaged_object_and_rebuilds_it(tmp_path: Path) -> None:
+    from llvmlite import ir
+
+    from onnxsat.kernels.jit import CompiledModule
+
+    def module() -> ir.Module:
+        mod = ir.Module(name="m")
+        fn = ir.Function(mod, ir.FunctionType(ir.IntType(64), [ir.IntType(64)]), name="inc")
+        builder = ir.IRBuilder(fn.append_basic_block("entry"))
+        builder.ret(builder.add(fn.args[0], ir.Constant(ir.IntType(64), 1)))
+        return mod
+
+    first = CompiledModule(module(), tmp_path / "kernels")
+    (entry,) = (tmp_path / "kernels").glob("*.o")
+    entry.write_bytes(entry.read_bytes()[: len(entry.read_bytes()) // 2])  # truncated object file
+    rebuilt = CompiledModule(module(), tmp_path / "kernels")
+    assert not rebuilt.cache_hit and rebuilt.address("inc") != 0
+    again = CompiledModule(module(), tmp_path / "kernels")
+    assert again.cache_hit and first.key == again.key
+
+
+# ---------------------------------------------------------------------------------------------
+# what is printed
+
+
+def test_missing_rules_file_is_an_error_even_when_quiet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "m.onnx"
+    onnx.save(_reshape_by_input(), str(model))
+    assert (
+        cli.main(
+            ["optimize", str(model), "-o", str(tmp_path / "o.onnx"), "--rules", "/nonexistent.py", "--quiet"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "/nonexistent.py" in err[0] and not (tmp_path / "o.onnx").exists()
+    assert cli.main(["rules", "list", "--rules", "/nonexistent.py"]) == 2
+
+
+def _log_of_negative() -> onnx.ModelProto:
+    """y = x + Log(c) with c < 0: folding Log(c) makes numpy warn (invalid value)."""
+    graph = helper.make_graph(
+        [helper.make_node("Log", ["c"], ["l"]), helper.make_node("Add", ["x", "l"], ["y"])],
+        "warns",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        initializer=[onnx.numpy_helper.from_array(np.array([-1.0, 1.0, 2.0], np.float32), "c")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_quiet_prints_nothing_and_progress_is_plain_lines_off_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import warnings
+
+    model = tmp_path / "m.onnx"
+    onnx.save(_log_of_negative(), str(model))
+    out = tmp_path / "o.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")  # as a fresh process has them
+        assert cli.main(["optimize", str(model), "-o", str(out), "--quiet", *FAST[:4]]) == 0
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == "", captured.err
+        assert cli.main(["optimize", str(model), "-o", str(out), "--no-plugins", *FAST[:4]]) == 0
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err and "onnxsat import" in captured.err  # one line per stage
+    assert "RuntimeWarning" not in captured.err
+
+
+def test_report_lists_the_plugins_that_ran(tmp_path: Path) -> None:
+    from onnxsat.base.options import Budgets, Options
+    from onnxsat.pipeline import optimize
+
+    plugin = Path(__file__).resolve().parent.parent / "examples" / "plugin"
+    files = sorted(plugin.rglob("*.py"))
+    rule_file = next((f for f in files if "PLUGIN" in f.read_text()), None)
+    if rule_file is None:
+        pytest.skip("no example plugin file defines PLUGIN")
+    from onnxsat.rules import plugins
+
+    options = Options(budgets=Budgets(iterations=1), rule_files=(str(rule_file),), entry_point_plugins=False)
+    try:
+        _, report = optimize(_log_of_negative(), options)
+    finally:
+        for load in plugins.ensure_plugins([str(rule_file)], entry_points=False):
+            plugins.unload_plugin(load)
+    assert any(str(rule_file.resolve()) in line for line in report.plugins), report.plugins
+    _, bare = optimize(_log_of_negative(), Options(budgets=Budgets(iterations=1), entry_point_plugins=False))
+    assert bare.plugins == []

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from onnxsat.kernels.codegen import LL_TYPES, FunctionBuilder, storage_type
+from onnxsat.kernels.llvm_loops import for_range
 from onnxsat.lowering.kernel_ir import Assign, Binary, Decl, Kernel, Local, Loop, Var, is_float, unflatten
 
 from .transform import reduced_size, reduction_parts, substitute, warp_row_passes
@@ -101,22 +102,14 @@ class NvvmBuilder(FunctionBuilder):
     # ------------------------------------------------------------ control flow
     def stride_loop(self, var: str, start: ir.Value, stop: ir.Value, step: ir.Value, body: Callable[[], None]) -> None:
         """``for var = start; var < stop; var += step: body()`` (var is an i64 slot)."""
-        b = self.b
         slot = self.slot(var, I64)
-        b.store(start, slot)
-        header = self.fn.append_basic_block(f"{var}.header")
-        block = self.fn.append_basic_block(f"{var}.body")
-        exit_ = self.fn.append_basic_block(f"{var}.exit")
-        b.branch(header)
-        b.position_at_end(header)
-        b.cbranch(b.icmp_signed("<", b.load(slot, typ=I64), stop), block, exit_)
-        b.position_at_end(block)
-        self.scopes.append({})
-        body()
-        self.scopes.pop()
-        b.store(b.add(b.load(slot, typ=I64), step, flags=["nsw"]), slot)
-        b.branch(header)
-        b.position_at_end(exit_)
+
+        def scoped(_: ir.Value) -> None:
+            self.scopes.append({})
+            body()
+            self.scopes.pop()
+
+        for_range(self.b, slot, start, stop, step, scoped, blocks=(f"{var}.header", f"{var}.body", f"{var}.exit"))
 
     def when(self, cond: ir.Value, body: Callable[[], None], name: str) -> None:
         b = self.b

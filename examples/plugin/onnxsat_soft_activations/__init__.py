@@ -21,10 +21,8 @@ from __future__ import annotations
 
 from egglog import Vec, function, i64, vars_
 
-from onnxsat.egraph import lang as L
-from onnxsat.egraph.ops.registry import OpSpec, numel
-from onnxsat.rules.plugins import RulePlugin
-from onnxsat.rules.registry import ROOT
+from onnxsat.plugin import ROOT, OpSpec, RulePlugin, numel
+from onnxsat.plugin import lang as L
 
 __all__ = ["PLUGIN", "softplus", "softsign"]
 

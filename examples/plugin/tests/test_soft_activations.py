@@ -9,18 +9,21 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnxsat_soft_activations import PLUGIN
 
 import onnxsat
-from onnxsat.rules.plugins import PluginLoad, load_plugin, unload_plugin
+from onnxsat.plugin import PluginLoad, ensure_plugins, unload_plugin
 
-MODEL = Path(__file__).resolve().parent.parent / "onnxsat_soft_activations" / "soft_activations.onnx"
-OPTIONS = onnxsat.Options(rules_only=("soft-activations",), entry_point_plugins=False)
+PACKAGE = Path(__file__).resolve().parent.parent / "onnxsat_soft_activations"
+MODEL = PACKAGE / "soft_activations.onnx"
+OPTIONS = onnxsat.Options(
+    rules_only=("soft-activations",), rule_files=(str(PACKAGE / "__init__.py"),), entry_point_plugins=False
+)
+"""A run sees a plugin only when its options name it (here by file; installed, by entry point)."""
 
 
 @pytest.fixture(scope="module")
 def loaded() -> Iterator[PluginLoad]:
-    load = load_plugin("tests: soft-activations", lambda: PLUGIN)
+    (load,) = ensure_plugins(OPTIONS.rule_files, entry_points=False)
     yield load
     unload_plugin(load)
 

@@ -1,0 +1,262 @@
+"""The ONNX backend test suite through ``onnxsat.optimize``, in one process: every case ends as
+optimized-and-matching, a refusal with a reason, or a failure (internal error or wrong result).
+
+Cases: the node cases of ``onnx.backend.test.case.node.collect_testcases()`` (with their inputs and
+expected outputs) and the model folders shipped under ``onnx/backend/test/data`` (``model.onnx``
+plus ``test_data_set_*``). Each case is first run on onnxruntime as given: where onnxruntime cannot
+run the original or disagrees with the expected outputs, the case is outside the denominator
+("baseline"). Otherwise it is optimized with the case's inputs as verification samples
+(``Options.verify_samples``) and the optimized model is run again and compared with the expected
+outputs. Prints counts per folder and per refusal reason; ``--json`` writes every case.
+
+    nice -n 10 python benchmarks/backend_suite.py [--sample N --seed S] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+FOLDERS = ("light", "pytorch-converted", "pytorch-operator", "simple", "real")
+
+
+@dataclass
+class Case:
+    name: str
+    folder: str
+    model: onnx.ModelProto
+    data_sets: list[tuple[list[Any], list[Any]]]
+    rtol: float = 1e-3
+    atol: float = 1e-7
+
+
+@dataclass
+class Outcome:
+    name: str
+    folder: str
+    status: str
+    """optimized, refused, internal-error, wrong, checker, baseline."""
+    reason: str = ""
+    seconds: float = 0.0
+    nodes: tuple[int, int] = (0, 0)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def node_cases() -> Iterator[Case]:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cases = collect_testcases()
+    for c in cases:
+        yield Case(c.name, "node", c.model, [(list(i), list(o)) for i, o in c.data_sets], c.rtol, c.atol)
+
+
+def _read_pb(path: Path) -> Any:
+    tensor = onnx.TensorProto()
+    tensor.ParseFromString(path.read_bytes())
+    return numpy_helper.to_array(tensor)
+
+
+def folder_cases(folders: tuple[str, ...] = FOLDERS) -> Iterator[Case]:
+    for folder in folders:
+        for model_dir in sorted((DATA / folder).iterdir()) if (DATA / folder).is_dir() else []:
+            model_path = model_dir / "model.onnx"
+            if not model_path.is_file():
+                continue
+            data_sets = []
+            for ds in sorted(model_dir.glob("test_data_set_*")):
+                inputs = [_read_pb(p) for p in sorted(ds.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
+                outputs = [_read_pb(p) for p in sorted(ds.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
+                data_sets.append((inputs, outputs))
+            yield Case(model_dir.name, folder, onnx.load(str(model_path)), data_sets)
+
+
+def all_cases() -> list[Case]:
+    return [*node_cases(), *folder_cases()]
+
+
+def _true_inputs(model: onnx.ModelProto) -> list[str]:
+    inits = {t.name for t in model.graph.initializer} | {s.values.name for s in model.graph.sparse_initializer}
+    return [vi.name for vi in model.graph.input if vi.name not in inits]
+
+
+def _feeds(model: onnx.ModelProto, inputs: list[Any]) -> dict[str, Any]:
+    names = _true_inputs(model)
+    return dict(zip(names, inputs, strict=False))
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _matches(got: list[Any], expected: list[Any], rtol: float, atol: float) -> bool:
+    if len(got) != len(expected):
+        return False
+    for g, e in zip(got, expected, strict=True):
+        if isinstance(e, list) or isinstance(g, list):
+            if not (isinstance(e, list) and isinstance(g, list)) or not _matches(g, e, rtol, atol):
+                return False
+            continue
+        g, e = np.asarray(g), np.asarray(e)
+        if g.shape != e.shape:
+            return False
+        if e.dtype.kind in "fc":
+            if not np.allclose(g.astype(np.float64), e.astype(np.float64), rtol=max(rtol, 1e-3), atol=max(atol, 1e-5), equal_nan=True):
+                return False
+        elif not np.array_equal(g, e):
+            return False
+    return True
+
+
+_NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
+
+
+def reason_of(message: str) -> str:
+    """A refusal message reduced to its kind (names, numbers and details dropped)."""
+    text = message.split(": error: ")[-1]
+    if m := re.search(r"has type (\w+)", text):
+        return f"unverifiable: input type {m.group(1)}"
+    if "is a sequence_type" in text or "is a optional_type" in text or "is a map_type" in text:
+        return "unverifiable: non-tensor input"
+    if "cannot run the original model" in text:
+        return "unverifiable: onnxruntime cannot run the original"
+    if m := re.search(r"unsound rewrite rule\(s\) ([\w\-, ]+)", text):
+        return f"unsound rule: {m.group(1).strip()}"
+    if m := re.search(r"rules involved: ([\w\-, ]+)", text):
+        return f"mismatch caught, rules: {m.group(1).strip()}"
+    if "does not match" in text:
+        return "mismatch caught"
+    text = re.sub(r"'[^']*'", "'…'", text)
+    return _NUMBERS.sub("N", text)[:90]
+
+
+def run_case(case: Case, budget_seconds: float, iterations: int = 6, minimize_seconds: float = 120.0) -> Outcome:
+    from onnxsat.base.errors import OnnxsatError
+    from onnxsat.base.modelio import check_model_full
+    from onnxsat.base.options import Budgets, Options
+    from onnxsat.pipeline import optimize
+
+    start = time.perf_counter()
+    outcome = Outcome(case.name, case.folder, "baseline")
+    if not case.data_sets:
+        outcome.reason = "no test data"
+        return outcome
+    samples = [_feeds(case.model, inputs) for inputs, _ in case.data_sets]
+    try:
+        for feeds, (_, expected) in zip(samples, case.data_sets, strict=True):
+            if not _matches(_run(case.model, feeds), expected, case.rtol, case.atol):
+                outcome.reason = "onnxruntime disagrees with the expected outputs"
+                return outcome
+    except Exception as exc:
+        outcome.reason = f"onnxruntime cannot run the original: {type(exc).__name__}"
+        return outcome
+    options = Options(
+        budgets=Budgets(iterations=iterations, seconds=budget_seconds),
+        verify_samples=tuple(samples),
+        minimize_seconds=minimize_seconds,
+    )
+    try:
+        optimized, _report = optimize(case.model, options)
+    except OnnxsatError as exc:
+        outcome.status, outcome.reason = "refused", reason_of(str(exc))
+        outcome.extra["message"] = str(exc)[:300]
+        return outcome
+    except Exception as exc:
+        outcome.status, outcome.reason = "internal-error", f"{type(exc).__name__}: {str(exc)[:200]}"
+        return outcome
+    finally:
+        outcome.seconds = round(time.perf_counter() - start, 3)
+    outcome.nodes = (len(case.model.graph.node), len(optimized.graph.node))
+    try:
+        check_model_full(optimized)
+    except Exception as exc:
+        outcome.status, outcome.reason = "checker", str(exc).splitlines()[0][:200]
+        return outcome
+    try:
+        for feeds, (_, expected) in zip(samples, case.data_sets, strict=True):
+            if not _matches(_run(optimized, feeds), expected, case.rtol, case.atol):
+                outcome.status, outcome.reason = "wrong", "optimized model differs from the expected outputs"
+                return outcome
+    except Exception as exc:
+        outcome.status, outcome.reason = "wrong", f"onnxruntime cannot run the optimized model: {str(exc)[:150]}"
+        return outcome
+    outcome.status = "optimized"
+    return outcome
+
+
+def sample_cases(cases: list[Case], count: int, seed: int) -> list[Case]:
+    """A fixed, seeded choice of ``count`` cases (sorted by name, so the choice is stable)."""
+    ordered = sorted(cases, key=lambda c: (c.folder, c.name))
+    return sorted(random.Random(seed).sample(ordered, min(count, len(ordered))), key=lambda c: (c.folder, c.name))
+
+
+def summarize(outcomes: list[Outcome]) -> str:
+    lines = []
+    folders = sorted({o.folder for o in outcomes})
+    statuses = ["optimized", "refused", "internal-error", "wrong", "checker", "baseline"]
+    lines.append(f"{'folder':<20}" + "".join(f"{s:>15}" for s in statuses) + f"{'optimized %':>13}")
+    for folder in [*folders, "all"]:
+        group = [o for o in outcomes if folder in ("all", o.folder)]
+        counts = Counter(o.status for o in group)
+        eligible = len(group) - counts["baseline"]
+        share = f"{100 * counts['optimized'] / eligible:.1f}" if eligible else "-"
+        lines.append(f"{folder:<20}" + "".join(f"{counts[s]:>15}" for s in statuses) + f"{share:>13}")
+    for status in ("refused", "internal-error", "wrong", "checker", "baseline"):
+        reasons = Counter(o.reason for o in outcomes if o.status == status)
+        if reasons:
+            lines.append(f"\n{status} by reason:")
+            lines += [f"  {n:>5}  {r}" for r, n in reasons.most_common()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sample", type=int, default=None, help="run a seeded sample of N cases")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None, help="regular expression on case names")
+    parser.add_argument("--seconds", type=float, default=10.0, help="saturation budget per case")
+    parser.add_argument("--json", default=None, help="write every outcome to this file")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")
+    cases = all_cases()
+    if args.only:
+        cases = [c for c in cases if re.search(args.only, c.name)]
+    if args.sample:
+        cases = sample_cases(cases, args.sample, args.seed)
+    outcomes = []
+    start = time.perf_counter()
+    for index, case in enumerate(cases):
+        outcome = run_case(case, args.seconds)
+        outcomes.append(outcome)
+        if outcome.status in ("internal-error", "wrong", "checker"):
+            print(f"[{index + 1}/{len(cases)}] {case.folder}/{case.name}: {outcome.status}: {outcome.reason}", file=sys.stderr)
+    print(summarize(outcomes))
+    print(f"\n{len(cases)} cases in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""The built in-tree rules on disk, so a new process does not build them again in Python.
+
+Building the in-tree families' ~600 egglog rules from their Python definitions takes seconds; a
+built rule is a declaration tree (``RuleDecl``) over the tensor language, which pickles. The
+file keeps, per rule module, its families with each rule's declaration, keyed like the rule
+listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
+load; any mismatch or error means the rules are built from their modules again. Only the
+declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
+cannot be reloaded with its rules). The PET site-rule modules are always imported (their rules
+are Python verifiers, not egglog rules).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import pickle
+from pathlib import Path
+from typing import Any
+
+from egglog import RewriteOrRule
+from egglog.declarations import CallDecl, Declarations
+
+from ..egraph import lang as L
+from .listing import listing_key, write_atomic
+from .registry import Family
+
+TABLE_FILE = "rule-table.pickle"
+
+copyreg.pickle(CallDecl, lambda c: (CallDecl, (c.callable, c.args, c.bound_tp_params)))
+"""CallDecl pools its instances in ``__new__``; rebuild them through it so the pool stays valid."""
+
+
+def _language() -> Declarations:
+    """Every declaration of the tensor language (what the in-tree rules refer to)."""
+    return Declarations.create(*[v for v in vars(L).values() if hasattr(v, "__egg_decls__")])
+
+
+def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
+    """Module name -> its families as stored, or None (no file, another key, unreadable)."""
+    try:
+        with open(Path(cache_dir) / TABLE_FILE, "rb") as f:
+            stored = pickle.load(f)
+        if stored["key"] != listing_key():
+            return None
+        decls = _language()
+        parts: dict[str, list[Family]] = {}
+        for module, families in stored["modules"].items():
+            parts[module] = [_family(row, decls) for row in families]
+        return parts
+    except Exception:  # a damaged or foreign file only costs building the rules again
+        return None
+
+
+def store(cache_dir: str | Path, parts: dict[str, list[Family]]) -> None:
+    """Keep ``parts`` (module name -> families) when every rule refers to the language alone."""
+    decls = _language()
+    rows = {}
+    for module, families in parts.items():
+        for fam in families:
+            for rules in fam.egg_rules.values():
+                if not all(_within(built.__egg_decls__, decls) for _, built in rules):
+                    return  # a rule uses a declaration of its own: not stored, built every time
+        rows[module] = [_row(fam) for fam in families]
+    try:
+        data = pickle.dumps({"key": listing_key(), "modules": rows}, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return
+    write_atomic(Path(cache_dir) / TABLE_FILE, data)
+
+
+def _within(used: Declarations, language: Declarations) -> bool:
+    return (
+        used._functions.keys() <= language._functions.keys()
+        and used._classes.keys() <= language._classes.keys()
+        and used._constants.keys() <= language._constants.keys()
+    )
+
+
+def _row(fam: Family) -> dict[str, Any]:
+    return {
+        "name": fam.name,
+        "default_off": fam.default_off,
+        "names": list(fam.names),
+        "rules": {n: [(egg, built.decl) for egg, built in rules] for n, rules in fam.egg_rules.items()},
+        "tolerances": dict(fam.tolerances),
+    }
+
+
+def _family(row: dict[str, Any], decls: Declarations) -> Family:
+    fam = Family(row["name"], default_off=row["default_off"], tolerances=dict(row["tolerances"]))
+    fam.names = list(row["names"])
+    fam.egg_rules = {n: [(egg, RewriteOrRule(decls, decl)) for egg, decl in rules] for n, rules in row["rules"].items()}
+    return fam

@@ -1,0 +1,52 @@
+"""The built in-tree rules are kept on disk: a new process reads them instead of building them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+from onnxsat.rules import RULES
+from onnxsat.rules import table_cache as C
+from onnxsat.rules.registry import IN_TREE_MODULES, SITE_RULE_MODULES
+
+_FRESH = """
+import json, sys
+from onnxsat.rules.registry import RuleTable
+table = RuleTable.default(sys.argv[1])
+built = [m for m in ("onnxsat.rules.core", "onnxsat.rules.layout", "onnxsat.rules.views") if m in sys.modules]
+rules = {n: [(e, str(b.decl)) for e, b in table.egg_rules[n]] for n in table.names()}
+print(json.dumps({"families": table.families, "rules": rules, "built": built}))
+"""
+
+
+def _stored(tmp_path: Path) -> None:
+    parts = {
+        m: list(importlib.import_module(f"onnxsat.rules.{m}").FAMILIES)
+        for m in IN_TREE_MODULES
+        if m not in SITE_RULE_MODULES
+    }
+    C.store(tmp_path, parts)
+
+
+def test_a_new_process_reads_the_built_rules_instead_of_building_them(tmp_path: Path) -> None:
+    _stored(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path)], capture_output=True, text=True, check=True)
+    fresh = json.loads(done.stdout.splitlines()[-1])
+    assert fresh["built"] == []  # no rule module was imported: nothing was built in Python
+    assert fresh["families"] == RULES.families
+    assert fresh["rules"] == {n: [[e, str(b.decl)] for e, b in RULES.egg_rules[n]] for n in RULES.names()}
+
+
+def test_a_file_of_another_version_or_damaged_is_not_used(tmp_path: Path) -> None:
+    _stored(tmp_path)
+    path = tmp_path / C.TABLE_FILE
+    stored = pickle.loads(path.read_bytes())
+    assert C.load(tmp_path) is not None
+    path.write_bytes(pickle.dumps({**stored, "key": "another version"}))
+    assert C.load(tmp_path) is None
+    path.write_bytes(b"not a pickle")
+    assert C.load(tmp_path) is None

@@ -183,7 +183,12 @@ class Session:
         key, declared = declarations(self.rules, options.budgets, self.table)
         warm = self._held.enter_context(warm_egraph(key, declared))
         with self._stage("import"):
-            program = from_onnx(self.model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
+            program = from_onnx(
+                self.model,
+                {k: list(v) for k, v in options.input_shapes.items()},
+                warm=warm,
+                seed_invented=options.seed_invented_dims,
+            )
         report.opset = program.opset
         report.unknown_ops = dict(program.unknown_ops)
         report.opaque_reasons = dict(program.opaque_reasons)
@@ -362,9 +367,30 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     return optimized, report
 
 
+class _InventedSizeMet(Exception):
+    """A rewrite let the analysis compute a size import had seeded with ONNX inference's name for it."""
+
+
 def _verified_rewrite(session: Session) -> onnx.ModelProto:
-    """The best verified result: rules that break a run are dropped and the run repeated, within
-    ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    """The best verified result. Two shapes meeting with ONNX-invented sizes seeded: the run is
+    repeated without those seeds. Then rules that break a run are dropped and the run repeated,
+    within ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    try:
+        return _dropping_rules(session)
+    except _InventedSizeMet as exc:
+        session.report.warnings.append(
+            f"imported again without the sizes ONNX shape inference named but could not compute ({exc})"
+        )
+        options = replace(session.options, seed_invented_dims=False)
+        again = Session(
+            session.model, options, rules=list(session.rules), report=session.report, table=session.table, loads=session.loads
+        )
+        again.reference = session.reference
+        return _dropping_rules(again)
+
+
+def _dropping_rules(session: Session) -> onnx.ModelProto:
+    """Rules that break a run are dropped and the run repeated (see ``_verified_rewrite``)."""
     options, report, enabled = session.options, session.report, list(session.rules)
     for attempt in range(options.rule_retries + 2):
         last = attempt > options.rule_retries or not enabled
@@ -389,6 +415,8 @@ def _attempt(session: Session) -> onnx.ModelProto:
         with session:
             optimized = session.rewrite()
     except UnsoundRuleError as exc:
+        if session.options.seed_invented_dims:
+            raise _InventedSizeMet(exc.detail) from exc
         from onnxsat.minimize import find_unsound_rules
 
         culprits = find_unsound_rules(session.model, session.options, session.rules, exc.iteration)

@@ -45,12 +45,9 @@ KNOWN_OPEN: dict[str, str] = {
     "batch 2, past 128 (GatherND 'invalid index found, index = 4'); onnxsat's own verification passed",
     "bert-ts-static-fp16": "float16 result differs from the original by 5.9e-3 on last_hidden_state "
     "(bound 1e-4 * max|ref| = 6.4e-4): rewrites change float16 rounding; onnxsat's own tolerance accepts it",
-    "efficientnet_b0-ts-static": "worse result written: estimated cost 340.5 -> 486.6 (same weights, 186 -> 150 nodes)",
-    "mobilenet_v3_small-dynamo-static": "worse result written: weights 462,464 -> 483,200 bytes, estimated cost 366 -> 371",
     "gpt2-dynamo-dynamic": "weights grew 525,001 -> 590,517 bytes (+12%)",
     "llama-ts-static": "weights grew 438,644 -> 460,224 bytes (+5%)",
     "swin_t-dynamo-static": "weights grew 152,252 -> 171,108 bytes (+12%)",
-    "bert-dynamo-dynamic": "weights grew 413,317 -> 413,573 bytes (+256 bytes)",
     "convnext_tiny-ts-static": "weights grew 1,073,252 -> 1,073,300 bytes (+48 bytes)",
     "vit_b_16-dynamo-static": "weights grew 468,964 -> 468,988 bytes (+24 bytes)",
     "whisper_tiny_encoder-dynamo-static": "weights grew 341,172 -> 341,392 bytes (+220 bytes)",

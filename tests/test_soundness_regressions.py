@@ -82,7 +82,7 @@ def test_concat_with_a_negative_axis_left_by_import() -> None:
     [
         ("Pad", helper.make_node("Pad", ["x", "pads"], ["y"]), [_ints("pads", [1, 0, 1, 0])]),
         ("Concat", helper.make_node("Concat", ["x", "x"], ["y"], axis=0), []),
-        ("MaxPool", helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]), []),
+        ("MaxPool", helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[0, 1, 0, 1]), []),
     ],
 )
 def test_no_size_arithmetic_on_a_symbolic_dim(op: str, node: onnx.NodeProto, extra: list) -> None:
@@ -95,6 +95,26 @@ def test_no_size_arithmetic_on_a_symbolic_dim(op: str, node: onnx.NodeProto, ext
     model = make_model(nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4 if op == "MaxPool" else 2)], 17, extra)
     with imported(model, fresh=True) as program:
         assert analysis_shape(program, "y") is None
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["x4"], ["y"], kernel_shape=[3, 1], pads=[1, 0, 1, 0]),
+        helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[2, 2, 2, 2], dilations=[2, 2]),
+    ],
+)
+def test_a_size_preserving_window_keeps_the_symbol(node: onnx.NodeProto) -> None:
+    """Stride 1 and padding equal to the dilated kernel's extent minus one leave a symbolic dim as
+    it is, so the output keeps the input's shape (rules that need a rank still fire)."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["x4"]), node]
+    model = make_model(
+        nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4)], 17, [_ints("axes", [0, 1])]
+    )
+    with imported(model, fresh=True) as program:
+        assert analysis_shape(program, "y") == analysis_shape(program, "x4")
+        assert analysis_shape(program, "y") is not None
 
 
 def test_float_adds_with_large_constants_are_not_reassociated() -> None:
@@ -174,14 +194,14 @@ def test_greedy_dag_prices_a_class_after_what_it_reads() -> None:
 def test_an_extraction_dearer_than_the_input_keeps_the_input_program(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxsat import pipeline
 
-    real = pipeline._extract
+    real = pipeline.Session.extract
 
-    def dearer(program, cost, options):  # type: ignore[no-untyped-def]
-        graph = real(program, cost, options)
+    def dearer(self, **kwargs):  # type: ignore[no-untyped-def]
+        graph = real(self, **kwargs)
         graph.cost *= 10
         return graph
 
-    monkeypatch.setattr(pipeline, "_extract", dearer)
+    monkeypatch.setattr(pipeline.Session, "extract", dearer)
     model = _conv_silu_chain(1)
     out, report = onnxsat.optimize(model)
     assert report.cost_after <= report.cost_before

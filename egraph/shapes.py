@@ -29,6 +29,7 @@ from egglog import (
     var,
     vars_,
 )
+from egglog.egraph import FactLike
 
 from . import lang as L
 from .ops import OPS
@@ -153,6 +154,8 @@ _SAME_SHAPE = [
     lambda x: L.fused_silu(x),
     lambda x: L.fused_gelu(x, str_a, ia),
     lambda x: L.fused_bias_gelu(x, b, str_a, ia),  # the fusion rule requires a bias that does not broadcast x
+    lambda x: L.fused_rms_norm(x, b, fa, ia),  # the fusion rule requires a scale that does not broadcast x
+    lambda x: L.fused_skip_rms_norm(x, b, c, fa, ia, ib),  # both outputs: the rule requires skip of x's shape
 ]
 for _make in _SAME_SHAPE:
     shape_rules.append(rule(eq(t).to(_make(a)), L.shape(a) == sa).then(set_(L.shape(t)).to(sa)))
@@ -262,10 +265,24 @@ def _window_ceil(size: i64, k: i64, stride: i64, dil: i64, pad_begin: i64, pad_t
     return out - _ge((out - 1) * stride, size + pad_begin)
 
 
+def _computable(size: i64, k: i64, stride: i64, dil: i64, pad_total: i64) -> FactLike:
+    """A window size is known, or symbolic under a size-preserving geometry (stride 1, padding
+    equal to the dilated kernel's extent minus one), where the window arithmetic returns the
+    symbol itself. Any other arithmetic on a symbol's id would name another symbol (or a size),
+    so such outputs keep no shape."""
+    same = _is_one(stride) * is_zero(pad_total - dil * (k - 1))
+    return _ge(size, i64(0)) + same >= i64(1)
+
+
 for _n in (1, 2, 3):
-    # Window arithmetic on a symbolic spatial dim would compute another symbol's id (or a size):
-    # those outputs keep no shape.
-    _known_spatial = [sa[2 + i] >= i64(0) for i in range(_n)]
+    _conv_ok = [_computable(sa[2 + i], sb[2 + i], va[i], vc[i], vb[i] + vb[_n + i]) for i in range(_n)]
+    _pool_ok = [_computable(sa[2 + i], va[i], vb[i], vd[i], vc[i] + vc[_n + i]) for i in range(_n)]
+    _avg_ok = [_computable(sa[2 + i], va[i], vb[i], i64(1), vc[i] + vc[_n + i]) for i in range(_n)]
+    # ConvTranspose keeps a symbolic size with stride 1, no output padding and padding equal to
+    # the dilated kernel's extent minus one (the same window arithmetic, run backwards).
+    _deconv_ok = [
+        _computable(sa[2 + i], sb[2 + i], va[i] + vd[i], vc[i], vb[i] + vb[_n + i]) for i in range(_n)
+    ]
     spatial = [
         _window(sa[2 + i], sb[2 + i], va[i], vc[i], vb[i] + vb[_n + i]) for i in range(_n)
     ]  # va strides, vb pads, vc dilations
@@ -276,19 +293,19 @@ for _n in (1, 2, 3):
             L.shape(b) == sb,
             sa.length() == i64(_n + 2),
             sb.length() == i64(_n + 2),
-            *_known_spatial,
+            *_conv_ok,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sb[0]] + spatial)))
     )
     pool_spatial = [_window(sa[2 + i], va[i], vb[i], vd[i], vc[i] + vc[_n + i]) for i in range(_n)]
     shape_rules.append(
         rule(
-            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(0))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n), *_known_spatial
+            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(0))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n), *_pool_ok
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + pool_spatial)))
     )
     pool_ceil = [_window_ceil(sa[2 + i], va[i], vb[i], vd[i], vc[i], vc[i] + vc[_n + i]) for i in range(_n)]
     shape_rules.append(
         rule(
-            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(1))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n), *_known_spatial
+            eq(t).to(L.max_pool(a, va, vb, vc, vd, i64(1))), L.shape(a) == sa, sa.length() == i64(_n + 2), va.length() == i64(_n), *_pool_ok
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + pool_ceil)))
     )
     avg_ceil = [_window_ceil(sa[2 + i], va[i], vb[i], i64(1), vc[i], vc[i] + vc[_n + i]) for i in range(_n)]
@@ -298,7 +315,7 @@ for _n in (1, 2, 3):
             L.shape(a) == sa,
             sa.length() == i64(_n + 2),
             va.length() == i64(_n),
-            *_known_spatial,
+            *_avg_ok,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + avg_ceil)))
     )
     # ConvTranspose: va strides, vb pads, vc dilations, vd output padding.
@@ -312,7 +329,7 @@ for _n in (1, 2, 3):
             L.shape(b) == sb,
             sa.length() == i64(_n + 2),
             sb.length() == i64(_n + 2),
-            *_known_spatial,
+            *_deconv_ok,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sb[1] * ia] + transposed)))
     )
     avg_spatial = [_window(sa[2 + i], va[i], vb[i], i64(1), vc[i] + vc[_n + i]) for i in range(_n)]
@@ -322,7 +339,7 @@ for _n in (1, 2, 3):
             L.shape(a) == sa,
             sa.length() == i64(_n + 2),
             va.length() == i64(_n),
-            *_known_spatial,
+            *_avg_ok,
         ).then(set_(L.shape(t)).to(_vec([sa[0], sa[1]] + avg_spatial)))
     )
     shape_rules.append(

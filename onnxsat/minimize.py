@@ -84,7 +84,9 @@ def find_unsound_rules(original: onnx.ModelProto, options: Options, enabled: lis
 
     table, loads = load_plugins(options)  # the run's rule table
     with plugin_ops(loads):
-        program = from_onnx(original, {k: list(v) for k, v in options.input_shapes.items()})
+        program = from_onnx(
+            original, {k: list(v) for k, v in options.input_shapes.items()}, seed_invented=options.seed_invented_dims
+        )
         if iteration:
             budgets = replace(options.budgets, enodes=2**62, seconds=float("inf"))
             saturate(program, budgets, enabled, stop_before=iteration, table=table)

@@ -27,10 +27,10 @@ def _ints(name: str, values: list[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(values, np.int64), name)
 
 
-def _saturates(model: onnx.ModelProto, rules: tuple[str, ...] = ()) -> None:
+def _saturates(model: onnx.ModelProto, rules: tuple[str, ...] = (), *, seed_invented: bool = False) -> None:
     """Import and saturate with the default (or the given) rules: raises on conflicting shapes."""
     options = onnxsat.Options(rules_only=rules)
-    program = from_onnx(model)
+    program = from_onnx(model, seed_invented=seed_invented)
     saturate(program, options.budgets, select_rules(options.rules_only))
 
 
@@ -48,17 +48,24 @@ def _computed_slice_end() -> onnx.ModelProto:
     return make_model(nodes, [vi("x", TP.FLOAT, [2, 3, 8])], [out_vi("y", TP.FLOAT, 3)], 17, inits)
 
 
-def test_invented_symbols_are_not_seeded() -> None:
+def test_invented_symbols_are_seeded_only_when_asked() -> None:
     model = _computed_slice_end()
-    with imported(model, trust_onnx_shapes=True, fresh=True) as program:
-        assert analysis_shape(program, "sliced") is None  # not ONNX's (unk__0, unk__1, unk__2)
+    assert analysis_shape(from_onnx(model), "sliced") is not None  # ONNX's (unk__0, unk__1, unk__2)
+    assert analysis_shape(from_onnx(model, seed_invented=False), "sliced") is None
 
 
 def test_a_size_computed_after_folding_meets_no_other_shape() -> None:
+    """Seeded, the folded Slice end meets ONNX's names (the run is imported again without them);
+    unseeded, nothing conflicts, so no rule is blamed or dropped."""
     model = _computed_slice_end()
     _saturates(model, ("shape-arith", "layout", "dtype"))
+    from onnxsat.rules.schedule import UnsoundRuleError
+
+    with pytest.raises(UnsoundRuleError):
+        _saturates(model, ("shape-arith", "layout", "dtype"), seed_invented=True)
     out, report = onnxsat.optimize(model)
     assert report.dropped_rules == {}
+    assert any("imported again without the sizes" in w for w in report.warnings)
     assert report.verification.status == "passed"
 
 
@@ -82,7 +89,7 @@ def test_concat_with_a_negative_axis_left_by_import() -> None:
     [
         ("Pad", helper.make_node("Pad", ["x", "pads"], ["y"]), [_ints("pads", [1, 0, 1, 0])]),
         ("Concat", helper.make_node("Concat", ["x", "x"], ["y"], axis=0), []),
-        ("MaxPool", helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]), []),
+        ("MaxPool", helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[0, 1, 0, 1]), []),
     ],
 )
 def test_no_size_arithmetic_on_a_symbolic_dim(op: str, node: onnx.NodeProto, extra: list) -> None:
@@ -95,6 +102,26 @@ def test_no_size_arithmetic_on_a_symbolic_dim(op: str, node: onnx.NodeProto, ext
     model = make_model(nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4 if op == "MaxPool" else 2)], 17, extra)
     with imported(model, fresh=True) as program:
         assert analysis_shape(program, "y") is None
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("AveragePool", ["x4"], ["y"], kernel_shape=[3, 1], pads=[1, 0, 1, 0]),
+        helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[2, 2, 2, 2], dilations=[2, 2]),
+    ],
+)
+def test_a_size_preserving_window_keeps_the_symbol(node: onnx.NodeProto) -> None:
+    """Stride 1 and padding equal to the dilated kernel's extent minus one leave a symbolic dim as
+    it is, so the output keeps the input's shape (rules that need a rank still fire)."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["x4"]), node]
+    model = make_model(
+        nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4)], 17, [_ints("axes", [0, 1])]
+    )
+    with imported(model, fresh=True) as program:
+        assert analysis_shape(program, "y") == analysis_shape(program, "x4")
+        assert analysis_shape(program, "y") is not None
 
 
 def test_float_adds_with_large_constants_are_not_reassociated() -> None:
@@ -174,14 +201,14 @@ def test_greedy_dag_prices_a_class_after_what_it_reads() -> None:
 def test_an_extraction_dearer_than_the_input_keeps_the_input_program(monkeypatch: pytest.MonkeyPatch) -> None:
     from onnxsat import pipeline
 
-    real = pipeline._extract
+    real = pipeline.Session.extract
 
-    def dearer(program, cost, options):  # type: ignore[no-untyped-def]
-        graph = real(program, cost, options)
+    def dearer(self, **kwargs):  # type: ignore[no-untyped-def]
+        graph = real(self, **kwargs)
         graph.cost *= 10
         return graph
 
-    monkeypatch.setattr(pipeline, "_extract", dearer)
+    monkeypatch.setattr(pipeline.Session, "extract", dearer)
     model = _conv_silu_chain(1)
     out, report = onnxsat.optimize(model)
     assert report.cost_after <= report.cost_before

@@ -6,8 +6,9 @@ file keeps, per rule module, its families with each rule's declaration, keyed li
 listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
 load; any mismatch or error means the rules are built from their modules again. Only the
 declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
-cannot be reloaded with its rules). The PET site-rule modules are always imported (their rules
-are Python verifiers, not egglog rules).
+cannot be reloaded with its rules). The entry is a pickle, so it is read only from a private
+directory (owned by this user, closed to others) with its checksum verified (``base.disk_cache``).
+The PET site-rule modules are always imported (their rules are Python verifiers, not egglog rules).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any
 from egglog import RewriteOrRule
 from egglog.declarations import CallDecl, Declarations
 
+from onnxsat.base import disk_cache
+
 from ..egraph import lang as L
-from .listing import listing_key, write_atomic
+from .listing import listing_key
 from .registry import Family
 
 TABLE_FILE = "rule-table.pickle"
@@ -37,9 +40,12 @@ def _language() -> Declarations:
 
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
     """Module name -> its families as stored, or None (no file, another key, unreadable)."""
+    directory = disk_cache.private_dir(cache_dir)
+    payload = disk_cache.read(directory / TABLE_FILE) if directory is not None else None
+    if payload is None:
+        return None
     try:
-        with open(Path(cache_dir) / TABLE_FILE, "rb") as f:
-            stored = pickle.load(f)
+        stored = pickle.loads(payload)  # only from a private directory, checksum verified
         if stored["key"] != listing_key():
             return None
         decls = _language()
@@ -65,7 +71,9 @@ def store(cache_dir: str | Path, parts: dict[str, list[Family]]) -> None:
         data = pickle.dumps({"key": listing_key(), "modules": rows}, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         return
-    write_atomic(Path(cache_dir) / TABLE_FILE, data)
+    directory = disk_cache.private_dir(cache_dir)
+    if directory is not None:
+        disk_cache.write(directory / TABLE_FILE, data)
 
 
 def _within(used: Declarations, language: Declarations) -> bool:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from onnxsat.base import disk_cache
 from onnxsat.rules import RULES
 from onnxsat.rules import table_cache as C
 from onnxsat.rules.registry import IN_TREE_MODULES, SITE_RULE_MODULES
@@ -44,9 +45,9 @@ def test_a_new_process_reads_the_built_rules_instead_of_building_them(tmp_path: 
 def test_a_file_of_another_version_or_damaged_is_not_used(tmp_path: Path) -> None:
     _stored(tmp_path)
     path = tmp_path / C.TABLE_FILE
-    stored = pickle.loads(path.read_bytes())
-    assert C.load(tmp_path) is not None
-    path.write_bytes(pickle.dumps({**stored, "key": "another version"}))
+    payload = disk_cache.read(path)
+    assert payload is not None and C.load(tmp_path) is not None
+    disk_cache.write(path, pickle.dumps({**pickle.loads(payload), "key": "another version"}))
     assert C.load(tmp_path) is None
     path.write_bytes(b"not a pickle")
     assert C.load(tmp_path) is None

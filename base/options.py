@@ -88,10 +88,17 @@ class Options:
     """Pins symbolic input dims: name -> full shape."""
     allow_contrib_ops: bool = False
     """Write fused kinds as onnxruntime com.microsoft contrib ops (BiasGelu, FastGelu...) instead of chains."""
+    upgrade_opset: int | None = 23
+    """Opset the whole model may be converted to (onnx's version converter, then verified like every
+    output) so fused nodes can be written as that opset's standard ops (RMSNormalization); it is
+    converted only when the extracted program holds one. None keeps the model's opset."""
     materialize_constants: bool = False
     """Allow folded constants to grow the file by more than max(1 MiB, 10%)."""
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
+    seed_invented_dims: bool = True
+    """Seed the sizes ONNX shape inference names but cannot compute (``unk__0``) at import; a run in
+    which a rewrite lets the analysis compute one (two shapes meet) is repeated without them."""
     rule_retries: int = 2
     """When a rewrite is found unsound or verification fails: how many reruns without the rules
     found responsible, before the last resort, a run without rewrites (``onnxsat.pipeline``)."""

@@ -105,6 +105,8 @@ class Report:
 
     model_name: str = ""
     opset: int = 0
+    opset_after: int = 0
+    """The written model's opset: above ``opset`` when the whole model was converted (``--keep-opset`` off)."""
     nodes_before: dict[str, int] = field(default_factory=dict)
     nodes_after: dict[str, int] = field(default_factory=dict)
     cost_before: float = 0.0
@@ -155,7 +157,8 @@ class Report:
 
     def render(self) -> str:
         """A plain-text summary table."""
-        lines = [f"onnxsat report: {self.model_name} (opset {self.opset})", ""]
+        opset = f"{self.opset} -> {self.opset_after}" if self.opset_after not in (0, self.opset) else f"{self.opset}"
+        lines = [f"onnxsat report: {self.model_name} (opset {opset})", ""]
         ops = sorted(set(self.nodes_before) | set(self.nodes_after))
         width = max([len(o) for o in ops] + [8])
         lines.append(f"  {'op':<{width}}  {'before':>7}  {'after':>7}")

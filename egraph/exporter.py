@@ -18,6 +18,7 @@ from ..base.modelio import model_shell
 from .graph_types import ENode, ExtractedGraph, Ref
 from .ops import BY_CTOR
 from .ops.registry import ExportNode
+from .opset_upgrade import UpgradeError, convert_whole_model, has_placeholders
 from .program import Program
 
 MIN_IR_VERSION = 4
@@ -45,10 +46,13 @@ def _attr_value(kind: str, value: Any) -> Any:
 
 
 class _Exporter:
-    def __init__(self, program: Program, graph: ExtractedGraph, allow_contrib_ops: bool = False):
+    def __init__(
+        self, program: Program, graph: ExtractedGraph, allow_contrib_ops: bool = False, upgrade_opset: int | None = None
+    ):
         self.program = program
         self.graph = graph
         self.allow_contrib_ops = allow_contrib_ops
+        self.upgrade_opset = upgrade_opset if upgrade_opset is not None and upgrade_opset > program.opset else None
         self.domains: set[str] = set()
         """Non-default domains the written nodes use (onnxruntime contrib ops)."""
         self.choice = graph.choice()
@@ -219,6 +223,7 @@ class _Exporter:
             outputs=outputs,
             fresh=self._fresh,
             allow_contrib=self.allow_contrib_ops,
+            upgrade_opset=self.upgrade_opset,
         )
         if spec.export is not None:
             try:
@@ -227,16 +232,19 @@ class _Exporter:
                 raise ExportError(f"{spec.op_type} cannot be written at opset {self.program.opset}: {exc}") from exc
         if exp.expansion:  # a fused kind written as its chain of standard ops
             self.nodes.extend(exp.expansion)
+            self.domains.update(n.domain for n in exp.expansion if n.domain)
             return
         if exp.domain:
             self.domains.add(exp.domain)
         meta = self.program.node_meta.get(outputs[0])
-        proto = helper.make_node(exp.op_type, exp.inputs, outputs, domain=exp.domain or None, **exp.attrs)
+        proto = helper.make_node(exp.op_type, exp.inputs, exp.outputs, domain=exp.domain or None, **exp.attrs)
         if meta is not None and meta[0] == exp.op_type:
             proto.name, proto.doc_string = meta[1], meta[2]
         self.nodes.append(proto)
 
     def _split_count(self, node: ENode, input_classes: list[str]) -> int:
+        if BY_CTOR[node.op].output_count:
+            return BY_CTOR[node.op].output_count
         has_sizes = len(input_classes) > 1 and self.choice[input_classes[1]].op != "Tensor.none"
         sizes = self._const_value(input_classes[1]) if has_sizes else None
         if sizes is not None:
@@ -285,10 +293,28 @@ class _Exporter:
         return new_model
 
 
-def to_onnx(program: Program, graph: ExtractedGraph, *, allow_contrib_ops: bool = False) -> onnx.ModelProto:
+def to_onnx(
+    program: Program,
+    graph: ExtractedGraph,
+    *,
+    allow_contrib_ops: bool = False,
+    upgrade_opset: int | None = None,
+    notes: list[str] | None = None,
+) -> onnx.ModelProto:
     """Write an extracted graph as a model with the original's inputs, outputs, opsets and metadata.
 
     ``allow_contrib_ops`` writes fused kinds as onnxruntime com.microsoft ops (the domain is added to
-    the opset imports); otherwise they become their chains of standard ops.
+    the opset imports); otherwise they become their chains of standard ops. ``upgrade_opset``: fused
+    kinds that are standard ops at that opset (and not before the model's) are written as those ops,
+    with the whole model converted to it; where the converter fails, they are written as they would
+    be without it, and why is appended to ``notes``.
     """
-    return _Exporter(program, graph, allow_contrib_ops).run()
+    model = _Exporter(program, graph, allow_contrib_ops, upgrade_opset).run()
+    if upgrade_opset is None or not has_placeholders(model):
+        return model
+    try:
+        return convert_whole_model(model, upgrade_opset)
+    except UpgradeError as exc:
+        if notes is not None:
+            notes.append(f"opset kept at {program.opset}: {exc}")
+        return _Exporter(program, graph, allow_contrib_ops).run()

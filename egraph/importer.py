@@ -127,6 +127,7 @@ class _Importer:
         trust_onnx_shapes: bool,
         seed_shapes: bool,
         egraph: EGraph,
+        seed_invented: bool = True,
     ):
         self.model = model
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -148,6 +149,7 @@ class _Importer:
         self.seed_shapes = seed_shapes
         self.actions: list[Any] = []
         self.input_symbols: set[int] = set()
+        self.seed_invented = seed_invented
 
     # ------------------------------------------------------------ helpers
     def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
@@ -372,11 +374,12 @@ class _Importer:
 
     def _seedable(self, dims: tuple[int, ...]) -> bool:
         """Whether ONNX's shape may be given to a tensor the analysis cannot shape yet: every dim
-        known or a symbol of a graph input. A symbol ONNX inference invents (``unk__3``, or an
-        exporter's name for a computed size) stands for a value a rewrite may later let the
-        analysis compute (a Slice end folded to 2): seeding it would make that sound rewrite meet
-        a second, different shape in the e-class, so such tensors stay unshaped until then."""
-        return all(d >= 0 or d in self.input_symbols for d in dims)
+        known or a symbol of a graph input, or (``seed_invented``) any. A symbol ONNX inference
+        invents (``unk__3``, or an exporter's name for a computed size) stands for a value a
+        rewrite may later let the analysis compute (a Slice end folded to 2): that sound rewrite
+        then meets a second shape in the e-class, and the run is repeated without such seeds
+        (``onnxsat.pipeline``); seeding them first keeps the rules their shapes enable elsewhere."""
+        return self.seed_invented or all(d >= 0 or d in self.input_symbols for d in dims)
 
     def _inputs_shaped(self, name: str) -> bool:
         producer = self.producers.get(name)
@@ -478,6 +481,7 @@ def from_onnx(
     *,
     trust_onnx_shapes: bool = True,
     warm: WarmEGraph | None = None,
+    seed_invented: bool = True,
 ) -> Program:
     """Import a (checked) model into a fresh e-graph with its analyses run.
 
@@ -487,7 +491,8 @@ def from_onnx(
     ``trust_onnx_shapes=False`` uses the egglog analysis alone and leaves tensors it cannot
     shape without a shape (tests use it to check the analysis against ONNX shape inference).
     ``warm``: import into that reused e-graph (rules already declared, see ``egraph.warm``) instead
-    of a new one.
+    of a new one. ``seed_invented=False``: sizes ONNX inference names but cannot compute
+    (``unk__0``) are not seeded (see ``_Importer._seedable``).
     """
 
     def fresh() -> EGraph:
@@ -495,9 +500,9 @@ def from_onnx(
 
     if trust_onnx_shapes:
         try:
-            return _Importer(model, input_shapes, True, seed_shapes=True, egraph=fresh()).run()
+            return _Importer(model, input_shapes, True, seed_shapes=True, egraph=fresh(), seed_invented=seed_invented).run()
         except EggSmolError as exc:
-            program = _Importer(model, input_shapes, True, seed_shapes=False, egraph=fresh()).run()
+            program = _Importer(model, input_shapes, True, seed_shapes=False, egraph=fresh(), seed_invented=seed_invented).run()
             program.warnings.append(f"shape analysis disagreed with ONNX shape inference: {exc}".splitlines()[0])
             return program
     return _Importer(model, input_shapes, False, seed_shapes=False, egraph=fresh()).run()

@@ -178,6 +178,18 @@ def fused_bias_gelu(x: Tensor, bias: Tensor, approximate: StringLike, dtype: i64
     """gelu(x + bias) as one pass (onnxruntime's BiasGelu/FastGelu with contrib ops)."""
 
 
+@function
+def fused_rms_norm(x: Tensor, scale: Tensor, epsilon: f64Like, dtype: i64Like) -> Tensor:
+    """x / sqrt(mean(x * x over the last axis) + epsilon) * scale as one pass: opset 23's
+    RMSNormalization; ``dtype`` is x's type (the export probes onnxruntime's kernel for it)."""
+
+
+@function
+def fused_skip_rms_norm(x: Tensor, skip: Tensor, scale: Tensor, epsilon: f64Like, dtype: i64Like, index: i64Like) -> Tensor:
+    """Output ``index`` of a residual Add and the RMSNorm of its sum in one pass (onnxruntime's
+    SkipSimplifiedLayerNormalization): 0 is ``fused_rms_norm(x + skip, scale)``, 1 is ``x + skip``."""
+
+
 # ---------------------------------------------------------------- elementwise binary (broadcasting)
 @function
 def add(a: Tensor, b: Tensor) -> Tensor: ...

@@ -154,6 +154,8 @@ _SAME_SHAPE = [
     lambda x: L.fused_silu(x),
     lambda x: L.fused_gelu(x, str_a, ia),
     lambda x: L.fused_bias_gelu(x, b, str_a, ia),  # the fusion rule requires a bias that does not broadcast x
+    lambda x: L.fused_rms_norm(x, b, fa, ia),  # the fusion rule requires a scale that does not broadcast x
+    lambda x: L.fused_skip_rms_norm(x, b, c, fa, ia, ib),  # both outputs: the rule requires skip of x's shape
 ]
 for _make in _SAME_SHAPE:
     shape_rules.append(rule(eq(t).to(_make(a)), L.shape(a) == sa).then(set_(L.shape(t)).to(sa)))

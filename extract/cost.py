@@ -57,6 +57,8 @@ _OP_CLASS_OVERRIDES = {
     "transpose": "transpose",
     "softmax": "reduce",
     "layer_norm": "reduce",
+    "fused_rms_norm": "reduce",
+    "fused_skip_rms_norm": "reduce",
     "lrn": "reduce",
     "batch_norm": "elementwise",
 }
@@ -403,6 +405,8 @@ def _outputs_of_one_kernel(op: str, in_shapes: list[tuple[int, ...] | None], att
     spec = BY_CTOR.get(op)
     if spec is None or not spec.indexed_outputs:
         return 1
+    if spec.output_count:
+        return spec.output_count
     count = attrs.get("num_outputs")
     if isinstance(count, int) and count > 0:
         return count

@@ -17,6 +17,7 @@ import heapq
 import numpy as np
 
 from ..egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
+from ..egraph.ops import BY_CTOR
 from .cost import CostModel
 from .pricing import IndexedEGraph, Pricer, const_classes, dag_cost
 from .serialized import gc_paused
@@ -144,6 +145,40 @@ def topological(choice: dict[str, ENode], roots: list[str]) -> list[tuple[str, E
     return order
 
 
+def complete_kernels(
+    eg: SerializedEGraph, nodes: list[tuple[str, ENode]], roots: list[str]
+) -> list[tuple[str, ENode]]:
+    """Every output of a chosen multi-output fused kernel (an op with a fixed ``output_count``, e.g.
+    the residual Add + RMSNorm) is taken by its class when that class is in the program.
+
+    Classes are chosen one by one, so one class may take the kernel and another its output's old
+    node (the plain Add): the export would then write the kernel and that node too. Once the kernel
+    runs its other outputs are free, so each class holding one takes it (unless that makes a cycle).
+    """
+    outputs: dict[tuple[object, ...], dict[int, str]] = {}
+    for eclass, candidates in eg.classes.items():
+        for node in candidates:
+            spec = BY_CTOR.get(node.op)
+            if spec is not None and spec.output_count:
+                outputs.setdefault((node.op, node.args[:-1]), {})[int(node.args[-1])] = eclass
+    if not outputs:
+        return nodes
+    choice = dict(nodes)
+    chosen = {(n.op, n.args[:-1]) for n in choice.values() if (n.op, n.args[:-1]) in outputs}
+    changed = False
+    for key in sorted(chosen, key=str):
+        for index, eclass in outputs[key].items():
+            kernel = next(n for n in eg.classes[eclass] if (n.op, n.args[:-1]) == key and n.args[-1] == index)
+            if eclass in choice and choice[eclass] is not kernel:
+                choice[eclass], changed = kernel, True
+    if not changed:
+        return nodes
+    try:
+        return topological(choice, roots)
+    except RuntimeError:  # a cycle: keep the program as chosen
+        return nodes
+
+
 def extract_greedy(
     eg: SerializedEGraph, cost: CostModel, roots: list[str], *, tree_only: bool = False
 ) -> ExtractedGraph:
@@ -174,6 +209,7 @@ def _extract_greedy(
         order = settled + [c for c in range(len(ix.names)) if c not in seen]
         dag = _dag_choice(ix, tree_index, order)
         candidates.append(("greedy-dag", topological(ix.as_choice(dag), roots)))
+    candidates = [(name, complete_kernels(eg, nodes, roots)) for name, nodes in candidates]
     method, nodes = min(candidates, key=lambda c: (dag_cost(c[1], price), c[0] != "greedy-dag"))
     return ExtractedGraph(
         nodes=nodes,

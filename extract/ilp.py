@@ -27,7 +27,7 @@ import numpy as np
 
 from ..egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from .cost import CostModel
-from .greedy import extract_greedy, topological
+from .greedy import complete_kernels, extract_greedy, topological
 from .pricing import Pricer, const_classes, dag_cost
 
 MIP_GAP = 1e-9
@@ -89,7 +89,7 @@ def extract_ilp(
             break
         cycles = _cycles(choice, roots)
         if not cycles:
-            found = topological(choice, roots)
+            found = complete_kernels(eg, topological(choice, roots), roots)
             proved = highs.getModelStatus() == highspy.HighsModelStatus.kOptimal
             break
         fresh = {_cycle_key(c): c for c in cycles if _cycle_key(c) not in cuts}

@@ -34,7 +34,7 @@ from .kernel_ir import (
 )
 from .loops import buffers_of, for_nest, outer_kernel, reduction_kernel
 from .table import NotLowered, lowering
-from .values import Index, Lazy, broadcast_to, of_buffer
+from .values import Index, Lazy, broadcast_to, elementwise, of_buffer
 
 
 def lowest_value(dtype: str) -> Const:
@@ -271,3 +271,52 @@ def _lrn(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         cx.emit_kernel(reduction_kernel(f"lrn_{out.name}", out, x.shape, (size,), value, "add", Const(0.0, dt), finish, buffers_of(x), x.size))
     return [of_buffer(out)]
 
+
+
+@lowering("RMSNormalization", "onnxsat.FusedRMSNorm", "onnxsat.FusedSkipRMSNorm", kind="reduce")
+def _rms_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    """x / sqrt(mean(x * x) + epsilon) * scale over the trailing axes, one pass for the statistic and
+    one for the result; the residual form normalizes x + skip and also stores that sum (output 1)."""
+    with_skip = nv.op_type == "onnxsat.FusedSkipRMSNorm"
+    x, scale = xs[0], xs[2 if with_skip else 1]
+    assert x is not None and scale is not None
+    if not is_float(x.dtype):
+        raise NotLowered(f"{nv.op_type} on integers")
+    if nv.op_type == "RMSNormalization" and int(nv.attr("stash_type", 1)) != 1:
+        raise NotLowered("RMSNormalization with a stash type other than float32")
+    if with_skip:
+        skip = xs[1]
+        assert skip is not None
+        x = elementwise(lambda a, b: Binary("add", a, b), [x, skip], x.dtype)
+    rank = len(x.shape)
+    axis = int(nv.attr("axis", -1)) % rank
+    eps = float(nv.attr("epsilon", 1e-5))
+    outer_axes, red_axes, outer_shape, red_shape = _row_split(x, list(range(axis, rank)))
+    dt = x.dtype
+    scale_b = broadcast_to(scale, red_shape) if scale.shape != red_shape else scale
+    out = cx.out_buffer(nv.outputs[0], x.shape, dt)
+    total = cx.out_buffer(nv.outputs[1], x.shape, dt) if with_skip and len(nv.outputs) > 1 and nv.outputs[1] else None
+    names = [f"r{i}" for i in range(len(red_axes))]
+    r: list[Expr] = [Var(v) for v in names]
+    n = math.prod(red_shape)
+
+    def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
+        idx = _merge(outer_axes, red_axes, o, r, rank)
+        at = flat_index(idx, x.shape)
+        stores: tuple[Stmt, ...] = (
+            Decl("v", dt, x.gen(idx)),
+            Store(out, at, Binary("mul", Binary("mul", Local("v", dt), Local("inv", dt)), scale_b.gen(list(r)))),
+        )
+        if total is not None:
+            stores += (Store(total, at, Local("v", dt)),)
+        return (
+            Decl("sq", dt, Const(0.0, dt)),
+            *for_nest(names, red_shape, (Decl("v", dt, x.gen(idx)), Assign("sq", Binary("add", Local("sq", dt), Binary("mul", Local("v", dt), Local("v", dt)))))),
+            Decl("inv", dt, Unary("recip", Unary("sqrt", Binary("add", Binary("mul", Local("sq", dt), Const(1.0 / max(n, 1), dt)), Const(eps, dt))))),
+            *for_nest(names, red_shape, stores),
+        )
+
+    outs = [b for b in (out, total) if b is not None]
+    if x.numel:
+        cx.emit_kernel(outer_kernel(f"rmsnorm_{out.name}", buffers_of(x) + buffers_of(scale_b), outs, outer_shape, body, float(x.numel * (2 * x.size + 6))))
+    return [of_buffer(b) for b in outs]

@@ -380,7 +380,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-contrib-ops",
         action="store_true",
         help="write fused nodes as onnxruntime com.microsoft contrib ops (Gelu, BiasGelu, FastGelu,"
-        " QuickGelu) instead of their chains of standard ops; the model then runs on onnxruntime only",
+        " QuickGelu, SkipSimplifiedLayerNormalization) instead of their chains of standard ops; the model"
+        " then runs on onnxruntime only",
+    )
+    sel.add_argument(
+        "--keep-opset",
+        action="store_true",
+        help="never convert the model to a newer opset; by default a model below opset 23 is converted"
+        " as a whole (onnx's version converter, then verified) when a fused node is a standard op there"
+        " (RMSNormalization) that onnxruntime runs",
     )
     sel.add_argument(
         "--extractor",
@@ -608,6 +616,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         input_shapes=input_shapes,
         materialize_constants=args.materialize_constants,
         allow_contrib_ops=args.allow_contrib_ops,
+        upgrade_opset=None if args.keep_opset else _DEFAULT_OPTIONS.upgrade_opset,
         progress=not (args.quiet or args.json),
         dump_dir=args.dump_dir,
     )

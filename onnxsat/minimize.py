@@ -19,9 +19,10 @@ from onnxsat.base.options import Options
 if TYPE_CHECKING:
     from onnxsat.egraph.program import Program
     from onnxsat.rules.registry import RuleTable
+    from onnxsat.verification import Reference
 
 
-def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> bool:
+def _fails(original: onnx.ModelProto, options: Options, rules: list[str], reference: Reference | None) -> bool:
     from onnxsat.pipeline import Session, compare
 
     try:
@@ -29,12 +30,18 @@ def _fails(original: onnx.ModelProto, options: Options, rules: list[str]) -> boo
             optimized = session.rewrite()
     except Exception:
         return True
-    result, _ = compare(original, optimized, options)
+    result, _ = compare(original, optimized, options, reference)
     return not result.ok and not result.skipped_reason
 
 
-def minimal_failing_rules(original: onnx.ModelProto, options: Options, enabled: list[str]) -> list[str]:
-    """A subset of ``enabled`` that still fails, minimal under single-rule removal when time allows."""
+def minimal_failing_rules(
+    original: onnx.ModelProto, options: Options, enabled: list[str], reference: Reference | None = None
+) -> list[str]:
+    """A subset of ``enabled`` that still fails, minimal under single-rule removal when time allows.
+
+    ``reference``: the original's outputs on the verification inputs (the user's samples
+    included), reused by every trial instead of running the original again.
+    """
     from onnxsat.rules.plugins import load_plugins
 
     table = load_plugins(options)[0]  # the run's rule table
@@ -45,20 +52,20 @@ def minimal_failing_rules(original: onnx.ModelProto, options: Options, enabled: 
         alone = [r for r in current if r in family]
         if time.monotonic() > deadline:
             return current
-        if 0 < len(alone) < len(current) and _fails(original, quiet, alone):
+        if 0 < len(alone) < len(current) and _fails(original, quiet, alone, reference):
             current = alone
             break
     for family in table.families.values():
         if time.monotonic() > deadline:
             return current
         trial = [r for r in current if r not in family]
-        if len(trial) < len(current) and _fails(original, quiet, trial):
+        if len(trial) < len(current) and _fails(original, quiet, trial, reference):
             current = trial
     for rule in list(current):
         if time.monotonic() > deadline or len(current) == 1:
             break
         trial = [r for r in current if r != rule]
-        if _fails(original, quiet, trial):
+        if _fails(original, quiet, trial, reference):
             current = trial
     return current
 
@@ -77,7 +84,9 @@ def find_unsound_rules(original: onnx.ModelProto, options: Options, enabled: lis
 
     table, loads = load_plugins(options)  # the run's rule table
     with plugin_ops(loads):
-        program = from_onnx(original, {k: list(v) for k, v in options.input_shapes.items()})
+        program = from_onnx(
+            original, {k: list(v) for k, v in options.input_shapes.items()}, seed_invented=options.seed_invented_dims
+        )
         if iteration:
             budgets = replace(options.budgets, enodes=2**62, seconds=float("inf"))
             saturate(program, budgets, enabled, stop_before=iteration, table=table)

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import onnx
 from tqdm import tqdm
@@ -183,7 +183,12 @@ class Session:
         key, declared = declarations(self.rules, options.budgets, self.table)
         warm = self._held.enter_context(warm_egraph(key, declared))
         with self._stage("import"):
-            program = from_onnx(self.model, {k: list(v) for k, v in options.input_shapes.items()}, warm=warm)
+            program = from_onnx(
+                self.model,
+                {k: list(v) for k, v in options.input_shapes.items()},
+                warm=warm,
+                seed_invented=options.seed_invented_dims,
+            )
         report.opset = program.opset
         report.unknown_ops = dict(program.unknown_ops)
         report.opaque_reasons = dict(program.opaque_reasons)
@@ -275,7 +280,13 @@ class Session:
         assert self.program is not None
         options = self.options
         with self._stage("export"):
-            exported = to_onnx(self.program, graph, allow_contrib_ops=options.allow_contrib_ops)
+            exported = to_onnx(
+                self.program,
+                graph,
+                allow_contrib_ops=options.allow_contrib_ops,
+                upgrade_opset=options.upgrade_opset,
+                notes=self.report.warnings,
+            )
             folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
         with self._stage("check"):
             _check_output(self.model, folded)
@@ -351,13 +362,35 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
             optimized = keep_if_faster(model, optimized, options, report)
     optimized = _never_worse(model, optimized, report)
     report.nodes_after = _op_counts(optimized)
+    report.opset_after = _default_opset(optimized)
     report.file_bytes_after = serialized_size(optimized)
     return optimized, report
 
 
+class _InventedSizeMet(Exception):
+    """A rewrite let the analysis compute a size import had seeded with ONNX inference's name for it."""
+
+
 def _verified_rewrite(session: Session) -> onnx.ModelProto:
-    """The best verified result: rules that break a run are dropped and the run repeated, within
-    ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    """The best verified result. Two shapes meeting with ONNX-invented sizes seeded: the run is
+    repeated without those seeds. Then rules that break a run are dropped and the run repeated,
+    within ``options.rule_retries`` reruns and then one run without rewrites (whose failure is raised)."""
+    try:
+        return _dropping_rules(session)
+    except _InventedSizeMet as exc:
+        session.report.warnings.append(
+            f"imported again without the sizes ONNX shape inference named but could not compute ({exc})"
+        )
+        options = replace(session.options, seed_invented_dims=False)
+        again = Session(
+            session.model, options, rules=list(session.rules), report=session.report, table=session.table, loads=session.loads
+        )
+        again.reference = session.reference
+        return _dropping_rules(again)
+
+
+def _dropping_rules(session: Session) -> onnx.ModelProto:
+    """Rules that break a run are dropped and the run repeated (see ``_verified_rewrite``)."""
     options, report, enabled = session.options, session.report, list(session.rules)
     for attempt in range(options.rule_retries + 2):
         last = attempt > options.rule_retries or not enabled
@@ -382,15 +415,35 @@ def _attempt(session: Session) -> onnx.ModelProto:
         with session:
             optimized = session.rewrite()
     except UnsoundRuleError as exc:
+        if session.options.seed_invented_dims:
+            raise _InventedSizeMet(exc.detail) from exc
         from onnxsat.minimize import find_unsound_rules
 
         culprits = find_unsound_rules(session.model, session.options, session.rules, exc.iteration)
         raise UnsoundRewriteError(culprits, exc.detail) from exc
     if session.options.verify:
+        if _default_opset(optimized) > _default_opset(session.model) and not _matches(session, optimized):
+            # The whole-model opset conversion, not a rule, may be what differs: run without it.
+            session.report.warnings.append(
+                f"the model converted to opset {_default_opset(optimized)} did not verify: written at opset"
+                f" {_default_opset(session.model)} without the conversion"
+            )
+            session.options = replace(session.options, upgrade_opset=None)
+            return _attempt(session.with_rules(list(session.rules)))
         session.verify(optimized)
     else:
         session.report.verification = VerificationSummary("skipped", "--no-verify: outputs were NOT checked")
     return optimized
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _matches(session: Session, optimized: onnx.ModelProto) -> bool:
+    """``optimized`` matches the original on onnxruntime (or cannot be checked at all)."""
+    result, _ = compare(session.model, optimized, session.options, session.reference)
+    return result.ok or bool(result.skipped_reason)
 
 
 def weight_bytes(model: onnx.ModelProto) -> int:
@@ -516,7 +569,11 @@ def _verify(
     bad = next(o for o in result.outputs if not o.ok)
     from onnxsat.minimize import minimal_failing_rules
 
-    culprits = minimal_failing_rules(original, options, enabled) if enabled is not None else None
+    culprits = (
+        minimal_failing_rules(original, options, enabled, reference if isinstance(reference, Reference) else None)
+        if enabled is not None
+        else None
+    )
     raise VerificationError(bad.name, bad.max_abs_err, bad.detail or "outputs differ", culprit_rules=culprits)
 
 

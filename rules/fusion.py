@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from egglog import String, Vec, f64, i64, vars_
+from egglog import String, Vec, eq, f64, i64, union, vars_
 from egglog.egraph import FactLike
 
 from ..egraph import lang as L
@@ -35,7 +35,7 @@ FLOAT32_RTOL = 2.0**-18
 """Verification tolerance of rules whose result differs from the chain by float32 rounding of its
 constants (matched within ``MATCH_RTOL``, or float32 attributes and constants of the fused op)."""
 
-x, d, g, bias, scale = vars_("x d g bias scale", L.Tensor)
+x, d, g, bias, scale, total = vars_("x d g bias scale total", L.Tensor)
 sx, sd, sg, sb, va = vars_("sx sd sg sb va", Vec[i64])
 dt, cd1, cd2, cd3, cd4, cd5, nz, nz2, ax = vars_("dt cd1 cd2 cd3 cd4 cd5 nz nz2 ax", i64)
 c1, c2, c3, c4, c5, eps = vars_("c1 c2 c3 c4 c5 eps", f64)
@@ -318,5 +318,77 @@ FAMILY.rewrite(
     variant="fused",
     rtol=FLOAT32_RTOL,
 )
+
+# ---------------------------------------------------------------- RMSNorm
+# x * (1 / sqrt(mean(x * x) + eps)) over the last axis, as Llama, Qwen2 and Mistral exports write it
+# (1 / sqrt as Reciprocal, or as a Div of a constant 1 from TorchScript; x * x as Pow(x, 2)) =>
+# one pass (RMSNormalization at opset 23; onnxruntime does not fuse the chain itself): seven ops
+# become one. The core is fused with unit scale; the weight multiply is absorbed by the next rule.
+_rms_one = (*_near(c1, 1.0),)
+for _sq_name, _squared in {"pow": L.pow_(x, _const(f64(2.0), sd, cd1)), "mul": L.mul(x, x)}.items():
+    _rms = L.sqrt(L.add(L.reduce_mean(_squared, _axes, i64(1), nz), _const(eps, sg, cd2)))
+    _inv_forms: dict[str, tuple[L.Tensor, tuple[FactLike, ...]]] = {
+        "div": (L.div(x, _rms), ()),
+        "rsqrt": (L.mul(x, L.reciprocal(_rms)), ()),
+        "rsqrt-rev": (L.mul(L.reciprocal(_rms), x), ()),
+        "one-div": (L.mul(x, L.div(_const(c1, sb, cd3), _rms)), _rms_one),
+        "one-div-rev": (L.mul(L.div(_const(c1, sb, cd3), _rms), x), _rms_one),
+    }
+    for _form, (_normed, _guards) in _inv_forms.items():
+        FAMILY.rewrite(
+            "rms-norm-fusion",
+            _normed,
+            L.fused_rms_norm(x, _unit_scale, eps, dt),
+            *_float_input("fused"),
+            *_last_axis(va),
+            *_guards,
+            _dim >= i64(0),
+            eps >= f64(0.0),
+            variant=f"{_sq_name}-{_form}",
+            rtol=FLOAT32_RTOL,  # RMSNormalization stores epsilon as float32
+        )
+# RMSNorm(x, 1) * gamma => RMSNorm(x, gamma) for a gamma over the normalized axis: one op fewer.
+_rms_unit = L.fused_rms_norm(x, L.Tensor.splat(f64(1.0), sd, cd1), eps, dt)
+for _order, _lhs in (("ng", L.mul(_rms_unit, g)), ("gn", L.mul(g, _rms_unit))):
+    FAMILY.rewrite(
+        "rms-norm-absorb-scale",
+        _lhs,
+        L.fused_rms_norm(x, g, eps, dt),
+        L.shape(x) == sx,
+        sx.length() >= i64(1),
+        sd == Vec(_dim),
+        L.shape(g) == sd,
+        L.dtype(g) == dt,
+        variant=_order,
+    )
+# RMSNorm(x + skip) and x + skip => one pass that writes both (onnxruntime's
+# SkipSimplifiedLayerNormalization with contrib ops; 2-D or 3-D, skip of x's shape): the residual
+# stream of a decoder reads the sum again, so both e-classes get an output of the fused node.
+_SKIP_RMS = "rms-norm-skip-fusion"
+_skip_args = (x, d, g, eps, dt)
+FAMILY.rule(
+    _SKIP_RMS,
+    eq(t).to(L.fused_rms_norm(L.add(x, d), g, eps, dt)),
+    eq(total).to(L.add(x, d)),  # the same e-class (a term, not ``total``, so verification builds it)
+    L.shape(x) == sx,
+    L.shape(d) == sx,
+    sx.length() >= i64(2),
+    sx.length() <= i64(3),
+    then=[
+        union(t).with_(L.fused_skip_rms_norm(*_skip_args, i64(0))),
+        union(total).with_(L.fused_skip_rms_norm(*_skip_args, i64(1))),
+    ],
+)
+# Shape(RMSNorm(x)) => Shape(x) (TorchScript exports read the batch and sequence dims of the norm's
+# output): a norm whose other readers take it through folded weights is then not computed twice.
+for _which, _normed in (("rms", L.fused_rms_norm(x, g, eps, dt)), ("skip", L.fused_skip_rms_norm(x, d, g, eps, dt, ax))):
+    FAMILY.rewrite(
+        "rms-norm-shape-of",
+        L.shape_of(_normed, nz, nz2),
+        L.shape_of(x, nz, nz2),
+        L.shape(_normed) == sx,
+        L.shape(x) == sx,
+        variant=_which,
+    )
 
 RULE_NAMES = list(FAMILY.names)

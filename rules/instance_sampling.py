@@ -419,6 +419,19 @@ def _s_bias_gelu(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     return {"X": Want(xs), "bias": Want(xs[-1:]), "approximate": g.pick(["none", "tanh"]), "dtype": DOUBLE}
 
 
+def _s_rms_norm(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    """A scale over the last axis (what the RMSNorm fusion and RMSNormalization's axis -1 take)."""
+    xs = _shape(g, k, "X", lo=1)
+    return {"X": Want(xs), "scale": Want(xs[-1:]), "epsilon": g.pick([1e-5, 1e-6]), "dtype": DOUBLE}
+
+
+def _s_skip_rms_norm(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    """A skip of x's shape, 2-D or 3-D (what the residual RMSNorm fusion takes)."""
+    xs = _shape(g, k, "X", lo=2, hi=3)
+    return {"X": Want(xs), "skip": Want(xs), "scale": Want(xs[-1:]), "epsilon": g.pick([1e-5, 1e-6]),
+            "dtype": DOUBLE, "index": g.pick([0, 1])}  # fmt: skip
+
+
 def _s_shape_of(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     xs = _shape(g, k, "data")
     r = len(xs)
@@ -452,6 +465,8 @@ SAMPLERS: dict[str, Sampler] = {
     "fused_silu": _s_unary("X"),
     "fused_gelu": _s_unary("X", approximate=lambda g: g.pick(["none", "tanh"]), dtype=lambda g: DOUBLE),
     "fused_bias_gelu": _s_bias_gelu,
+    "fused_rms_norm": _s_rms_norm,
+    "fused_skip_rms_norm": _s_skip_rms_norm,
     "cast": _s_unary("input", to=lambda g: g.pick([DOUBLE, DOUBLE, TensorProto.FLOAT, INT64])),
     "clip": lambda g, k: {
         "input": Want(_shape(g, k, "input")),

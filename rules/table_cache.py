@@ -6,14 +6,19 @@ file keeps, per rule module, its families with each rule's declaration, keyed li
 listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
 load; any mismatch or error means the rules are built from their modules again. Only the
 declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
-cannot be reloaded with its rules). The entry is a pickle, so it is read only from a private
-directory (owned by this user, closed to others) with its checksum verified (``base.disk_cache``).
-The PET site-rule modules are always imported (their rules are Python verifiers, not egglog rules).
+cannot be reloaded with its rules). The PET site-rule modules are always imported (their rules
+are Python verifiers, not egglog rules).
+
+The file goes through `onnxsat.base.disk_cache` (a private 0700 directory, a sha256 per entry,
+fsync before rename) and is read by an unpickler that builds only egglog's declaration classes:
+any other global in the stream (``os.system``, a module's function) is refused, so a planted file
+cannot run code; it only costs building the rules again.
 """
 
 from __future__ import annotations
 
 import copyreg
+import io
 import pickle
 from pathlib import Path
 from typing import Any
@@ -38,14 +43,26 @@ def _language() -> Declarations:
     return Declarations.create(*[v for v in vars(L).values() if hasattr(v, "__egg_decls__")])
 
 
+class _DeclarationsOnly(pickle.Unpickler):
+    """Unpickles egglog declaration classes and plain data, nothing else (no callables, no modules)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import egglog.declarations as declarations
+
+        obj = getattr(declarations, name, None) if module == "egglog.declarations" else None
+        if not isinstance(obj, type):
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in the rule-table cache")
+        return obj
+
+
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
-    """Module name -> its families as stored, or None (no file, another key, unreadable)."""
+    """Module name -> its families as stored, or None (no file, another key, damaged or foreign)."""
     directory = disk_cache.private_dir(cache_dir)
-    payload = disk_cache.read(directory / TABLE_FILE) if directory is not None else None
-    if payload is None:
+    raw = disk_cache.read(directory / TABLE_FILE) if directory is not None else None
+    if raw is None:
         return None
     try:
-        stored = pickle.loads(payload)  # only from a private directory, checksum verified
+        stored = _DeclarationsOnly(io.BytesIO(raw)).load()
         if stored["key"] != listing_key():
             return None
         decls = _language()

@@ -158,7 +158,28 @@ CASES = {
         {"g": np.linspace(0.5, 1.5, 40, dtype=np.float32), "be": np.linspace(-1, 1, 40, dtype=np.float32)},
         lambda x, r: _layer_norm(x + r, np.linspace(0.5, 1.5, 40), np.linspace(-1, 1, 40)),
     ),
+    # RMSNorm after a residual Add (its prologue), and the fused residual form that stores the sum too
+    "rms-norm": (
+        [n("Add", ["x", "r"], ["a"]), n("RMSNormalization", ["a", "g"], ["y"], epsilon=1e-6)],
+        {"x": [2, 3, 40], "r": [2, 3, 40]},
+        {"g": np.linspace(0.5, 1.5, 40, dtype=np.float32)},
+        lambda x, r: _rms_norm(x + r, np.linspace(0.5, 1.5, 40)),
+    ),
+    "skip-rms-norm": (
+        [
+            n("onnxsat.FusedSkipRMSNorm", ["x", "r", "g"], ["h", "s"], epsilon=1e-6),
+            n("Mul", ["h", "s"], ["y"]),
+        ],
+        {"x": [2, 3, 40], "r": [2, 3, 40]},
+        {"g": np.linspace(0.5, 1.5, 40, dtype=np.float32)},
+        lambda x, r: _rms_norm(x + r, np.linspace(0.5, 1.5, 40)) * (x + r),
+    ),
 }
+
+
+def _rms_norm(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from onnxsat.base import disk_cache
 from onnxsat.rules import RULES
 from onnxsat.rules import table_cache as C
 from onnxsat.rules.registry import IN_TREE_MODULES, SITE_RULE_MODULES
@@ -44,10 +43,35 @@ def test_a_new_process_reads_the_built_rules_instead_of_building_them(tmp_path: 
 
 def test_a_file_of_another_version_or_damaged_is_not_used(tmp_path: Path) -> None:
     _stored(tmp_path)
+    from onnxsat.base import disk_cache
+
     path = tmp_path / C.TABLE_FILE
-    payload = disk_cache.read(path)
-    assert payload is not None and C.load(tmp_path) is not None
-    disk_cache.write(path, pickle.dumps({**pickle.loads(payload), "key": "another version"}))
+    raw = disk_cache.read(path)
+    assert raw is not None
+    stored = pickle.loads(raw)
+    assert C.load(tmp_path) is not None
+    disk_cache.write(path, pickle.dumps({**stored, "key": "another version"}))
     assert C.load(tmp_path) is None
-    path.write_bytes(b"not a pickle")
+    disk_cache.write(path, b"not a pickle")
     assert C.load(tmp_path) is None
+    path.write_bytes(raw[:-10])  # truncated: the checksum fails
+    assert C.load(tmp_path) is None
+
+
+class _Planted:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # what a planted cache file would do on load
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_runs_no_code(tmp_path: Path) -> None:
+    from onnxsat.base import disk_cache
+
+    marker = tmp_path / "ran"
+    disk_cache.write(tmp_path / C.TABLE_FILE, pickle.dumps({"key": "k", "modules": _Planted(marker)}))
+    assert C.load(tmp_path) is None  # os.system is not an egglog declaration class: refused
+    assert not marker.exists()

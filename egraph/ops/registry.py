@@ -88,6 +88,9 @@ class ExportNode:
     """A new unused tensor name from a hint (for the inner tensors of an expansion)."""
     allow_contrib: bool = False
     """onnxruntime's com.microsoft contrib ops may be written (``--allow-contrib-ops``)."""
+    upgrade_opset: int | None = None
+    """The whole model may be converted to this opset (``egraph/opset_upgrade.py``): an op new at it
+    is written in the placeholder domain, and becomes the standard op when the model is converted."""
     domain: str = ""
     expansion: list[Any] = field(default_factory=list)
     """NodeProtos to write instead of the one node (a fused kind with no single ONNX op)."""
@@ -142,6 +145,8 @@ class OpSpec:
     extra_outputs_ok: bool = False
     indexed_outputs: bool = False
     """One constructor per output (Split): the last constructor argument is the output index."""
+    output_count: int = 0
+    """Outputs of an ``indexed_outputs`` op that always has the same number (0: Split's, from its sizes)."""
     notes: str = field(default="", compare=False)
 
     @property

@@ -84,7 +84,7 @@ def write(path: Path, payload: bytes) -> bool:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         tmp = None
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return True
     except OSError:
         return False
@@ -135,7 +135,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (best effort: not every filesystem allows it)."""
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
         try:

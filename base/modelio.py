@@ -546,7 +546,7 @@ def save_model_atomic(
             sidecar_replaced = True
         os.replace(model_tmp, out)
         temps.clear()
-        _fsync_dir(out.parent)
+        disk_cache.fsync_dir(out.parent)
     except OSError as e:
         if sidecar_replaced and not sidecar_existed:
             with contextlib.suppress(OSError):
@@ -711,15 +711,6 @@ def _new_file_mode(target: Path) -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _same_file(a: Path, b: Path) -> bool:

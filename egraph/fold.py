@@ -116,6 +116,9 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
         except Exception:
             kept.append(node)
             continue
+        if not all(isinstance(o, np.ndarray) for o in outs):
+            kept.append(node)  # a sequence, map or optional (SequenceEmpty) is no tensor initializer
+            continue
         size = sum(np.asarray(o).nbytes for o in outs)
         if max_dense_bytes is not None and size > max_dense_bytes and not all(_is_uniform(o) for o in outs):
             kept.append(node)

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from onnxsat.base import disk_cache
 
 if TYPE_CHECKING:
     from .registry import RuleTable
@@ -63,31 +63,21 @@ def rows_of(table: RuleTable) -> list[dict[str, Any]]:
 
 
 def in_tree_rows(cache_dir: str | Path | None) -> list[dict[str, Any]]:
-    """The in-tree table's rows: from ``cache_dir`` when its file has this key, else built and stored."""
+    """The in-tree table's rows: from ``cache_dir`` when its entry has this key, else built and stored
+    (only in a private directory, through ``base.disk_cache``)."""
     key = listing_key()
-    path = Path(cache_dir) / LISTING_FILE if cache_dir is not None else None
-    if path is not None:
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    if directory is not None:
+        payload = disk_cache.read(directory / LISTING_FILE)
         try:
-            cached = json.loads(path.read_text(encoding="utf-8"))
-            if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("rows"), list):
-                return cached["rows"]
-        except (OSError, ValueError):
-            pass  # missing or damaged: build the rows again
+            cached = json.loads(payload) if payload is not None else None
+        except ValueError:
+            cached = None  # damaged: build the rows again
+        if isinstance(cached, dict) and cached.get("key") == key and isinstance(cached.get("rows"), list):
+            return cached["rows"]
     from .registry import RuleTable
 
     rows = rows_of(RuleTable.default(cache_dir))
-    if path is not None:
-        write_atomic(path, json.dumps({"key": key, "rows": rows}).encode())
+    if directory is not None:
+        disk_cache.write(directory / LISTING_FILE, json.dumps({"key": key, "rows": rows}).encode())
     return rows
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` via a temporary file and a rename; a cache that cannot be written only costs time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        pass

@@ -68,3 +68,25 @@ def test_uniform_results_stay_constant_of_shape() -> None:
     assert report.verification.status == "passed"
     assert sorted(n.op_type for n in out.graph.node) == ["ConstantOfShape", "MatMul"]
     assert out.ByteSize() < 4096
+
+
+def test_a_sequence_is_never_folded_into_a_tensor_initializer() -> None:
+    """SequenceEmpty has no inputs, so it looks foldable; its value is a list, not a tensor."""
+    from onnx import TensorProto, helper
+
+    from onnxsat.egraph.fold import fold_constants
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
+            helper.make_node("SequenceInsert", ["empty", "x"], ["seq"]),
+        ],
+        "seq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folded, _ = fold_constants(model, model.ByteSize())
+    assert [n.op_type for n in folded.graph.node] == ["SequenceEmpty", "SequenceInsert"]
+    assert not folded.graph.initializer
+    onnx.checker.check_model(folded, full_check=True)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from onnxsat.base import disk_cache
 from onnxsat.rules import RULES
 from onnxsat.rules.listing import LISTING_FILE, in_tree_rows, listing_key, rows_of
 
@@ -38,6 +39,7 @@ def test_a_stale_or_damaged_listing_is_rebuilt(tmp_path: Path) -> None:
     path = tmp_path / LISTING_FILE
     path.write_text(json.dumps({"key": "another version", "rows": []}))
     assert in_tree_rows(tmp_path) == rows_of(RULES)
-    assert json.loads(path.read_text())["key"] == listing_key()
+    stored = disk_cache.read(path)
+    assert stored is not None and json.loads(stored)["key"] == listing_key()
     path.write_text("{not json")
     assert in_tree_rows(tmp_path) == rows_of(RULES)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 from onnxsat import latency
 from onnxsat.base import lazy_weights, modelio
 from onnxsat.base.errors import UnverifiableError, VerificationError, one_line
-from onnxsat.verification_inputs import check_verifiable, load_samples, make_inputs
+from onnxsat.verification_inputs import check_verifiable, dim_assignments, load_samples, make_inputs
 
 __all__ = [
     "OutputCheck",
@@ -44,6 +44,7 @@ _OPT_LEVELS: dict[str, latency.Level] = {
     "extended": "extended",
     "all": "all",
 }
+
 
 @dataclass(frozen=True)
 class OutputCheck:
@@ -262,18 +263,24 @@ def reference_run(
         session = inference_session(original, "disable_all")
     except Exception as e:
         raise UnverifiableError(f"onnxruntime cannot run the original model ({one_line(e)})") from e
+    attempts: list[tuple[str, Callable[[], list[dict[str, Any]]]]]
     if samples:
-        attempts = [("sample(s) from --verify-inputs", [dict(s) for s in samples])]
+        attempts = [("sample(s) from --verify-inputs", lambda: [dict(s) for s in samples])]
     else:
-        attempts = []
-        for derive in (True, False):
-            try:
-                feeds = [make_inputs(original, seed, dim_values, derive=derive) for seed in seeds]
-            except ValueError as e:
-                raise UnverifiableError(f"cannot generate inputs for the original model ({e})") from e
-            attempts.append((f"seeds {list(seeds)}", feeds))
+        # the default sizes with and without derived size operands, then other symbol values
+        # (related sizes an exporter named independently), each with derived operands
+        assignments = dim_assignments(original, dim_values)
+        tries = [(assignments[0], True), (assignments[0], False)] + [(a, True) for a in assignments[1:]]
+        attempts = [
+            (_inputs_label(seeds, dims, dim_values), _generator(original, seeds, dims, derive))
+            for dims, derive in tries
+        ]
     first_error: Exception | None = None
-    for origin, feeds in attempts:
+    for origin, make in attempts:
+        try:
+            feeds = make()
+        except ValueError as e:
+            raise UnverifiableError(f"cannot generate inputs for the original model ({e})") from e
         try:
             outputs = [run_session(session, f) for f in feeds]
         except Exception as e:
@@ -283,6 +290,18 @@ def reference_run(
         return Reference(feeds, outputs, label, time.perf_counter() - start)
     what = "the given inputs" if samples else "generated inputs"
     raise UnverifiableError(f"onnxruntime cannot run the original model on {what} ({one_line(first_error)})")
+
+
+def _inputs_label(seeds: Sequence[int], dims: Mapping[str, int], pinned: Mapping[str, int] | None) -> str:
+    varied = "".join(f", {k}={v}" for k, v in dims.items() if (pinned or {}).get(k) != v)
+    return f"seeds {list(seeds)}{varied}"
+
+
+def _generator(
+    model: ModelProto, seeds: Sequence[int], dims: Mapping[str, int], derive: bool
+) -> Callable[[], list[dict[str, Any]]]:
+    """Generated feeds per seed, made only when this attempt is reached."""
+    return lambda: [make_inputs(model, seed, dims, derive=derive) for seed in seeds]
 
 
 def compare_models(
@@ -314,7 +333,9 @@ def compare_models(
     return compare_to_reference(reference, original, optimized)
 
 
-def compare_to_reference(reference: Reference, original: ModelProto, optimized: ModelProto) -> VerificationResult:
+def compare_to_reference(
+    reference: Reference, original: ModelProto, optimized: ModelProto
+) -> VerificationResult:
     """Run ``optimized`` on the reference's inputs (one session) and compare with its outputs."""
     names = [o.name for o in original.graph.output]
     interface = _interface_checks(original, optimized)

@@ -25,7 +25,14 @@ from onnxsat.base import modelio
 from onnxsat.base.errors import BadInputError, UnverifiableError, one_line
 from onnxsat.base.options import Options
 
-__all__ = ["check_verifiable", "load_samples", "make_inputs", "prepare_samples", "true_inputs"]
+__all__ = [
+    "check_verifiable",
+    "dim_assignments",
+    "load_samples",
+    "make_inputs",
+    "prepare_samples",
+    "true_inputs",
+]
 
 _FLOAT_TYPES: dict[int, type] = {
     TensorProto.FLOAT: np.float32,
@@ -283,6 +290,39 @@ def make_inputs(
                 value = wanted.reshape(value.shape).astype(value.dtype)
         feeds[vi.name] = value
     return feeds
+
+
+_MAX_DIM_ASSIGNMENTS = 12
+"""At most this many symbol assignments are tried after the default one."""
+
+
+def dim_assignments(model: ModelProto, dim_values: Mapping[str, int] | None = None) -> list[dict[str, int]]:
+    """Symbol values to generate inputs with, in the order they are tried: the pins and defaults
+    first, then assignments where one symbol is another's default plus or minus one.
+
+    Exporters name related sizes independently: a decode step's attention mask is ``[batch,
+    s53]`` while its past keys are ``[batch, 2, past_sequence, 16]``, and the model only runs when
+    ``s53 == past_sequence + 1`` (its positions index the mask). Equal defaults for both make
+    onnxruntime refuse the original itself; the next assignments (capped at
+    `_MAX_DIM_ASSIGNMENTS`) cover such off-by-one relations between two free symbols. Pinned
+    symbols and batch-like ones (default 1) are never varied."""
+    pinned = dict(dim_values or {})
+    symbols: list[str] = []
+    for vi in true_inputs(model):
+        tt = vi.type.tensor_type
+        for d in tt.shape.dim if tt.HasField("shape") else ():
+            if d.dim_param and d.dim_param not in pinned and d.dim_param not in symbols:
+                symbols.append(d.dim_param)
+    free = [s for s in symbols if _default_dim(s) > 1]
+    assignments = [pinned]
+    for derived in free:
+        for source in free:
+            if derived == source:
+                continue
+            for offset in (1, -1):
+                value = _default_dim(source) + offset
+                assignments.append({**pinned, derived: value})
+    return assignments[: 1 + _MAX_DIM_ASSIGNMENTS]
 
 
 def _default_dim(symbol: str) -> int:

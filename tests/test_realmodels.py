@@ -37,8 +37,6 @@ INDEX: dict[str, dict[str, Any]] = json.loads((DATA / "INDEX.json").read_text())
 KNOWN_OPEN: dict[str, str] = {
     "shufflenet_v2_x1_0-ts-static": "refused (exit 3): egglog panic 'Illegal merge attempted for function "
     "onnxsat_egraph_lang_shape', blamed on int-arith-const",
-    "llama-decode-dynamo-dynamic": "unsound result written: the optimized decode step fails on onnxruntime at "
-    "batch 2, past 128 (GatherND 'invalid index found, index = 4'); onnxsat's own verification passed",
     "bert-ts-static-fp16": "float16 result differs from the original by 5.9e-3 on last_hidden_state "
     "(bound 1e-4 * max|ref| = 6.4e-4): rewrites change float16 rounding; onnxsat's own tolerance accepts it",
     "gpt2-dynamo-dynamic": "weights grew 525,001 -> 590,517 bytes (+12%)",

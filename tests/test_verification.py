@@ -487,3 +487,47 @@ def test_error_classes_carry_exit_codes_and_one_line_messages() -> None:
         ["fold-bn", "merge-matmul"],
         str(err),
     )
+
+
+def _decode_mask_model() -> onnx.ModelProto:
+    """A decode step's mask lookup: positions 0..past_sequence index a mask named [batch, s53],
+    so the model only runs when s53 == past_sequence + 1 (the exporter named both sizes apart)."""
+    i64 = TensorProto.INT64
+    nodes = [
+        helper.make_node("Shape", ["past"], ["past_len"], start=1, end=2),
+        helper.make_node("Squeeze", ["past_len"], ["past_scalar"]),
+        helper.make_node("Add", ["past_scalar", "one"], ["total"]),
+        helper.make_node("Range", ["zero", "total", "one"], ["positions"]),
+        helper.make_node("Gather", ["mask", "positions"], ["picked"], axis=1),
+        helper.make_node("Cast", ["picked"], ["weights"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["weights", "weights"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "decode_mask",
+        [
+            helper.make_tensor_value_info("mask", i64, ["batch", "s53"]),
+            helper.make_tensor_value_info("past", TensorProto.FLOAT, ["batch", "past_sequence", 4]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [
+            numpy_helper.from_array(np.array(0, np.int64), "zero"),
+            numpy_helper.from_array(np.array(1, np.int64), "one"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_related_symbols_get_consistent_sizes() -> None:
+    """The default sizes (s53 == past_sequence == 4) make onnxruntime refuse the original; the
+    reference run then tries an off-by-one assignment and checks the model on inputs it accepts."""
+    from onnxsat.verification import reference_run
+
+    model = _decode_mask_model()
+    with pytest.raises(Exception, match="out of data bounds"):
+        run_ort(model, make_inputs(model, seed=0))
+    reference = reference_run(model)
+    assert reference.origin == "seeds [0, 1], s53=5"
+    assert all(f["mask"].shape == (1, 5) and f["past"].shape == (1, 4, 4) for f in reference.feeds)
+    result = compare_models(model, model)
+    assert result.ok, result

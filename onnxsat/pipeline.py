@@ -360,7 +360,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
 
         with _stage(report, "measure", options.progress):
             optimized = keep_if_faster(model, optimized, options, report)
-    optimized = _never_worse(model, optimized, report)
+    optimized = _never_worse(model, optimized, report, materialized=options.materialize_constants)
     report.nodes_after = _op_counts(optimized)
     report.opset_after = _default_opset(optimized)
     report.file_bytes_after = serialized_size(optimized)
@@ -463,17 +463,20 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     return total
 
 
-def _never_worse(model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report) -> onnx.ModelProto:
+def _never_worse(
+    model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report, *, materialized: bool = False
+) -> onnx.ModelProto:
     """The input itself when the result is worse than it: a higher estimated cost, or more nodes
     or weight bytes at no lower cost. Growth the cost model prices lower is kept, with a warning
-    that says so (a verified merge of parallel MatMuls adds a Split, a folded Expand adds bytes)."""
+    that says so (a verified merge of parallel MatMuls adds a Split, a folded Expand adds bytes);
+    weight bytes may grow when the user asked for ``materialized`` constants."""
     cheaper = report.cost_after < report.cost_before
     growth = []
     nodes_before, nodes_after = len(model.graph.node), len(optimized.graph.node)
     if nodes_after > nodes_before:
         growth.append(f"nodes {nodes_before} -> {nodes_after}")
     bytes_before, bytes_after = weight_bytes(model), weight_bytes(optimized)
-    if bytes_after > bytes_before:
+    if bytes_after > bytes_before and not materialized:  # folded constants grow the file when asked
         growth.append(f"weight bytes {bytes_before:,} -> {bytes_after:,}")
     costs = f"estimated cost {report.cost_before:,.1f} -> {report.cost_after:,.1f} us"
     if cheaper or (not growth and report.cost_after <= report.cost_before * (1 + 1e-9)):

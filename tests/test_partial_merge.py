@@ -94,15 +94,16 @@ def test_prove_conv_pointwise_merge() -> None:
 
 def test_linear_bottleneck_uses_the_merge_and_matches_onnxruntime() -> None:
     """On a small linear bottleneck the ort-cpu cost model picks the merged Conv with its correction;
-    the result verifies and equals the original on onnxruntime."""
-    model = linear_bottleneck(channels=16, size=16)
+    the result verifies and equals the original on onnxruntime. (At 16 x 16 the border corrections
+    are a quarter of the image and, priced by the ops they use, cost more than the merge saves.)"""
+    model = linear_bottleneck(channels=16, size=24)
     out, report = onnxsat.optimize(model, onnxsat.Options(rules_only=("core",), enable_rules=(RULE,)))
     assert report.verification.status == "passed"
     (record,) = report.partial
     assert record["status"] == "emitted" and record["used"] and record["differing_boxes"] > 0, record
     convs = [n for n in out.graph.node if n.op_type == "Conv"]
     assert len(convs) == 9  # the merged Conv and the pair on each of the four borders
-    x = np.random.default_rng(3).standard_normal((1, 16, 16, 16)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((1, 16, 24, 24)).astype(np.float32)
     want, got = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0] for m in (model, out))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     # the rule-effectiveness records list the site rule in its family, used by the program

@@ -26,7 +26,7 @@ from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
-from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
+from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
 from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules

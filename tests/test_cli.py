@@ -24,6 +24,7 @@ from onnxsat import cli
 from onnxsat.base.errors import BadInputError, VerificationError
 from onnxsat.base.options import Budgets, Options
 from onnxsat.base.report import Report, VerificationSummary
+from onnxsat.cli_args import plugin_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_CNN = ROOT / "examples" / "small_cnn.onnx"
@@ -184,7 +185,7 @@ def test_help_does_not_import_the_heavy_stack(tmp_path: Path) -> None:
 
 def test_defaults_map_to_default_options(fake: FakePipeline, tmp_path: Path) -> None:
     assert cli.main(["optimize", str(SMALL_CNN), "-o", str(tmp_path / "out.onnx")]) == 0
-    assert fake.calls == [Options(progress=True, plugin_cache_dir=cli._plugin_cache_dir())]
+    assert fake.calls == [Options(progress=True, plugin_cache_dir=plugin_cache_dir())]
 
 
 def test_every_flag_maps_to_options(fake: FakePipeline, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ _FRESH = """
 import json, sys
 from onnxsat.rules.registry import RuleTable
 table = RuleTable.default(sys.argv[1])
-built = [m for m in ("onnxsat.rules.core", "onnxsat.rules.layout", "onnxsat.rules.views") if m in sys.modules]
+built = [m for m in ("onnxsat.rules.families.core", "onnxsat.rules.families.layout", "onnxsat.rules.families.views") if m in sys.modules]
 rules = {n: [(e, str(b.decl)) for e, b in table.egg_rules[n]] for n in table.names()}
 print(json.dumps({"families": table.families, "rules": rules, "built": built}))
 """

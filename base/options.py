@@ -102,6 +102,14 @@ class Options:
     rule_retries: int = 2
     """When a rewrite is found unsound or verification fails: how many reruns without the rules
     found responsible, before the last resort, a run without rewrites (``onnxsat.pipeline``)."""
+    region_nodes: int = 1500
+    """Graphs with more nodes than this are saturated region by region (``onnxsat.by_regions``):
+    cut where few tensors cross, each distinct region saturated once with the full budgets and
+    replayed on its identical twins, then the windows around the cuts; 0: always whole."""
+    region_size: int = 200
+    """Target nodes per region when saturating by regions."""
+    region_window_hops: int = 3
+    """How many edges either side of a cut the window saturated after stitching reaches (0: none)."""
     progress: bool = False
     dump_dir: str | None = None
     """A folder each stage of the run writes its artefact to (``onnxsat/dump.py``); None: nothing written."""

@@ -100,6 +100,42 @@ class VerificationSummary:
 
 
 @dataclass
+class RegionSummary:
+    """How a graph above ``Options.region_nodes`` was saturated region by region."""
+
+    threshold: int = 0
+    target_size: int = 0
+    regions: int = 0
+    distinct: int = 0
+    """Regions saturated (the others replayed the program of an identical one)."""
+    replayed: int = 0
+    sizes: list[int] = field(default_factory=list)
+    """Nodes per region, in graph order."""
+    windows: int = 0
+    """Windows around the cuts saturated after stitching (distinct ones; the others replayed)."""
+    windows_distinct: int = 0
+    windows_replayed: int = 0
+    window_hops: int = 0
+    merged_by_cse: int = 0
+    """Nodes the common-subexpression pass merged after stitching."""
+    budgets: str = ""
+    """The budgets each region and window was saturated under."""
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """partition, saturate (regions), windows, cse, export (fold), check."""
+    costs: str = "summed over the regions, each priced as a model of its own"
+    """How the report's estimated costs were obtained in a region-wise run."""
+
+    def describe(self) -> str:
+        return (
+            f"{self.regions} regions of ~{self.target_size} nodes (graph above {self.threshold:,}):"
+            f" {self.distinct} saturated, {self.replayed} replayed; {self.windows} windows"
+            f" ({self.window_hops} hops): {self.windows_distinct} saturated, {self.windows_replayed} replayed;"
+            f" {self.merged_by_cse} nodes merged by CSE; {self.budgets}; costs {self.costs}"
+        )
+
+
+@dataclass
 class Report:
     """The summary of one optimize run."""
 
@@ -134,6 +170,8 @@ class Report:
     """Rules a run left out after they made a rewrite unsound or verification fail -> why."""
     kept_original: str = ""
     """Why the input model was returned unchanged (the result was worse than it), else empty."""
+    regions: RegionSummary | None = None
+    """Set when the graph was saturated region by region (``Options.region_nodes``)."""
     measured: dict[str, Any] | None = None
     """``--measure``: onnxruntime latency before/after (medians, 95% CI, verdict) and what shipped."""
 
@@ -183,6 +221,8 @@ class Report:
         )
         if sat.phases:
             lines.append(f"  phases           {sat.phase_summary()}")
+        if self.regions is not None:
+            lines.append(f"  regions          {self.regions.describe()}")
         fired = sat.rule_matches()
         if fired:
             lines.append("  rules fired      " + ", ".join(f"{k} x{v}" for k, v in fired.items() if v))

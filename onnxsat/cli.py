@@ -218,6 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
     out.add_argument(
+        "--region-nodes",
+        type=int,
+        metavar="N",
+        default=_DEFAULT_OPTIONS.region_nodes,
+        help="saturate graphs of more than N nodes region by region, identical regions once"
+        f" (default {_DEFAULT_OPTIONS.region_nodes}; 0: always the whole graph)",
+    )
+    out.add_argument(
+        "--region-size",
+        type=int,
+        metavar="N",
+        default=_DEFAULT_OPTIONS.region_size,
+        help=f"target nodes per region (default {_DEFAULT_OPTIONS.region_size})",
+    )
+    out.add_argument(
         "--dump-dir",
         metavar="DIR",
         help="write each stage's artefact to DIR: saturation.json (e-graph size, rule report),"
@@ -438,6 +453,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         upgrade_opset=None if args.keep_opset else _DEFAULT_OPTIONS.upgrade_opset,
         progress=not (args.quiet or args.json),
         dump_dir=args.dump_dir,
+        region_nodes=args.region_nodes,
+        region_size=args.region_size,
     )
 
 

@@ -22,6 +22,7 @@ from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.egraph.program import Program
+from onnxsat.egraph.regions import PartitionError
 from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
@@ -73,7 +74,7 @@ def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterato
         bar.close()
 
 
-def _check_output(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
+def check_output(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
     """onnx.checker (full) on the result; when it fails, a failing original is bad input (exit 2:
     models given to the API are not checked on load), a passing one an internal error naming it."""
     try:
@@ -289,7 +290,7 @@ class Session:
             )
             folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
         with self._stage("check"):
-            _check_output(self.model, folded)
+            check_output(self.model, folded)
         dump.exported(self, folded)
         return folded
 
@@ -307,7 +308,15 @@ class Session:
         return summary
 
     def rewrite(self) -> onnx.ModelProto:
-        """load, saturate, extract and export: the optimized model, not verified."""
+        """load, saturate, extract and export: the optimized model, not verified. A graph above
+        ``options.region_nodes`` nodes goes region by region (``onnxsat.by_regions``)."""
+        from onnxsat.by_regions import rewrite_by_regions, use_regions
+
+        if use_regions(self.model, self.options):
+            try:
+                return rewrite_by_regions(self)
+            except PartitionError as exc:
+                self.report.warnings.append(f"saturated whole, not by regions: {one_line(exc)}")
         self.load()
         self.saturate()
         graph = self.extract()

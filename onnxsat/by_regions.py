@@ -1,0 +1,303 @@
+"""Saturation that scales: a large graph saturated region by region, identical regions once.
+
+``rewrite_by_regions(session)`` is ``Session.rewrite`` for graphs above ``Options.region_nodes``
+nodes: the graph is cut into regions of about ``Options.region_size`` nodes
+(``egraph.regions.partition``), each distinct region (by its canonical key) is loaded, saturated
+with the full schedule and its own budgets, extracted and exported as a model of its own, and
+its program is replayed on every region with the same key (same computation, other weights);
+the regions are put back into one graph, then the rules run once more on a window around each
+cut (the nodes a few hops either side; windows are keyed and replayed the same way) so no
+rewrite spanning a cut is lost, a common-subexpression pass merges what regions recomputed, and
+the whole model is folded and checked as ``Session.export`` does. The session's ``verify`` then
+checks the stitched model against the original like any result.
+
+The report's estimated costs are summed over the regions (each priced as a model of its own,
+before and after), a window adding what it saved: importing the whole graph only to price it
+would cost as much as importing it to saturate. A region's price can exceed its share of the
+whole graph's (a tensor computed from weights in another region is an input there, not a folded
+constant), so these sums compare with each other, not with a whole-graph run's; ``price``
+prices any model on the whole-graph scale.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from onnxsat.base.modelio import serialized_size
+from onnxsat.base.options import Options
+from onnxsat.base.report import RegionSummary, Report, SaturationReport
+from onnxsat.egraph.exporter import to_onnx
+from onnxsat.egraph.fold import fold_constants
+from onnxsat.egraph.opset_upgrade import UpgradeError, convert_whole_model
+from onnxsat.egraph.regions import (
+    SMALL_CONSTANT,
+    Part,
+    PartitionError,
+    cut_window,
+    eliminate_common_subexpressions,
+    part_key,
+    part_model,
+    partition,
+    rename_part,
+    replace_parts,
+    value_types,
+)
+
+if TYPE_CHECKING:
+    from onnxsat.pipeline import Session
+
+
+@dataclass
+class _Solved:
+    """One distinct part's optimized program and what it cost."""
+
+    model: onnx.ModelProto
+    names: list[str]
+    """The representative's tensor names in canonical order (``part_key``)."""
+    external: frozenset[str]
+    """Its inputs and constants (defined outside the part)."""
+    cost_before: float
+    cost_after: float
+    saturation: SaturationReport
+    replayable: bool
+    """Every initializer it added is small or uniform (so none was computed from its weights)."""
+
+
+def use_regions(model: onnx.ModelProto, options: Options) -> bool:
+    """Whether ``model`` is saturated by regions: ``region_nodes`` set and the graph larger."""
+    return 0 < options.region_nodes < len(model.graph.node)
+
+
+def _part_options(options: Options, part: Part, upgrade: bool) -> Options:
+    """The run's options for one part: not verified (the stitched model is), no dump, no progress,
+    the pins of the graph inputs it reads; without ``upgrade`` no conversion to a newer opset (a
+    window is written at the opset of the graph around it)."""
+    pins = {k: v for k, v in options.input_shapes.items() if k in part.inputs}
+    return replace(
+        options,
+        region_nodes=0,
+        verify=False,
+        dump_dir=None,
+        progress=False,
+        measure=False,
+        input_shapes=pins,
+        upgrade_opset=options.upgrade_opset if upgrade else None,
+    )
+
+
+def _solve(session: Session, part: Part, names: list[str], upgrade: bool) -> _Solved:
+    """Load, saturate, extract and export one part (unfolded, so a replay can rename its weights)."""
+    from onnxsat.pipeline import Session
+
+    options = _part_options(session.options, part, upgrade)
+    report = Report(model_name=part.model.graph.name)
+    with Session(
+        part.model, options, rules=list(session.rules), report=report, table=session.table, loads=session.loads
+    ) as inner:
+        inner.load()
+        saturation = inner.saturate()
+        graph = inner.extract()
+        assert inner.original is not None and inner.program is not None
+        if graph.cost > inner.original.cost:
+            graph = inner.original
+        exported = to_onnx(
+            inner.program,
+            graph,
+            allow_contrib_ops=options.allow_contrib_ops,
+            upgrade_opset=options.upgrade_opset,
+            notes=report.warnings,
+        )
+        before, after = inner.original.cost, graph.cost
+    if len(exported.graph.node) > len(part.nodes) and after >= before:  # more nodes for nothing: keep the part
+        exported, after = part.model, before
+    external = frozenset([*part.inputs, *part.constants])
+    replayable = all(
+        t.name in external or int(np.prod(t.dims)) <= SMALL_CONSTANT or _uniform(t) for t in exported.graph.initializer
+    )
+    session.report.warnings.extend(w for w in report.warnings if w not in session.report.warnings)
+    return _Solved(exported, names, external, before, after, saturation, replayable)
+
+
+def price(session: Session, model: onnx.ModelProto) -> float:
+    """The estimated cost of ``model`` as it stands (imported and extracted, nothing rewritten):
+    how the region-wise result and the original are priced on one scale."""
+    from onnxsat.extract.greedy import extract_greedy
+    from onnxsat.extract.serialized import serialize
+    from onnxsat.pipeline import Session, cost_model
+
+    options = replace(session.options, region_nodes=0, verify=False, dump_dir=None, progress=False)
+    with Session(
+        model, options, rules=list(session.rules), report=Report(), table=session.table, loads=session.loads
+    ) as priced:
+        program = priced.load()
+        serialized = serialize(program.egraph)
+        roots = [serialized.roots[i] for i in range(len(program.outputs))]
+        return extract_greedy(serialized, cost_model(options), roots).cost
+
+
+def _uniform(tensor: onnx.TensorProto) -> bool:
+    from onnxsat.base.lazy_weights import tensor_array
+
+    flat = tensor_array(tensor).reshape(-1)
+    return bool(flat.size == 0 or np.all(flat == flat[0]))
+
+
+class _Parts:
+    """Solves parts, one per key, and replays the solution on the others."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.solved: dict[str, _Solved] = {}
+        self.runs: list[SaturationReport] = []
+        self.cost_before = 0.0
+        self.cost_after = 0.0
+
+    def optimize(
+        self, model: onnx.ModelProto, parts: list[list[int]], tag: str, types: dict[str, onnx.TypeProto]
+    ) -> tuple[onnx.ModelProto, list[int], int, int]:
+        """``model`` with every part optimized (each a list of node indices), the new node count
+        of each part, how many distinct parts were saturated and how many replayed."""
+        planned: list[tuple[list[int], str, list[str]]] = []
+        distinct = replayed = 0
+        upgrade = sum(len(p) for p in parts) == len(model.graph.node)  # no node outside the parts
+        for k, nodes in enumerate(parts):
+            part = part_model(model, nodes, types)
+            key, names = part_key(part)
+            solved = self.solved.get(key)
+            if solved is not None and not solved.replayable:
+                key = f"{key}/{tag}{k}"  # its program reads values computed from its own weights
+                solved = None
+            if solved is None:
+                solved = self.solved[key] = _solve(self.session, part, names, upgrade)
+                self.runs.append(solved.saturation)
+                distinct += 1
+            else:
+                replayed += 1
+            planned.append((nodes, key, names))
+            if tag == "r":
+                self.cost_before += solved.cost_before
+            self.cost_after += solved.cost_after - (0.0 if tag == "r" else solved.cost_before)
+        opset = max(_opset(model), *(_opset(self.solved[key].model) for _, key, _ in planned))
+        for key in {key for _, key, _ in planned}:
+            self.solved[key].model = _at_opset(self.solved[key].model, opset)
+        replaced = []
+        sizes = []
+        for k, (nodes, key, names) in enumerate(planned):
+            solved = self.solved[key]
+            new_nodes, new_weights = rename_part(
+                solved.model, dict(zip(solved.names, names, strict=True)), f"{tag}{k}_", solved.external
+            )
+            replaced.append((nodes, new_nodes, new_weights))
+            sizes.append(len(new_nodes))
+        stitched = replace_parts(model, replaced)
+        domains = {o.domain: o.version for o in stitched.opset_import}
+        for solved in self.solved.values():
+            for o in solved.model.opset_import:
+                domains[o.domain] = max(domains.get(o.domain, 0), o.version)
+        del stitched.opset_import[:]
+        stitched.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in sorted(domains.items()))
+        return stitched, sizes, distinct, replayed
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """A part written below ``opset`` (another part was converted to write a fused op as a standard
+    one) converted up, so all parts stitch at one opset (the result is verified like any other)."""
+    if _opset(model) >= opset:
+        return model
+    try:
+        return convert_whole_model(model, opset)
+    except UpgradeError as exc:
+        raise PartitionError(f"a region could not be converted to opset {opset}: {exc}") from exc
+
+
+def rewrite_by_regions(session: Session) -> onnx.ModelProto:
+    """The session's model optimized region by region (see the module docstring); fills the
+    session's report (costs, the combined saturation report, ``report.regions``, stage times)."""
+    options, report = session.options, session.report
+    model = session.model
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[name] = round(now - clock, 4)
+        report.stage_seconds[f"regions-{name}"] = seconds[name]
+        clock = now
+
+    types = value_types(model)
+    ranges = partition(model, options.region_size)
+    lap("partition")
+    parts = _Parts(session)
+    stitched, sizes, distinct, replayed = parts.optimize(model, [list(r) for r in ranges], "r", types)
+    lap("saturate")
+    cuts = list(np.cumsum(sizes)[:-1])
+    hops = options.region_window_hops
+    windows: list[list[int]] = []
+    if hops > 0:
+        span = max(2, options.region_size // 4)  # a quarter: windows of regions >= half the target never meet
+        for cut in cuts:
+            window = cut_window(stitched, int(cut), hops, span)
+            if window and windows and min(window) <= max(windows[-1]):
+                windows[-1] = sorted(set(windows[-1]) | set(window))  # overlapping windows: one
+            elif window:
+                windows.append(window)
+    w_distinct = w_replayed = 0
+    if windows:
+        w_types = value_types(stitched)
+        stitched, _, w_distinct, w_replayed = parts.optimize(stitched, windows, "w", w_types)
+    lap("windows")
+    stitched, merged = eliminate_common_subexpressions(stitched)
+    lap("cse")
+    folded, _ = fold_constants(stitched, serialized_size(model), materialize=options.materialize_constants)
+    lap("export")
+    from onnxsat.pipeline import check_output
+
+    check_output(model, folded)
+    lap("check")
+    report.cost_before, report.cost_after = parts.cost_before, parts.cost_after
+    report.extractor = options.extractor
+    report.saturation = _combined(parts.runs)
+    session.saturation = report.saturation
+    budgets = options.budgets
+    report.regions = RegionSummary(
+        threshold=options.region_nodes,
+        target_size=options.region_size,
+        regions=len(ranges),
+        distinct=distinct,
+        replayed=replayed,
+        sizes=[len(r) for r in ranges],
+        windows=len(windows),
+        windows_distinct=w_distinct,
+        windows_replayed=w_replayed,
+        window_hops=hops,
+        merged_by_cse=merged,
+        budgets=f"per region: {budgets.iterations} iterations, {budgets.enodes:,} e-nodes, {budgets.seconds:g} s",
+        stop_reasons=dict(Counter(str(r.stop_reason) for r in parts.runs)),
+        seconds=seconds,
+    )
+    return folded
+
+
+def _combined(runs: list[SaturationReport]) -> SaturationReport:
+    """One saturation report for the distinct parts' runs: sizes and time summed, iterations
+    listed one after another (so the rules that fired add up), stop reasons counted."""
+    reasons = Counter(str(r.stop_reason) for r in runs)
+    return SaturationReport(
+        iterations=[it for r in runs for it in r.iterations],
+        stop_reason="by regions: " + ", ".join(f"{k} x{v}" for k, v in sorted(reasons.items())),
+        enodes_before=sum(r.enodes_before for r in runs),
+        enodes_after=sum(r.enodes_after for r in runs),
+        seconds=round(sum(r.seconds for r in runs), 4),
+        phases=[],
+    )

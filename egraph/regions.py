@@ -130,6 +130,9 @@ class Part:
     """Weights and outer Constant-node outputs it reads (its model's initializers, in first-use order)."""
     outputs: tuple[str, ...]
     """Tensors it computes that the rest of the graph reads (its model's outputs, in order of production)."""
+    copies: tuple[str, ...] = ()
+    """Outputs of the shape computations copied in from outside (``_shape_chain``): computed here
+    again so rules can read the sizes, under fresh names when stitched (CSE merges them back)."""
 
 
 class _Graph:
@@ -171,9 +174,69 @@ def part_model(model: onnx.ModelProto, nodes: Iterable[int], types: Mapping[str,
     return _part(_Graph(model, types), nodes)
 
 
-def _part(g: _Graph, nodes: Iterable[int]) -> Part:
-    chosen = sorted(set(nodes))
+SHAPE_OPS = frozenset(
+    {"Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Cast", "Reshape", "Identity"}
+    | {"Add", "Sub", "Mul", "Div", "Neg", "Abs", "Max", "Min", "Equal", "Where", "Not", "ReduceProd"}
+)
+"""Ops of the integer shape computations (``Shape -> Gather -> Concat -> Reshape``) a part copies in."""
+
+
+def _small_ints(t: onnx.TypeProto | None) -> bool:
+    if t is None or t.tensor_type.elem_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+        return False
+    dims = t.tensor_type.shape.dim if t.tensor_type.HasField("shape") else None
+    return dims is not None and len(dims) <= 1 and all(d.HasField("dim_value") and d.dim_value <= SMALL_CONSTANT for d in dims)
+
+
+def _shape_chain(g: _Graph, name: str, memo: dict[int, bool]) -> bool:
+    """Whether ``name`` is computed from sizes only (Shape/Size of tensors, constants, and small
+    integer ops on those): such a tensor crossing a cut is computed again inside the part that
+    reads it, so the rules there see what it holds instead of an opaque input."""
+    source = g.producer.get(name)
+    if source is None or _is_constant(g.nodes[source]):
+        return False
+    if source in memo:
+        return memo[source]
+    node = g.nodes[source]
+    memo[source] = False
+    ok = (
+        node.domain in ("", "ai.onnx")
+        and node.op_type in SHAPE_OPS
+        and all(_small_ints(g.types.get(o)) for o in node.output if o)
+        and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+    )
+    if ok and node.op_type not in ("Shape", "Size"):
+        ok = all(
+            n in g.weights or n not in g.producer or _is_constant(g.nodes[g.producer[n]]) or _shape_chain(g, n, memo)
+            for n in node.input
+            if n
+        )
+    memo[source] = ok
+    return ok
+
+
+def _copied(g: _Graph, chosen: Sequence[int]) -> set[int]:
+    """The outside nodes of the shape computations ``chosen`` reads (see ``_shape_chain``)."""
     inside = set(chosen)
+    memo: dict[int, bool] = {}
+    copies: set[int] = set()
+    stack = [n for i in chosen for n in node_inputs(g.nodes[i])]
+    while stack:
+        name = stack.pop()
+        source = g.producer.get(name)
+        if source is None or source in inside or source in copies or not _shape_chain(g, name, memo):
+            continue
+        copies.add(source)
+        if g.nodes[source].op_type not in ("Shape", "Size"):
+            stack.extend(n for n in g.nodes[source].input if n)
+    return copies
+
+
+def _part(g: _Graph, nodes: Iterable[int]) -> Part:
+    own = sorted(set(nodes))
+    inside = set(own)
+    copies = _copied(g, own)
+    chosen = sorted(inside | copies)
     produced: set[str] = set()
     inputs: list[str] = []
     constants: list[str] = []
@@ -196,7 +259,7 @@ def _part(g: _Graph, nodes: Iterable[int]) -> Part:
         produced.update(o for o in g.nodes[i].output if o)
     outputs = [
         o
-        for i in chosen
+        for i in own
         for o in g.nodes[i].output
         if o and (o in g.graph_outputs or any(c not in inside for c in g.consumers.get(o, ())))
     ]
@@ -208,16 +271,25 @@ def _part(g: _Graph, nodes: Iterable[int]) -> Part:
         value_infos.append(helper.make_value_info(name, t))
     initializers = [g.weights[name] for name in constants if name in g.weights]
     initializers.extend(_constant_tensor(node) for node in outer_constants)
+    crossing = {*inputs, *outputs}
+    inner = [  # the types the graph declared or ONNX inferred inside: the importer seeds its shapes from them
+        helper.make_value_info(o, g.types[o])
+        for i in chosen
+        for o in g.nodes[i].output
+        if o and o not in crossing and o in g.types and g.types[o].tensor_type.elem_type
+    ]
     graph = helper.make_graph(
         [g.nodes[i] for i in chosen],
         g.model.graph.name,
         value_infos[: len(inputs)],
         value_infos[len(inputs) :],
         initializer=initializers,
+        value_info=inner,
     )
     sub = helper.make_model(graph, opset_imports=list(g.model.opset_import), ir_version=g.model.ir_version)
     sub.functions.extend(g.model.functions)
-    return Part(tuple(chosen), sub, tuple(inputs), tuple(constants), tuple(outputs))
+    copied = tuple(o for i in sorted(copies) for o in g.nodes[i].output if o)
+    return Part(tuple(own), sub, tuple(inputs), tuple(constants), tuple(outputs), copied)
 
 
 def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto:
@@ -259,7 +331,7 @@ def part_key(part: Part) -> tuple[str, list[str]]:
     name lists of two such parts correspond position by position."""
     model = part.model
     graph = model.graph
-    types = {v.name: v.type for v in [*graph.input, *graph.output]}
+    types = {v.name: v.type for v in [*graph.input, *graph.value_info, *graph.output]}
     initializers = {t.name: t for t in graph.initializer}
     ids: dict[str, str] = {"": ""}
     names: list[str] = []

@@ -67,6 +67,8 @@ class _Solved:
     saturation: SaturationReport
     replayable: bool
     """Every initializer it added is small or uniform (so none was computed from its weights)."""
+    copies: frozenset[str]
+    """The representative's copied shape computations (``Part.copies``): fresh names when stitched."""
 
 
 def use_regions(model: onnx.ModelProto, options: Options) -> bool:
@@ -114,14 +116,14 @@ def _solve(session: Session, part: Part, names: list[str], upgrade: bool) -> _So
             notes=report.warnings,
         )
         before, after = inner.original.cost, graph.cost
-    if len(exported.graph.node) > len(part.nodes) and after >= before:  # more nodes for nothing: keep the part
+    if len(exported.graph.node) > len(part.model.graph.node) and after >= before:  # more nodes for nothing: keep the part
         exported, after = part.model, before
     external = frozenset([*part.inputs, *part.constants])
     replayable = all(
         t.name in external or int(np.prod(t.dims)) <= SMALL_CONSTANT or _uniform(t) for t in exported.graph.initializer
     )
     session.report.warnings.extend(w for w in report.warnings if w not in session.report.warnings)
-    return _Solved(exported, names, external, before, after, saturation, replayable)
+    return _Solved(exported, names, external, before, after, saturation, replayable, frozenset(part.copies))
 
 
 def price(session: Session, model: onnx.ModelProto) -> float:
@@ -190,9 +192,8 @@ class _Parts:
         sizes = []
         for k, (nodes, key, names) in enumerate(planned):
             solved = self.solved[key]
-            new_nodes, new_weights = rename_part(
-                solved.model, dict(zip(solved.names, names, strict=True)), f"{tag}{k}_", solved.external
-            )
+            mapping = {a: b for a, b in zip(solved.names, names, strict=True) if a not in solved.copies}
+            new_nodes, new_weights = rename_part(solved.model, mapping, f"{tag}{k}_", solved.external)
             replaced.append((nodes, new_nodes, new_weights))
             sizes.append(len(new_nodes))
         stitched = replace_parts(model, replaced)

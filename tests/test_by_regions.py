@@ -194,3 +194,27 @@ def test_small_graphs_stay_whole(size: int) -> None:
     model = residual_stack(random_gammas(2))
     _, report = onnxsat.optimize(model, onnxsat.Options(region_nodes=size, region_size=LAYER))
     assert report.regions is None
+
+
+def test_a_shape_computation_crossing_a_cut_is_computed_again_inside() -> None:
+    """Reshape(h, Concat(Shape(x)[0:1], [-1])) in a later region than the Shape: the region gets
+    the Shape and Concat too (so rules read the size) and its program names them afresh."""
+    minus_one = numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one")
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], end=1),
+        helper.make_node("Concat", ["s", "minus_one"], ["target"], axis=0),
+        helper.make_node("Tanh", ["x"], ["h"]),
+        helper.make_node("Reshape", ["h", "target"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "shapes",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])],
+        initializer=[minus_one],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    part = part_model(model, [2, 3], value_types(model))
+    assert part.copies == ("s", "target")
+    assert [n.op_type for n in part.model.graph.node] == ["Shape", "Concat", "Tanh", "Reshape"]
+    assert part.inputs == ("x",) and part.outputs == ("y",)

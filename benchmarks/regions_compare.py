@@ -27,7 +27,7 @@ from onnxsat.by_regions import price
 from onnxsat.pipeline import Session, optimize
 
 
-def run(model: onnx.ModelProto, mode: str, size: int, verify: bool) -> dict[str, object]:
+def run(name: str, model: onnx.ModelProto, mode: str, size: int, verify: bool) -> dict[str, object]:
     """One optimize run in ``mode`` (whole or regions) and what it gave."""
     options = Options(verify=verify, region_nodes=1 if mode == "regions" else 0, region_size=size)
     load = os.getloadavg()[0]
@@ -39,7 +39,7 @@ def run(model: onnx.ModelProto, mode: str, size: int, verify: bool) -> dict[str,
     regions = report.regions
     stages = report.stage_seconds
     return {
-        "model": model.graph.name,
+        "model": name,
         "mode": mode,
         "nodes_before": len(model.graph.node),
         "nodes_after": len(optimized.graph.node),
@@ -71,9 +71,8 @@ def main() -> None:
     modes = args.modes.split(",")
     for k, path in enumerate(args.models):
         model = onnx.load(str(path))
-        model.graph.name = model.graph.name or path.stem
         for mode in modes if k % 2 == 0 else modes[::-1]:
-            print(json.dumps(run(model, mode, args.region_size, not args.no_verify)), flush=True)
+            print(json.dumps(run(path.stem, model, mode, args.region_size, not args.no_verify)), flush=True)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from onnxsat.base.errors import one_line
 from onnxsat.base.modelio import serialized_size
 from onnxsat.base.options import Options
 from onnxsat.base.report import RegionSummary, Report, SaturationReport
@@ -94,10 +95,45 @@ def _part_options(options: Options, part: Part, upgrade: bool) -> Options:
 
 
 def _solve(session: Session, part: Part, names: list[str], upgrade: bool) -> _Solved:
-    """Load, saturate, extract and export one part (unfolded, so a replay can rename its weights)."""
-    from onnxsat.pipeline import Session
+    """Load, saturate, extract and export one part (unfolded, so a replay can rename its weights).
+
+    Two shapes meeting in one e-class: the part is imported again without the sizes ONNX
+    inference invented (as a whole-graph run is); meeting again (a size invented for a tensor
+    crossing the cut, now an input symbol of the part, that a rewrite computes), the part is
+    kept as it is, with a warning: no region is ever written from a run found inconsistent."""
+    from onnxsat.rules.schedule import UnsoundRuleError
 
     options = _part_options(session.options, part, upgrade)
+    try:
+        try:
+            exported, before, after, saturation = _saturate_part(session, part, options)
+        except UnsoundRuleError:
+            if not options.seed_invented_dims:
+                raise
+            exported, before, after, saturation = _saturate_part(
+                session, part, replace(options, seed_invented_dims=False)
+            )
+    except UnsoundRuleError as exc:
+        session.report.warnings.append(
+            f"a region of {len(part.nodes)} nodes kept as it is: two shapes met in it ({one_line(exc, 200)})"
+        )
+        exported, before, after = part.model, 0.0, 0.0
+        saturation = SaturationReport(stop_reason="kept: two shapes met")
+    if len(exported.graph.node) > len(part.model.graph.node) and after >= before:  # more nodes for nothing: keep the part
+        exported, after = part.model, before
+    external = frozenset([*part.inputs, *part.constants])
+    replayable = all(
+        t.name in external or int(np.prod(t.dims)) <= SMALL_CONSTANT or _uniform(t) for t in exported.graph.initializer
+    )
+    return _Solved(exported, names, external, before, after, saturation, replayable, frozenset(part.copies))
+
+
+def _saturate_part(
+    session: Session, part: Part, options: Options
+) -> tuple[onnx.ModelProto, float, float, SaturationReport]:
+    """One part through load, saturate, extract and export: its program and costs before/after."""
+    from onnxsat.pipeline import Session
+
     report = Report(model_name=part.model.graph.name)
     with Session(
         part.model, options, rules=list(session.rules), report=report, table=session.table, loads=session.loads
@@ -116,14 +152,8 @@ def _solve(session: Session, part: Part, names: list[str], upgrade: bool) -> _So
             notes=report.warnings,
         )
         before, after = inner.original.cost, graph.cost
-    if len(exported.graph.node) > len(part.model.graph.node) and after >= before:  # more nodes for nothing: keep the part
-        exported, after = part.model, before
-    external = frozenset([*part.inputs, *part.constants])
-    replayable = all(
-        t.name in external or int(np.prod(t.dims)) <= SMALL_CONSTANT or _uniform(t) for t in exported.graph.initializer
-    )
     session.report.warnings.extend(w for w in report.warnings if w not in session.report.warnings)
-    return _Solved(exported, names, external, before, after, saturation, replayable, frozenset(part.copies))
+    return exported, before, after, saturation
 
 
 def price(session: Session, model: onnx.ModelProto) -> float:

@@ -157,11 +157,16 @@ class _Graph:
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Every tensor's type ONNX shape inference finds (symbolic dims keep their names)."""
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:
-        inferred = model
+    """Every tensor's type ONNX shape inference finds (symbolic dims keep their names). With data
+    propagation first: it carries one invented size through Shape -> Reshape chains, so repeated
+    layers get the same symbols (and keys) instead of fresh ones per layer."""
+    inferred = model
+    for data_prop in (True, False):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+            break
+        except Exception:
+            continue
     graph = inferred.graph
     types = {v.name: v.type for v in [*graph.input, *graph.value_info, *graph.output]}
     for t in graph.initializer:

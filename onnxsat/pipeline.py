@@ -20,7 +20,7 @@ from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
-from onnxsat.egraph.importer import from_onnx
+from onnxsat.egraph.importer import from_onnx, import_symbols
 from onnxsat.egraph.program import Program
 from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
@@ -180,8 +180,9 @@ class Session:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
         options, report = self.options, self.report
         self._held.enter_context(plugin_ops(self.loads))
-        key, declared = declarations(self.rules, options.budgets, self.table)
-        warm = self._held.enter_context(warm_egraph(key, declared))
+        start = import_symbols(self.model)  # only the rules that may fire on this model are declared
+        key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
+        warm = self._held.enter_context(warm_egraph(key, declared, selection))
         with self._stage("import"):
             program = from_onnx(
                 self.model,

@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from onnxsat import dump
 from onnxsat.base.errors import BadInputError, OnnxsatError, UnverifiableError, VerificationError, one_line
-from onnxsat.base.modelio import check_model_full, serialized_size
+from onnxsat.base.modelio import check_model_full, serialized_size, weight_bytes
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
@@ -288,7 +288,7 @@ class Session:
                 upgrade_opset=options.upgrade_opset,
                 notes=self.report.warnings,
             )
-            folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
+            folded, _ = fold_constants(exported, materialize=options.materialize_constants)
         with self._stage("check"):
             _check_output(self.model, folded)
         dump.exported(self, folded)
@@ -445,23 +445,6 @@ def _matches(session: Session, optimized: onnx.ModelProto) -> bool:
     """``optimized`` matches the original on onnxruntime (or cannot be checked at all)."""
     result, _ = compare(session.model, optimized, session.options, session.reference)
     return result.ok or bool(result.skipped_reason)
-
-
-def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the model's initializers and Constant tensors (from their dims and types)."""
-    tensors = list(model.graph.initializer)
-    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
-    total = 0
-    for tensor in tensors:
-        count = 1
-        for d in tensor.dims:
-            count *= int(d)
-        try:
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        except (KeyError, ValueError, TypeError):
-            itemsize = 1
-        total += count * itemsize
-    return total
 
 
 def _never_worse(

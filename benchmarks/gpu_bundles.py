@@ -90,9 +90,9 @@ def partial_pair(rule: str) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The rule's benchmark site and the composite (mutant + correction) written as ONNX."""
     from onnxsat.egraph.importer import from_onnx
     from onnxsat.extract.serialized import serialize
-    from onnxsat.rules.partial import find_sites
-    from onnxsat.rules.partial_models import MODELS
-    from onnxsat.rules.verify_partial import composite_model
+    from onnxsat.rules.pet.partial import find_sites
+    from onnxsat.rules.pet.partial_models import MODELS
+    from onnxsat.rules.pet.verify_partial import composite_model
 
     model = MODELS[rule]["bench"]()
     program = from_onnx(model)
@@ -109,7 +109,7 @@ def suite(groups: set[str]) -> dict[str, Entry]:
     """name -> (model builder, optimize first, check data: ``steps``, ``model`` or ``none``)."""
     from compiled_vs_ort import bert_layer, mlp
 
-    from onnxsat.rules.partial_models import MODELS
+    from onnxsat.rules.pet.partial_models import MODELS
 
     out: dict[str, Entry] = {}
     if "examples" in groups:

@@ -29,9 +29,9 @@ from partial_rules import write_results  # the sibling script (benchmarks/ is on
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.serialized import serialize
 from onnxsat.latency import compare_models, ort_session
-from onnxsat.rules.partial import find_sites
-from onnxsat.rules.partial_models import MODELS, site_model
-from onnxsat.rules.verify_partial import composite_model
+from onnxsat.rules.pet.partial import find_sites
+from onnxsat.rules.pet.partial_models import MODELS, site_model
+from onnxsat.rules.pet.verify_partial import composite_model
 
 Pair = tuple[str, onnx.ModelProto, onnx.ModelProto, dict[str, np.ndarray]]
 

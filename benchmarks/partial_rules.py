@@ -36,10 +36,10 @@ import onnxsat
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.serialized import serialize
 from onnxsat.latency import compare_models, ort_session
-from onnxsat.rules.partial import find_sites
-from onnxsat.rules.partial_models import MODELS
-from onnxsat.rules.pooling import MIN_SEPARABLE_WINDOW
-from onnxsat.rules.verify_partial import composite_model
+from onnxsat.rules.families.pooling import MIN_SEPARABLE_WINDOW
+from onnxsat.rules.pet.partial import find_sites
+from onnxsat.rules.pet.partial_models import MODELS
+from onnxsat.rules.pet.verify_partial import composite_model
 
 
 def run_case(rule: str, rounds: int, threads: int | None) -> dict[str, object]:

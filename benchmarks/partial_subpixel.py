@@ -27,10 +27,10 @@ import onnxsat
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.extract.serialized import serialize
 from onnxsat.latency import compare_models, ort_session
-from onnxsat.rules.partial import find_sites
-from onnxsat.rules.partial_models import site_model
-from onnxsat.rules.partial_subpixel import RULE
-from onnxsat.rules.verify_partial import composite_model, verify_site
+from onnxsat.rules.pet.partial import find_sites
+from onnxsat.rules.pet.partial_models import site_model
+from onnxsat.rules.pet.partial_subpixel import RULE
+from onnxsat.rules.pet.verify_partial import composite_model, verify_site
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "decoder_block.onnx"
 

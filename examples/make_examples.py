@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxsat.rules.partial_models import decoder_block, linear_bottleneck, spp_block
+from onnxsat.rules.pet.partial_models import decoder_block, linear_bottleneck, spp_block
 
 IR_VERSION = 8
 PRODUCER = "onnxsat-examples"

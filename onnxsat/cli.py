@@ -22,22 +22,27 @@ from typing import TYPE_CHECKING, Any
 
 from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.cli_args import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNVERIFIED,
+    EXIT_USAGE,
+    PROG,
+    add_plugin_flags,
+    existing_files,
+    int_arg,
+    plugin_cache_dir,
+    seconds_arg,
+)
 
 if TYPE_CHECKING:
     import onnx
 
-    from onnxsat.rules.registry import RuleTable
 
 __all__ = ["build_parser", "main", "options_from_args", "parse_input_shape"]
 
-PROG = "onnxsat"
 EXTRACTORS = ("greedy-dag", "tree", "ilp")
-
-EXIT_OK = 0
-EXIT_INTERNAL = 1
-EXIT_USAGE = 2
-EXIT_UNVERIFIED = 4
-EXIT_INTERRUPTED = 130
 
 _DEFAULT_BUDGETS = Budgets()
 _DEFAULT_OPTIONS = Options()
@@ -62,17 +67,6 @@ example:
 Run 'onnxsat optimize --help' for every flag.
 """
 
-_RULES_EPILOG = """\
-examples:
-  onnxsat rules list
-  onnxsat rules list --json --verify > rules.json
-  onnxsat rules verify transpose-compose mul-one --seeds 5
-  onnxsat rules verify core --json
-
-exit status (verify, list --verify):
-  0 every rule verified; 1 a rule failed (counterexample or guard never satisfied) or an
-  internal error; 2 unknown rule or bad flag.
-"""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,29 +112,6 @@ def _name_list_arg(text: str) -> list[str]:
     return names
 
 
-def _int_arg(minimum: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below the minimum {minimum}")
-        return value
-
-    return parse
-
-
-def _seconds_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive, finite number of seconds")
-    return value
-
-
 def parse_phase_budget(text: str) -> tuple[str, PhaseBudget]:
     """``algebra:iterations=4,seconds=5`` -> ("algebra", PhaseBudget(4, None, 5.0)); ValueError if malformed."""
     name, sep, limits = text.rpartition(":")
@@ -148,7 +119,7 @@ def parse_phase_budget(text: str) -> tuple[str, PhaseBudget]:
         raise ValueError(f"'{text}' is not PHASE:KEY=VALUE[,KEY=VALUE...]")
     if name not in PHASE_NAMES and not (name.startswith("plugin:") and len(name) > len("plugin:")):
         raise ValueError(f"unknown phase '{name}' (phases: {', '.join(PHASE_NAMES)}, plugin:FAMILY)")
-    parsers = {"iterations": _int_arg(0), "enodes": _int_arg(1), "seconds": _seconds_arg}
+    parsers = {"iterations": int_arg(0), "enodes": int_arg(1), "seconds": seconds_arg}
     values: dict[str, Any] = {}
     for item in limits.split(","):
         key, eq, value = item.strip().partition("=")
@@ -279,28 +250,28 @@ def build_parser() -> argparse.ArgumentParser:
     bud.add_argument(
         "--max-iterations",
         metavar="N",
-        type=_int_arg(0),
+        type=int_arg(0),
         default=None,
         help=f"rewrite iterations (default {_DEFAULT_BUDGETS.iterations})",
     )
     bud.add_argument(
         "--max-enodes",
         metavar="N",
-        type=_int_arg(1),
+        type=int_arg(1),
         default=None,
         help=f"e-graph size limit in e-nodes (default {_DEFAULT_BUDGETS.enodes})",
     )
     bud.add_argument(
         "--time-limit",
         metavar="SECONDS",
-        type=_seconds_arg,
+        type=seconds_arg,
         default=None,
         help=f"saturation wall time (default {_DEFAULT_BUDGETS.seconds:g})",
     )
     bud.add_argument(
         "--match-limit",
         metavar="N",
-        type=_int_arg(1),
+        type=int_arg(1),
         default=None,
         help=(
             "matches per rule per iteration before egglog's back-off scheduler bans the rule "
@@ -355,9 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run these default-off rules or families, e.g. partial (PET partial-equivalence rules,"
         " each site verified at the model's shapes before it enters the e-graph)",
     )
-    _add_plugin_flags(sel)
+    add_plugin_flags(sel)
     sel.add_argument(
-        "--target",
+        "--cost-target",
         choices=TARGET_NAMES,
         default=_DEFAULT_OPTIONS.target,
         help="cost model the extractor minimizes: ort-cpu prices what onnxruntime runs (with its own"
@@ -368,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cost-profile",
         metavar="PROFILE.json",
         default=None,
-        help="use the cost constants measured by `onnxsat calibrate` (the profile's target must match --target)",
+        help="use the cost constants measured by `onnxsat calibrate` (the profile's target must match --cost-target)",
     )
     sel.add_argument(
         "--measure",
@@ -400,161 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sel.add_argument(
         "--ilp-time-limit",
-        type=_seconds_arg,
+        type=seconds_arg,
         default=_DEFAULT_OPTIONS.ilp_time_limit,
         metavar="SECONDS",
         help="time limit of the ilp extractor; on expiry its best solution and gap are used (default %(default)s)",
     )
-    _add_rules_parser(sub)
-    _add_calibrate_parser(sub)
-    from onnxsat.compile_command import add_parser as add_compile_parser
+    from onnxsat import calibrate_command, compile_command, rules_command
 
-    add_compile_parser(sub)
+    rules_command.add_parser(sub)
+    calibrate_command.add_parser(sub)
+    compile_command.add_parser(sub)
     return parser
-
-
-def _add_calibrate_parser(sub: Any) -> None:
-    """``onnxsat calibrate``: measure the cost model's constants on this machine."""
-    cal = sub.add_parser(
-        "calibrate",
-        help="measure the cost model's constants on this machine and write a profile",
-        description=(
-            "Time single-node models (MatMul, Gemm, Conv, elementwise, reductions, layout, pooling) in\n"
-            "onnxruntime at several sizes, fit per op class the roofline constants (peak FLOP/s,\n"
-            "bandwidth, per-kernel overhead), and write them as a profile for `optimize --cost-profile`.\n"
-            "Prints predicted vs measured time per node; shapes marked held-out were not used in the fit."
-        ),
-        epilog="example:\n  onnxsat calibrate -o profile.json && onnxsat optimize m.onnx -o o.onnx --cost-profile profile.json",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cal.add_argument("-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile")
-    cal.add_argument("--target", choices=("ort-cpu",), default="ort-cpu", help="what to measure (default %(default)s)")
-    cal.add_argument("--quick", action="store_true", help="fewer shapes and ~3 s of timing (for tests)")
-    cal.add_argument(
-        "--seconds", type=_seconds_arg, default=None, help="timing budget (default 20, or 3 with --quick)"
-    )
-    cal.add_argument(
-        "--threads", type=_int_arg(1), default=None, help="onnxruntime intra-op threads (default: its own)"
-    )
-    cal.add_argument(
-        "--check-model",
-        metavar="MODEL.onnx",
-        action="append",
-        default=[],
-        help="also compare predicted and measured latency of this whole model (repeatable)",
-    )
-    cal.add_argument("--json", action="store_true", help="print the fit report as JSON instead of the table")
-
-
-def _run_calibrate(args: argparse.Namespace) -> int:
-    import json
-
-    from onnxsat.base.modelio import check_output_path, load_model
-    from onnxsat.calibrate import calibrate, check_models
-    from onnxsat.extract.profile import save_profile
-
-    out = check_output_path(args.output)
-    models = {path: load_model(path) for path in args.check_model}
-    result = calibrate(args.target, quick=args.quick, threads=args.threads, seconds=args.seconds)
-    checks = check_models(models, result.cost, threads=args.threads) if models else []
-    report = result.report()
-    report["models"] = [
-        {"model": c.name, "predicted_us": c.predicted_us, "measured_us": c.measured_us, "rel_error": c.rel_error}
-        for c in checks
-    ]
-    save_profile(result.cost, out, report)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return EXIT_OK
-    print(result.render())
-    for c in checks:
-        print(
-            f"whole model {c.name}: measured {c.measured_us:,.1f} us, predicted {c.predicted_us:,.1f} us"
-            f" ({c.rel_error:.1%} error)"
-        )
-    print(f"\nwrote {out}")
-    return EXIT_OK
-
-
-def _add_plugin_flags(group: Any) -> None:
-    """``--rules FILE`` and ``--strict-plugins``, shared by optimize and rules list/verify."""
-    group.add_argument(
-        "--rules",
-        dest="rule_files",
-        metavar="FILE.py",
-        action="append",
-        default=[],
-        help="also load the rule plugin in FILE.py (defines PLUGIN; repeatable); its rules are verified"
-        " before use, see docs/plugins.md",
-    )
-    group.add_argument(
-        "--no-plugins",
-        action="store_true",
-        help="do not load the installed plugins of the onnxsat.rules entry-point group (their code runs"
-        " on every invocation otherwise; the report lists each one loaded)",
-    )
-    group.add_argument(
-        "--strict-plugins",
-        action="store_true",
-        help="fail (exit 2) when a plugin does not load or a plugin rule fails verification,"
-        " instead of warning and going on without it",
-    )
-
-
-def _plugin_cache_dir() -> str:
-    """Where verdicts on plugin rules are kept between runs: $XDG_CACHE_HOME/onnxsat or ~/.cache/onnxsat."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxsat")
-
-
-def _add_rules_parser(sub: Any) -> None:
-    """``onnxsat rules list|verify``: the rule table and the check of each rule egglog runs."""
-    rules = sub.add_parser(
-        "rules",
-        help="list the rewrite rules, or verify them on generated instances",
-        description=(
-            "List every rewrite rule (name, family, guards), or verify rules: instances are built from\n"
-            "each rule's own left-hand side with random small shapes, only that rule runs, and every\n"
-            "term of the rewritten e-class is evaluated with onnx's numpy reference in float64."
-        ),
-        epilog=_RULES_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    rules.set_defaults(rules_parser=rules)
-    actions = rules.add_subparsers(dest="rules_command", metavar="ACTION")
-    lst = actions.add_parser("list", help="every rule with its family, guards and verification status")
-    lst.add_argument(
-        "--json", action="store_true", help="print the table as JSON (per egglog rule: lhs, rhs, guards)"
-    )
-    lst.add_argument(
-        "--verify", action="store_true", help="verify every rule too (status is 'not run' without it)"
-    )
-    ver = actions.add_parser("verify", help="verify rules (all, or the named rules and families)")
-    ver.add_argument("names", metavar="NAME", nargs="*", help="rule or family names (default: every rule)")
-    ver.add_argument("--json", action="store_true", help="print the results as JSON")
-    for action in (lst, ver):
-        _add_plugin_flags(action)
-        action.add_argument(
-            "--seeds",
-            metavar="N",
-            type=_int_arg(1),
-            default=3,
-            help="random inputs per instance (default %(default)s)",
-        )
-        action.add_argument(
-            "--min-instances",
-            metavar="N",
-            type=_int_arg(1),
-            default=5,
-            help="instances a rule must fire on to pass (default %(default)s)",
-        )
-        action.add_argument(
-            "--max-candidates",
-            metavar="N",
-            type=_int_arg(1),
-            default=300,
-            help="instances generated per rule before giving up (default %(default)s)",
-        )
 
 
 def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
@@ -563,14 +390,6 @@ def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
         for name in group:
             seen.setdefault(name, None)
     return tuple(seen)
-
-
-def _existing_files(paths: Sequence[str]) -> list[str]:
-    """``--rules`` files, each of which must exist (an error even under --quiet, before any work)."""
-    for path in paths:
-        if not Path(path).is_file():
-            raise BadInputError(f"--rules {path}: no such file")
-    return list(paths)
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
@@ -604,11 +423,11 @@ def options_from_args(args: argparse.Namespace) -> Options:
         rules_only=_flatten(args.rules_only),
         disable_rules=_flatten(args.disable_rules),
         enable_rules=_flatten(args.enable_rules),
-        rule_files=tuple(_existing_files(args.rule_files)),
+        rule_files=tuple(existing_files(args.rule_files)),
         entry_point_plugins=not args.no_plugins,
         strict_plugins=args.strict_plugins,
-        plugin_cache_dir=_plugin_cache_dir(),
-        target=args.target,
+        plugin_cache_dir=plugin_cache_dir(),
+        target=args.cost_target,
         extractor=args.extractor,
         ilp_time_limit=args.ilp_time_limit,
         cost_profile=args.cost_profile,
@@ -775,97 +594,6 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _expand_rule_names(names: list[str], table: RuleTable) -> list[str] | None:
-    """Rule and family names of ``table`` -> rule names in table order (None: every rule)."""
-    from onnxsat.rules.schedule import expand_rule_names
-
-    if not names:
-        return None
-    try:
-        chosen = expand_rule_names(names, table)
-    except ValueError as exc:
-        raise BadInputError(str(exc)) from exc
-    return [n for n in table.names() if n in chosen]
-
-
-def _run_rules(args: argparse.Namespace) -> int:
-    import json
-
-    from onnxsat.rules.listing import in_tree_rows, installed_plugins, rows_of
-
-    if args.rules_command is None:
-        args.rules_parser.print_help(sys.stderr)
-        return EXIT_USAGE
-    if args.rules_command == "list" and not (args.verify or args.rule_files or installed_plugins()):
-        _print_rule_rows(in_tree_rows(_plugin_cache_dir()), {}, args.json)  # plain data: no rule is built
-        return EXIT_OK
-
-    from onnxsat.rules.plugins import PluginWarning, ensure_plugins, plugin_ops, run_table
-    from onnxsat.rules.verify import verify_rules
-
-    warnings.simplefilter("ignore", PluginWarning)  # printed below as one line each
-    loads = ensure_plugins(
-        _existing_files(args.rule_files),
-        entry_points=not args.no_plugins,
-        strict=args.strict_plugins,
-        cache_dir=_plugin_cache_dir(),
-    )
-    for text in (t for load in loads for t in load.messages()):
-        print(f"{PROG}: warning: {text}", file=sys.stderr)
-    table = run_table(loads)
-    if args.rules_command == "verify":
-        names = _expand_rule_names(args.names, table)
-    else:
-        names = table.names()
-    results = {}
-    if args.rules_command == "verify" or args.verify:
-        budget = {
-            "seeds": args.seeds,
-            "min_instances": args.min_instances,
-            "max_candidates": args.max_candidates,
-        }
-        with plugin_ops(loads):
-            results = {r.name: r for r in verify_rules(names, **budget, table=table)}
-    if args.rules_command == "list":
-        _print_rule_rows(rows_of(table), results, args.json)
-    elif args.json:
-        print(json.dumps([r.to_dict() for r in results.values()], indent=2))
-    else:
-        for r in results.values():
-            head = f"PASS {r.name}" if r.ok else f"FAIL {r.name}"
-            print(f"{head} [{r.family}]: {r.detail} ({r.candidates} candidates, {r.seconds:.1f}s)")
-            if r.counterexample is not None:
-                print("  " + r.counterexample.render())
-    return EXIT_OK if all(r.ok for r in results.values()) else EXIT_INTERNAL
-
-
-def _print_rule_rows(rows: list[dict[str, Any]], results: dict[str, Any], as_json: bool) -> None:
-    """``onnxsat rules list``: each row with its verification (``results``: rule -> RuleVerification)."""
-    import json
-
-    for row in rows:
-        r = results.get(row["name"])
-        row["verification"] = r.to_dict() if r is not None else {"status": "not run"}
-        if r is not None:
-            row["verification"]["status"] = "verified" if r.ok else "failed"
-    print(json.dumps(rows, indent=2) if as_json else _rules_table(rows))
-
-
-def _rules_table(rows: list[dict[str, Any]]) -> str:
-    """Name, family, egglog-rule count, status, and the first egglog rule's guards."""
-    lines = [f"{'NAME':<28} {'FAMILY':<12} {'SOURCE':<12} {'RULES':>5}  {'STATUS':<10} GUARDS"]
-    for row in rows:
-        v = row["verification"]
-        status = v["status"] if v["status"] != "verified" else f"ok ({v['instances_fired']})"
-        guards = "; ".join(row["variants"][0]["guards"]) if row["variants"] else ""
-        more = f"  (first of {len(row['variants'])})" if len(row["variants"]) > 1 else ""
-        lines.append(
-            f"{row['name']:<28} {row['family'] or '-':<12} {row['source']:<12} {len(row['variants']):>5}  {status:<10}"
-            f" {guards or '-'}{more}"
-        )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``onnxsat`` console script and ``python -m onnxsat``; returns the exit status."""
     parser = build_parser()
@@ -880,13 +608,17 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "rules":
-            return _run_rules(args)
-        if args.command == "calibrate":
-            return _run_calibrate(args)
-        if args.command == "compile":
-            from onnxsat.compile_command import run as run_compile
+            from onnxsat import rules_command
 
-            return run_compile(args)
+            return rules_command.run(args)
+        if args.command == "calibrate":
+            from onnxsat import calibrate_command
+
+            return calibrate_command.run(args)
+        if args.command == "compile":
+            from onnxsat import compile_command
+
+            return compile_command.run(args)
         return _run_optimize(args)
     except OnnxsatError as e:
         print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)

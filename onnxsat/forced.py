@@ -22,7 +22,7 @@ from onnxsat.egraph.program import Program
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.pinning import Merge, find_merges
 from onnxsat.pipeline import Session
-from onnxsat.rules.partial import PartialRecord
+from onnxsat.rules.pet.partial import PartialRecord
 
 
 @dataclass

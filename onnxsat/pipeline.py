@@ -33,7 +33,7 @@ from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
-from onnxsat.rules.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
+from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
 from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
@@ -358,7 +358,7 @@ def cost_model(options: Options) -> CostModel:
     if cost.name != options.target:
         raise OptionsError(
             f"cost profile {options.cost_profile} is for target {cost.name!r}, not {options.target!r}"
-            f" (pass --target {cost.name})"
+            f" (pass --cost-target {cost.name})"
         )
     return cost
 

@@ -158,7 +158,7 @@ def rules_in_program(result: Run) -> dict[str, bool]:
     egglog does not record.
     """
     from onnxsat.egraph.ops import BY_CTOR
-    from onnxsat.rules.verify import describe_rule
+    from onnxsat.rules.verification.verify import describe_rule
 
     table = result.rules()
     before = Counter(n.op_type for n in result.original.graph.node)

@@ -52,7 +52,7 @@ def listing_key() -> str:
 
 def rows_of(table: RuleTable) -> list[dict[str, Any]]:
     """One row per rule of ``table``, in table order (builds nothing the table has not built)."""
-    from .rule_pattern import describe_rule
+    from .verification.rule_pattern import describe_rule
 
     rows = []
     for name in table.names():

@@ -428,7 +428,7 @@ def _reason(verdict: dict[str, Any]) -> str:
 # ---------------------------------------------------------------- verification with a cache
 def _rule_key(table: RuleTable, name: str) -> str:
     """Hash of what decides a verdict: the rule's text and tolerance, the op table, the verifier, versions."""
-    from .verify import describe_rule
+    from .verification.verify import describe_rule
 
     text = describe_rule(table, name)
     ops = sorted(
@@ -450,7 +450,7 @@ def _installed() -> bool:
 
 def _verify(table: RuleTable, names: list[str], cache_dir: str | Path | None) -> dict[str, dict[str, Any]]:
     """Verdicts (``RuleVerification.to_dict()``) for ``names``, from the cache or the verifier."""
-    from .verify import RuleVerifier
+    from .verification.verify import RuleVerifier
 
     cache = _read_cache(cache_dir)
     keys = {n: _rule_key(table, n) for n in names}

@@ -86,26 +86,26 @@ class Family:
 
 
 IN_TREE_MODULES = (  # each defines FAMILIES: the Family objects it adds rules to
-    "algebraic",
-    "core",
-    "dtype",
-    "fusion",
-    "interchange",
-    "layout",
-    "linear",
-    "multi",
-    "partial_families",  # PET partial rules: a verified pass, off by default
-    "partial_merge",  # PET partial rule: 1x1 Conv + k x k Conv merged, border corrected (off by default)
-    "partial_subpixel",  # an exact site rule: the same verified pass, on by default (layout family)
-    "pooling",
-    "reduce",
-    "shape_fold",
-    "transpose",
-    "views",
+    "families.algebraic",
+    "families.core",
+    "families.dtype",
+    "families.fusion",
+    "families.interchange",
+    "families.layout",
+    "families.linear",
+    "families.multi",
+    "pet.partial_families",  # PET partial rules: a verified pass, off by default
+    "pet.partial_merge",  # PET partial rule: 1x1 Conv + k x k Conv merged, border corrected (off by default)
+    "pet.partial_subpixel",  # an exact site rule: the same verified pass, on by default (layout family)
+    "families.pooling",
+    "families.reduce",
+    "families.shape_fold",
+    "families.transpose",
+    "families.views",
 )
-"""The modules of ``onnxsat.rules`` whose ``FAMILIES`` make the in-tree table, in this order."""
+"""The modules under ``onnxsat.rules`` whose ``FAMILIES`` make the in-tree table, in this order."""
 
-SITE_RULE_MODULES = ("partial_families", "partial_merge", "partial_subpixel")
+SITE_RULE_MODULES = ("pet.partial_families", "pet.partial_merge", "pet.partial_subpixel")
 """Modules of PET site rules (Python verifiers, not egglog rules): always imported, never cached."""
 
 IN_TREE_ORDER = (

@@ -24,6 +24,7 @@ from onnxsat import cli
 from onnxsat.base.errors import BadInputError, VerificationError
 from onnxsat.base.options import Budgets, Options
 from onnxsat.base.report import Report, VerificationSummary
+from onnxsat.cli_args import plugin_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL_CNN = ROOT / "examples" / "small_cnn.onnx"
@@ -41,7 +42,7 @@ ALL_OPTIMIZE_FLAGS = [
     "--input-shape",
     "--rules-only",
     "--disable-rules",
-    "--target",
+    "--cost-target",
     "--extractor",
     "--materialize-constants",
     "--external-data",
@@ -184,7 +185,7 @@ def test_help_does_not_import_the_heavy_stack(tmp_path: Path) -> None:
 
 def test_defaults_map_to_default_options(fake: FakePipeline, tmp_path: Path) -> None:
     assert cli.main(["optimize", str(SMALL_CNN), "-o", str(tmp_path / "out.onnx")]) == 0
-    assert fake.calls == [Options(progress=True, plugin_cache_dir=cli._plugin_cache_dir())]
+    assert fake.calls == [Options(progress=True, plugin_cache_dir=plugin_cache_dir())]
 
 
 def test_every_flag_maps_to_options(fake: FakePipeline, tmp_path: Path) -> None:
@@ -209,7 +210,7 @@ def test_every_flag_maps_to_options(fake: FakePipeline, tmp_path: Path) -> None:
         "layout",
         "--disable-rules",
         "some-rule",
-        "--target",
+        "--cost-target",
         "ort-cpu",
         "--extractor",
         "tree",
@@ -244,7 +245,8 @@ def test_quiet_and_json_turn_progress_off(fake: FakePipeline, tmp_path: Path, fl
         ["--time-limit", "0"],
         ["--time-limit", "nan"],
         ["--match-limit", "1.5"],
-        ["--target", "cuda"],
+        ["--cost-target", "cuda"],
+        ["--target", "ort-cpu"],  # the cost model is --cost-target; --target is compile's
         ["--extractor", "simplex"],
         ["--ilp-time-limit", "0"],
         ["--rules-only", " , "],

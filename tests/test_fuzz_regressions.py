@@ -18,13 +18,13 @@ from .fuzzing.check import EXTRACTORS, check_case
 DATA = Path(__file__).parent / "data" / "fuzz"
 
 CASES: dict[str, str | None] = {
-    # rules/core.py matmul-add-to-gemm had no dtype guard: int64 MatMul + Add became an int64
+    # rules/families/core.py matmul-add-to-gemm had no dtype guard: int64 MatMul + Add became an int64
     # Gemm, which onnxruntime's CPU provider does not implement. Fixed: float types only.
     "int64_matmul_add": None,
-    # rules/algebraic.py div-mul-const ((x/a)*b => x*(b/a)) reassociated integer Div, which
+    # rules/families/algebraic.py div-mul-const ((x/a)*b => x*(b/a)) reassociated integer Div, which
     # truncates: (x/2)*2 became x*1. Fixed: float types only.
     "int64_div_mul": None,
-    # rules/algebraic.py mul-div-const ((x*a)/b => x*(a/b)): the same for (x*3)/2. Fixed likewise.
+    # rules/families/algebraic.py mul-div-const ((x*a)/b => x*(a/b)): the same for (x*3)/2. Fixed likewise.
     "int64_mul_div": None,
     # onnxsat/verification.py took the tolerance from the OUTPUT dtype only: float32 math cast to
     # float64 at the end was held to float64's tolerance, so matmul-const-assoc's correct float32

@@ -17,10 +17,10 @@ from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
 from onnxsat.forced import Saturated
-from onnxsat.rules.partial import apply_partial_rules
-from onnxsat.rules.partial_merge import RULE, border_rows, merge_site, pair_sample
-from onnxsat.rules.partial_models import linear_bottleneck
-from onnxsat.rules.verify_partial import verify_site
+from onnxsat.rules.pet.partial import apply_partial_rules
+from onnxsat.rules.pet.partial_merge import RULE, border_rows, merge_site, pair_sample
+from onnxsat.rules.pet.partial_models import linear_bottleneck
+from onnxsat.rules.pet.verify_partial import verify_site
 
 from .prove import _egraph
 from .test_rules_partial import _cat, _ints, _sl
@@ -31,7 +31,7 @@ def _conv(x: L.Tensor, w: L.Tensor, b: L.Tensor, pads: list[int]) -> L.Tensor:
 
 
 def test_border_rows_are_the_windows_that_read_padding() -> None:
-    from onnxsat.rules.partial import Window
+    from onnxsat.rules.pet.partial import Window
 
     assert border_rows(Window(3, 1, 1, 1), 6, 6) == [(0, 1), (5, 6)]
     assert border_rows(Window(5, 1, 2, 1), 7, 6) == [(0, 2), (5, 6)]

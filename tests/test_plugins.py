@@ -149,7 +149,7 @@ def test_wrong_plugin_rules_are_rejected_with_counterexamples(
 
     # Verdicts are cached by rule text: a fresh load of the same rules does not run the verifier.
     P.unload_plugin(load)
-    monkeypatch.setattr("onnxsat.rules.verify.RuleVerifier", None)  # calling it would raise
+    monkeypatch.setattr("onnxsat.rules.verification.verify.RuleVerifier", None)  # calling it would raise
     with pytest.warns(P.PluginWarning, match="softsign-as-tanh rejected"):
         again = P.ensure_plugins([str(plugin_file)], cache_dir=cache)
     assert again[0].accepted == ["triple-neg-1"]

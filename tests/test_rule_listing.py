@@ -18,7 +18,7 @@ from onnxsat import cli
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     code = cli.main(["rules", "list", "--json"])
-built = sorted(m for m in ("egglog", "onnxsat.rules.registry", "onnxsat.rules.core") if m in sys.modules)
+built = sorted(m for m in ("egglog", "onnxsat.rules.registry", "onnxsat.rules.families.core") if m in sys.modules)
 print(json.dumps({"code": code, "rows": json.loads(out.getvalue()), "imported": built}))
 """
 

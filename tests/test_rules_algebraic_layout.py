@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat.egraph import lang as L
-from onnxsat.rules import algebraic, layout
+from onnxsat.rules.families import algebraic, layout
 
 from .prove import prove, refute
 

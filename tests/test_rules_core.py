@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat.egraph import lang as L
-from onnxsat.rules.core import RULE_NAMES
+from onnxsat.rules.families.core import RULE_NAMES
 from onnxsat.verification import compare_models
 
 from .models import EXAMPLES

@@ -21,7 +21,8 @@ from onnxsat import cli
 from onnxsat.base.options import Options
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
-from onnxsat.rules import RULES, fusion
+from onnxsat.rules import RULES
+from onnxsat.rules.families import fusion
 
 from .helpers_onnx import outputs_match, run_ort, warm_import
 from .prove import _load, _warm

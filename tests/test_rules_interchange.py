@@ -9,7 +9,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.egraph import lang as L
-from onnxsat.rules import interchange
+from onnxsat.rules.families import interchange
 
 from .prove import conv, family_prove_tests, ints, optimized_and_verified, refute
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat.egraph import lang as L
-from onnxsat.rules import dtype, reduce, shape_fold, transpose, views
+from onnxsat.rules.families import dtype, reduce, shape_fold, transpose, views
 
 from .prove import prove, refute
 

@@ -10,7 +10,7 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.egraph import lang as L
-from onnxsat.rules import linear
+from onnxsat.rules.families import linear
 
 from .prove import conv, family_prove_tests, ints, optimized_and_verified, refute
 

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnxsat
 from onnxsat.egraph import lang as L
-from onnxsat.rules import multi
+from onnxsat.rules.families import multi
 
 from .prove import _egraph, _run, refute
 

@@ -18,11 +18,11 @@ from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
 from onnxsat.rules import RULES
-from onnxsat.rules.partial import PARTIAL_RULES, apply_partial_rules, site_rules
-from onnxsat.rules.partial_families import RULE_NAMES, spatial_to_batch_site
-from onnxsat.rules.partial_models import all_sites_model, site_model
+from onnxsat.rules.pet.partial import PARTIAL_RULES, apply_partial_rules, site_rules
+from onnxsat.rules.pet.partial_families import RULE_NAMES, spatial_to_batch_site
+from onnxsat.rules.pet.partial_models import all_sites_model, site_model
+from onnxsat.rules.pet.verify_partial import composite_model, verify_partial_rule, verify_site
 from onnxsat.rules.schedule import select_rules
-from onnxsat.rules.verify_partial import composite_model, verify_partial_rule, verify_site
 
 from .prove import _egraph
 
@@ -92,7 +92,7 @@ POOL_CASES = [
 @pytest.mark.parametrize(("op", "kernel", "strides", "pads", "extra"), POOL_CASES)
 def test_numpy_pool_references_match_onnxruntime(op: str, kernel: tuple[int, int], strides: tuple[int, int], pads: tuple[int, ...], extra: dict[str, Any]) -> None:
     """The pooling PET's check evaluates with (onnx.reference's fails or is slow here) agrees with onnxruntime."""
-    from onnxsat.rules.verify_partial import average_pool_reference, max_pool_reference
+    from onnxsat.rules.pet.verify_partial import average_pool_reference, max_pool_reference
 
     x = np.random.default_rng(0).standard_normal((1, 2, 11, 9)).astype(np.float32)
     node = helper.make_node(op, ["x"], ["y"], kernel_shape=kernel, strides=strides, pads=pads, **extra)
@@ -188,7 +188,7 @@ def test_numeric_every_site_on_onnxruntime() -> None:
     """Every site each rule finds in a model holding one site model per rule (one import for all),
     its composite exported as ONNX the way extraction would write it, matches the model on onnxruntime."""
     from onnxsat.egraph.importer import from_onnx
-    from onnxsat.rules.partial import find_sites
+    from onnxsat.rules.pet.partial import find_sites
 
     model = all_sites_model("small")
     program = from_onnx(model)

@@ -1,4 +1,4 @@
-"""ConvTranspose as a sub-pixel convolution (rules/partial_subpixel.py), an exact site rule on by
+"""ConvTranspose as a sub-pixel convolution (rules/pet/partial_subpixel.py), an exact site rule on by
 default: the numpy ConvTranspose PET's check evaluates with, a wrong phase kernel caught, the prove
 test, the default selection, and a decoder optimized with it."""
 
@@ -17,13 +17,14 @@ import onnxsat
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.extract.serialized import serialize
-from onnxsat.rules import RULES, partial_subpixel
-from onnxsat.rules.partial import apply_partial_rules
-from onnxsat.rules.partial_models import decoder_block, site_model
-from onnxsat.rules.partial_subpixel import RULE, conv_transpose_sample, subpixel_site
-from onnxsat.rules.rule_pattern import describe_rule
+from onnxsat.rules import RULES
+from onnxsat.rules.pet import partial_subpixel
+from onnxsat.rules.pet.partial import apply_partial_rules
+from onnxsat.rules.pet.partial_models import decoder_block, site_model
+from onnxsat.rules.pet.partial_subpixel import RULE, conv_transpose_sample, subpixel_site
+from onnxsat.rules.pet.verify_partial import conv_transpose_reference, verify_site
 from onnxsat.rules.schedule import select_rules
-from onnxsat.rules.verify_partial import conv_transpose_reference, verify_site
+from onnxsat.rules.verification.rule_pattern import describe_rule
 
 from .prove import _egraph
 

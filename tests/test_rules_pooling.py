@@ -1,4 +1,4 @@
-"""Separable pooling (rules/pooling.py): proved in the e-graph, kept off small windows, chosen on a
+"""Separable pooling (rules/families/pooling.py): proved in the e-graph, kept off small windows, chosen on a
 large MaxPool and equal to the original on onnxruntime; wrong separations fail verification."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from onnx import helper
 
 import onnxsat
 from onnxsat.egraph import lang as L
-from onnxsat.rules import pooling
-from onnxsat.rules.partial_models import site_model
+from onnxsat.rules.families import pooling
+from onnxsat.rules.pet.partial_models import site_model
 from onnxsat.rules.registry import RuleTable, rewrite_rule
-from onnxsat.rules.verify import RuleVerifier
+from onnxsat.rules.verification.verify import RuleVerifier
 
 from .prove import prove, refute
 

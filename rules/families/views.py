@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 from egglog import Vec, f64, i64, vars_
 
-from ..egraph import lang as L
-from ..egraph.shapes import is_zero, norm_axis
+from ...egraph import lang as L
+from ...egraph.shapes import is_zero, norm_axis
+from ..registry import ROOT as t
+from ..registry import Family
 from .layout import BINARY, UNARY
-from .registry import ROOT as t
-from .registry import Family
 
 LAYOUT_FAMILY = Family("layout")
 FAMILIES = (LAYOUT_FAMILY,)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from egglog import Vec, i64, ne, vars_
 from egglog.egraph import FactLike
 
-from ..egraph import lang as L
-from .registry import Family
+from ...egraph import lang as L
+from ..registry import Family
 
 FAMILY = Family("layout")
 FAMILIES = (FAMILY,)

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from egglog import Vec, i64, vars_
 from egglog.egraph import FactLike
 
-from ..egraph import lang as L
-from ..egraph.shapes import norm_axis
-from .registry import ROOT as t
-from .registry import Family
+from ...egraph import lang as L
+from ...egraph.shapes import norm_axis
+from ..registry import ROOT as t
+from ..registry import Family
 
 FAMILY = Family("reduce")
 FAMILIES = (FAMILY,)

@@ -29,15 +29,15 @@ import onnx
 from egglog import EggSmolError, EGraph, Ruleset, i64, set_, union
 from onnx import helper
 
-from ..egraph import lang as L
-from ..egraph.exporter import to_onnx
-from ..egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
-from ..egraph.shapes import shape_rules
-from ..extract.cost import NodeCtx
-from ..extract.greedy import topological, tree_choice
-from ..extract.pricing import IndexedEGraph, Pricer, const_classes
-from ..extract.serialized import serialize
-from .registry import RuleTable
+from ...egraph import lang as L
+from ...egraph.exporter import to_onnx
+from ...egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
+from ...egraph.shapes import shape_rules
+from ...extract.cost import NodeCtx
+from ...extract.greedy import topological, tree_choice
+from ...extract.pricing import IndexedEGraph, Pricer, const_classes
+from ...extract.serialized import serialize
+from ..registry import RuleTable
 from .rule_instances import (
     LEAVES,
     OPSET,

@@ -28,9 +28,9 @@ import numpy as np
 from egglog import EGraph
 from onnx import TensorProto, helper
 
-from ..egraph import lang as L
-from ..egraph.program import Program
-from .rule_instances import OPSET, RTOL, compare, term_graph
+from ...egraph import lang as L
+from ...egraph.program import Program
+from ..verification.rule_instances import OPSET, RTOL, compare, term_graph
 
 SEEDS = 3
 
@@ -170,7 +170,7 @@ def evaluate(program: Program, graph: Any, feeds: list[dict[str, np.ndarray]]) -
     """Export the site's terms and run them with ``onnx.reference`` once per feed."""
     from onnx.reference import ReferenceEvaluator
 
-    from ..egraph.exporter import to_onnx
+    from ...egraph.exporter import to_onnx
 
     evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=numpy_pool_ops())
     with np.errstate(all="ignore"):
@@ -281,9 +281,9 @@ def _fail(verdict: PetVerdict, start: float, detail: str) -> PetVerdict:
 
 def verify_partial_rule(name: str) -> Any:
     """The rule-table verifier of a partial rule: PET's check on each site its samples give."""
+    from ..registry import RULES
+    from ..verification.verify import RuleVerification
     from .partial import PARTIAL_RULES, verify_site_cached
-    from .registry import RULES
-    from .verify import RuleVerification
 
     start = time.perf_counter()
     rule = PARTIAL_RULES[name]
@@ -318,8 +318,8 @@ def composite_model(site: Any, original: Any, leaf_names: dict[str, str]) -> Any
     ``leaf_names``: site leaf -> the original model's tensor name."""
     from onnx import ModelProto
 
-    from ..egraph.exporter import to_onnx
-    from ..egraph.graph_types import ENode
+    from ...egraph.exporter import to_onnx
+    from ...egraph.graph_types import ENode
 
     model = cast(ModelProto, original)
     weights = {t.name: t for t in model.graph.initializer}

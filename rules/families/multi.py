@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from egglog import Vec, f64, i64, ne, union, vars_
 
-from ..egraph import lang as L
-from .registry import Family
+from ...egraph import lang as L
+from ..registry import Family
 
 FAMILY = Family("multi")
 FAMILIES = (FAMILY,)

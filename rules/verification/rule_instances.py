@@ -22,12 +22,12 @@ from egglog.declarations import (
 )
 from onnx import TensorProto, helper, numpy_helper
 
-from ..egraph import lang as L
-from ..egraph.exporter import to_onnx
-from ..egraph.graph_types import ENode, ExtractedGraph, Ref
-from ..egraph.ops import BY_CTOR, OpSpec
-from ..egraph.program import Program
-from ..extract.greedy import topological
+from ...egraph import lang as L
+from ...egraph.exporter import to_onnx
+from ...egraph.graph_types import ENode, ExtractedGraph, Ref
+from ...egraph.ops import BY_CTOR, OpSpec
+from ...egraph.program import Program
+from ...extract.greedy import topological
 from .instance_sampling import HINTABLE, SAMPLERS, Gen, Known, Want, arg_names
 from .rule_pattern import Invalid, RulePattern, Unsupported, op_name
 
@@ -398,7 +398,9 @@ def evaluate(
     """Export the terms and run them with ``onnx.reference`` once per feed (all outputs each time)."""
     from onnx.reference import ReferenceEvaluator
 
-    from .verify_partial import numpy_pool_ops  # the reference's stride-1 MaxPool fails on a 1-wide kernel
+    from ..pet.verify_partial import (
+        numpy_pool_ops,  # the reference's stride-1 MaxPool fails on a 1-wide kernel
+    )
 
     evaluator = ReferenceEvaluator(to_onnx(program, graph), new_ops=numpy_pool_ops())
     with np.errstate(all="ignore"):

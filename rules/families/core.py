@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from egglog import String, Vec, f64, i64, vars_
 
-from ..egraph import lang as L
-from ..egraph.shapes import MAX_RANK
-from .registry import ROOT as t
-from .registry import Family
+from ...egraph import lang as L
+from ...egraph.shapes import MAX_RANK
+from ..registry import ROOT as t
+from ..registry import Family
 
 FAMILY = Family("core")
 FAMILIES = (FAMILY,)

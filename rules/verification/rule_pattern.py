@@ -28,8 +28,8 @@ from egglog.declarations import (
 )
 from egglog.pretty import PrettyContext
 
-from ..egraph.shapes import MAX_RANK
-from .registry import RuleTable
+from ...egraph.shapes import MAX_RANK
+from ..registry import RuleTable
 
 
 class Invalid(Exception):

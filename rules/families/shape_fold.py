@@ -12,10 +12,10 @@ from __future__ import annotations
 from egglog import Vec, f64, i64, vars_
 from egglog.egraph import FactLike
 
-from ..egraph import lang as L
-from ..egraph.shapes import clamp, norm_axis
-from .registry import ROOT as t
-from .registry import Family
+from ...egraph import lang as L
+from ...egraph.shapes import clamp, norm_axis
+from ..registry import ROOT as t
+from ..registry import Family
 
 SHAPE_FAMILY = Family("shape-arith")
 FAMILIES = (SHAPE_FAMILY,)

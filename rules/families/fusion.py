@@ -23,9 +23,9 @@ from collections.abc import Callable
 from egglog import String, Vec, eq, f64, i64, union, vars_
 from egglog.egraph import FactLike
 
-from ..egraph import lang as L
-from .registry import ROOT as t
-from .registry import Family
+from ...egraph import lang as L
+from ..registry import ROOT as t
+from ..registry import Family
 
 FAMILY = Family("fusion")
 FAMILIES = (FAMILY,)

@@ -32,11 +32,11 @@ from typing import Any
 
 from egglog import EggSmolError, union
 
-from ..egraph import lang as L
-from ..egraph.graph_types import ENode, Ref, SerializedEGraph
-from ..egraph.shapes import shape_rules
-from .registry import Family
-from .rule_instances import TermLit, TermNode, term_list, to_egglog
+from ...egraph import lang as L
+from ...egraph.graph_types import ENode, Ref, SerializedEGraph
+from ...egraph.shapes import shape_rules
+from ..registry import Family
+from ..verification.rule_instances import TermLit, TermNode, term_list, to_egglog
 
 FAMILY = "partial"
 MAX_CORRECTION = 0.25
@@ -124,7 +124,7 @@ class WindowedOp:
 
     @property
     def named(self) -> dict[str, Any]:
-        from ..egraph.ops import BY_CTOR
+        from ...egraph.ops import BY_CTOR
 
         return {a.name: v for a, v in zip(BY_CTOR[self.op].attrs, self.attrs, strict=True)}
 
@@ -150,7 +150,7 @@ class WindowedOp:
 
     def apply(self, x: Term, params: Sequence[Term]) -> Term:
         """This op on ``x`` (``params``: the other tensor inputs, e.g. Conv's weight and bias)."""
-        from ..egraph.ops import BY_CTOR
+        from ...egraph.ops import BY_CTOR
 
         sorts = {"int": "i64", "float": "f64", "string": "String", "ints": "Vec"}
         kinds = [sorts[a.kind] for a in BY_CTOR[self.op].attrs]
@@ -219,7 +219,7 @@ class Site:
 
     def key(self) -> tuple[Any, ...]:
         """What verification depends on: the rule, the op attributes, the shapes (cache key)."""
-        from .rule_instances import term_graph
+        from ..verification.rule_instances import term_graph
 
         graph = term_graph(*self.composites, *self.originals)
         ops = tuple((n.op, tuple(a for a in n.args if not isinstance(a, Ref))) for _, n in graph.nodes)
@@ -417,7 +417,7 @@ def apply_site_rules(program: Any, enabled: Sequence[str], eg: SerializedEGraph 
     """The per-site stage as ``onnxsat.optimize`` runs it before saturation: the enabled site rules'
     sites found, PET-verified and unioned into the freshly imported ``program`` (``eg``: its serialized
     e-graph, if the caller has it). Nothing to do (and no serialization) when none is enabled."""
-    from ..extract.serialized import serialize
+    from ...extract.serialized import serialize
 
     if not any(n in PARTIAL_RULES for n in enabled):
         return []
@@ -428,7 +428,7 @@ def apply_site_rules(program: Any, enabled: Sequence[str], eg: SerializedEGraph 
 
 def _leaf_nodes(site: Site) -> list[Term]:
     """The leaf nodes of the site's composites (each becomes its e-class's ``tensor_ref``)."""
-    from .rule_instances import term_nodes
+    from ..verification.rule_instances import term_nodes
 
     return [n for root in site.composites for n in term_nodes(root) if n.op == "Tensor.input"]
 

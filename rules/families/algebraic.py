@@ -12,9 +12,9 @@ from collections.abc import Callable
 from egglog import Vec, f64, i64, ne, vars_
 from egglog.egraph import FactLike
 
-from ..egraph import lang as L
-from .registry import ROOT as t
-from .registry import Family
+from ...egraph import lang as L
+from ..registry import ROOT as t
+from ..registry import Family
 
 FAMILY = Family("algebraic")
 FAMILIES = (FAMILY,)

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
-from ..egraph.ops import OpSpec
-from ..egraph.shapes import MAX_RANK
+from ...egraph.ops import OpSpec
+from ...egraph.shapes import MAX_RANK
 
 DOUBLE, INT64 = TensorProto.DOUBLE, TensorProto.INT64
 

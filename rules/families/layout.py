@@ -10,10 +10,10 @@ from collections.abc import Callable
 from egglog import String, Vec, f64, i64, vars_
 from egglog.egraph import FactLike
 
-from ..egraph import lang as L
-from ..egraph.shapes import MAX_RANK, norm_axis
-from .registry import ROOT as t
-from .registry import Family
+from ...egraph import lang as L
+from ...egraph.shapes import MAX_RANK, norm_axis
+from ..registry import ROOT as t
+from ..registry import Family
 
 FAMILY = Family("layout")
 SHAPE_FAMILY = Family("shape-arith")

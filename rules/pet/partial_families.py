@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..egraph.graph_types import SerializedEGraph
+from ...egraph.graph_types import SerializedEGraph
 from .partial import (
     NONE,
     OpCall,
@@ -73,14 +73,14 @@ def _windowed(call: OpCall) -> tuple[WindowedOp, list[Window], list[Term], dict[
 
 def shared_leaves(*terms: Term) -> dict[str, Term]:
     """Leaf name -> the one leaf node object used in ``terms`` (a site binds each leaf once)."""
-    from .rule_instances import term_nodes
+    from ..verification.rule_instances import term_nodes
 
     return {n.args[0].value: n for t in terms for n in term_nodes(t) if n.op == "Tensor.input"}  # type: ignore[union-attr]
 
 
 def rebind_leaves(term: Term, leaves: dict[str, Term], memo: dict[int, Term] | None = None) -> Term:
     """``term`` with every leaf replaced by the shared leaf node of its name."""
-    from .rule_instances import TermNode
+    from ..verification.rule_instances import TermNode
 
     memo = {} if memo is None else memo
     if id(term) in memo:
@@ -405,7 +405,7 @@ def matmul_gemm_site(rule: str, call: OpCall) -> Site | None:
 
 
 def _call2(op: str, a: Term, b: Term) -> Term:
-    from .rule_instances import TermNode
+    from ..verification.rule_instances import TermNode
 
     return TermNode(op, (a, b))
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..egraph.graph_types import SerializedEGraph
+from ...egraph.graph_types import SerializedEGraph
+from ..verification.rule_instances import TermLit, TermNode
 from .partial import (
     NONE,
     OpCall,
@@ -37,7 +38,6 @@ from .partial import (
     transpose,
 )
 from .partial_families import exact_site
-from .rule_instances import TermLit, TermNode
 
 FAMILIES = site_families()
 

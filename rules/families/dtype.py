@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from egglog import Vec, i64, vars_
 
-from ..egraph import lang as L
-from .registry import Family
+from ...egraph import lang as L
+from ..registry import Family
 
 FAMILY = Family("dtype")
 FAMILIES = (FAMILY,)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..egraph.graph_types import SerializedEGraph
+from ...egraph.graph_types import SerializedEGraph
+from ..verification.rule_instances import TermLit, TermNode
 from .partial import (
     NONE,
     OpCall,
@@ -35,7 +36,6 @@ from .partial import (
     transpose,
 )
 from .partial_families import rebind_leaves, shared_leaves
-from .rule_instances import TermLit, TermNode
 
 FAMILIES = site_families()
 

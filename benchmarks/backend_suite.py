@@ -105,8 +105,11 @@ def _true_inputs(model: onnx.ModelProto) -> list[str]:
 
 
 def _feeds(model: onnx.ModelProto, inputs: list[Any]) -> dict[str, Any]:
+    """Inputs by name; numpy scalars (``np.int64(10)``, as many node cases give a size) as 0-d
+    arrays, which onnxruntime takes (it refuses the scalar objects themselves)."""
     names = _true_inputs(model)
-    return dict(zip(names, inputs, strict=False))
+    values = [v if isinstance(v, list | dict | np.ndarray) or v is None else np.asarray(v) for v in inputs]
+    return dict(zip(names, values, strict=False))
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:

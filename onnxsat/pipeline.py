@@ -535,8 +535,8 @@ def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report)
     from onnxsat.verification_inputs import prepare_samples
 
     try:
-        samples = prepare_samples(model, options)
-        with _stage(report, "reference", options.progress):
+        with _stage(report, "reference", options.progress):  # the inputs' generation is verification work too
+            samples = prepare_samples(model, options)
             dims = pinned_dims(model, options)
             return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
     except UnverifiableError as exc:

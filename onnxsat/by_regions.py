@@ -30,7 +30,6 @@ import numpy as np
 import onnx
 
 from onnxsat.base.errors import one_line
-from onnxsat.base.modelio import serialized_size
 from onnxsat.base.options import Options
 from onnxsat.base.report import RegionSummary, Report, SaturationReport
 from onnxsat.egraph.exporter import to_onnx
@@ -290,7 +289,7 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
     lap("windows")
     stitched, merged = eliminate_common_subexpressions(stitched)
     lap("cse")
-    folded, _ = fold_constants(stitched, serialized_size(model), materialize=options.materialize_constants)
+    folded, _ = fold_constants(stitched, materialize=options.materialize_constants)
     lap("export")
     from onnxsat.pipeline import check_output
 

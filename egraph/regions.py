@@ -499,8 +499,9 @@ def cut_window(model: onnx.ModelProto, cut: int, hops: int, span: int) -> list[i
 
 def eliminate_common_subexpressions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Merge equal small weights and then nodes of one op, attributes and inputs (in place of the
-    second, the first's outputs are read): what separately optimized parts computed twice.
-    Returns the model and how many nodes were merged."""
+    second, the first's outputs are read), and drop Identity nodes (their input is read instead):
+    what separately optimized parts computed twice or passed on. Graph outputs stay as they are.
+    Returns the model and how many nodes were merged or dropped."""
     graph = model.graph
     overridable = {i.name for i in graph.input}
     alias: dict[str, str] = {}
@@ -528,6 +529,10 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> tuple[onnx.ModelP
                     for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
                         _rename_outer(g, lambda n: alias.get(n, n))
             kept.append(node)
+            continue
+        if node.op_type == "Identity" and node.domain in ("", "ai.onnx") and node.input[0]:
+            alias[node.output[0]] = node.input[0]  # a region's output that was its input or a weight
+            merged += 1
             continue
         attrs = b"".join(a.SerializeToString() for a in sorted(node.attribute, key=lambda a: a.name))
         key = (node.domain, node.op_type, tuple(node.input), len(node.output), attrs)

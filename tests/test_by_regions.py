@@ -218,3 +218,20 @@ def test_a_shape_computation_crossing_a_cut_is_computed_again_inside() -> None:
     assert part.copies == ("s", "target")
     assert [n.op_type for n in part.model.graph.node] == ["Shape", "Concat", "Tanh", "Reshape"]
     assert part.inputs == ("x",) and part.outputs == ("y",)
+
+
+def test_identities_between_parts_are_dropped() -> None:
+    nodes = [
+        helper.make_node("Identity", ["x"], ["a"]),
+        helper.make_node("Relu", ["a"], ["b"]),
+        helper.make_node("Identity", ["b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "identities",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    model, merged = eliminate_common_subexpressions(helper.make_model(graph))
+    assert merged == 1
+    assert [(n.op_type, list(n.input)) for n in model.graph.node] == [("Relu", ["x"]), ("Identity", ["b"])]

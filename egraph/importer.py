@@ -26,7 +26,8 @@ from . import lang as L
 from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
 from .program import OpaqueNode, Program, TensorInfo
-from .shapes import shape_rules
+from .reach import Selection, language_symbols, present_symbols, symbol
+from .shapes import analysis_ruleset
 from .warm import WarmEGraph
 
 SMALL_INTS = 64
@@ -130,6 +131,7 @@ class _Importer:
         seed_shapes: bool,
         egraph: EGraph,
         seed_invented: bool = True,
+        selection: Selection | None = None,
         deadline: float | None = None,
     ):
         self.model = model
@@ -156,6 +158,7 @@ class _Importer:
         self.actions: list[Any] = []
         self.input_symbols: set[int] = set()
         self.seed_invented = seed_invented
+        self.selection = selection
 
     # ------------------------------------------------------------ helpers
     def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
@@ -371,7 +374,7 @@ class _Importer:
         pending = list(self.pending_shapes)
         while True:
             self._check_deadline(self.node_total, self.node_total)
-            self.egraph.run(shape_rules.saturate())
+            self.egraph.run(self.analysis.saturate())
             missing = [n for n in pending if self.egraph.lookup_function_value(L.shape(self.terms[n])) is None]
             frontier = [n for n in missing if self._inputs_shaped(n)] if self.trust_onnx_shapes else []
             filled = []
@@ -444,6 +447,9 @@ class _Importer:
             self.actions.append(union(L.graph_output(k)).with_(ref))
         for start in range(0, len(self.actions), 2000):
             self.egraph.register(*self.actions[start : start + 2000])
+        if self.selection is not None and not present_symbols(self.egraph) <= self.selection.available:
+            self.selection = None  # the import wrote a table its selection did not foresee: all rules
+        self.analysis = self.selection.analysis if self.selection is not None else analysis_ruleset()
         self._fill_shapes()
         from collections import Counter
 
@@ -463,6 +469,7 @@ class _Importer:
             opaque_reasons=Counter(self.opaque_reasons),
             terms=self.terms,
             infos=self.infos,
+            selection=self.selection,
         )
 
 
@@ -518,15 +525,53 @@ def from_onnx(
     def fresh() -> EGraph:
         return warm.fresh() if warm is not None else EGraph()
 
+    selection = warm.selection if warm is not None else None
+
     if trust_onnx_shapes:
         try:
             return _Importer(
-                model, input_shapes, True, seed_shapes=True, egraph=fresh(), seed_invented=seed_invented, deadline=deadline
+                model, input_shapes, True, seed_shapes=True, egraph=fresh(), seed_invented=seed_invented,
+                selection=selection, deadline=deadline,
             ).run()
         except EggSmolError as exc:
             program = _Importer(
-                model, input_shapes, True, seed_shapes=False, egraph=fresh(), seed_invented=seed_invented, deadline=deadline
+                model, input_shapes, True, seed_shapes=False, egraph=fresh(), seed_invented=seed_invented,
+                selection=selection, deadline=deadline,
             ).run()
             program.warnings.append(f"shape analysis disagreed with ONNX shape inference: {exc}".splitlines()[0])
             return program
-    return _Importer(model, input_shapes, False, seed_shapes=False, egraph=fresh(), deadline=deadline).run()
+    return _Importer(
+        model, input_shapes, False, seed_shapes=False, egraph=fresh(), selection=selection, deadline=deadline
+    ).run()
+
+
+def import_symbols(model: onnx.ModelProto) -> frozenset[str]:
+    """Every table importing ``model`` may fill (``egraph.reach``): each modelled op's constructor, the
+    ops ``Sum`` and ``Dropout`` import as, and every table of the language that is not an op (leaves,
+    markers, analyses). An over-estimate: a table it leaves out that the import fills anyway makes
+    the import fall back to every rule."""
+    ctors = {_ctor_symbol(spec) for spec in OPS.values()}
+    found = set(_leaf_symbols() - ctors)
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        spec = OPS.get(node.op_type)
+        if spec is not None:
+            found.add(_ctor_symbol(spec))
+        if node.op_type in ("Sum", "Dropout"):
+            found.update(_ctor_symbol(OPS[op]) for op in ("Add", "Identity"))
+    return frozenset(found)
+
+
+def _ctor_symbol(spec: OpSpec) -> str:
+    ctor: Any = spec.ctor
+    name = symbol(ctor.__egg_decls__, ctor.__egg_ref__)
+    assert name is not None
+    return name
+
+
+@functools.cache
+def _leaf_symbols() -> frozenset[str]:
+    from egglog.declarations import Declarations
+
+    return language_symbols(Declarations.create(*[v for v in vars(L).values() if hasattr(v, "__egg_decls__")]))

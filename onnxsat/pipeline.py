@@ -21,13 +21,13 @@ from onnxsat.base.errors import (
     VerificationError,
     one_line,
 )
-from onnxsat.base.modelio import check_model_as_original, check_model_full, serialized_size
+from onnxsat.base.modelio import check_model_as_original, check_model_full, serialized_size, weight_bytes
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
-from onnxsat.egraph.importer import from_onnx
+from onnxsat.egraph.importer import from_onnx, import_symbols
 from onnxsat.egraph.program import Program
 from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
@@ -196,9 +196,10 @@ class Session:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
         options, report = self.options, self.report
         self._held.enter_context(plugin_ops(self.loads))
+        start = import_symbols(self.model)  # only the rules that may fire on this model are declared
         with self._stage("declare"):  # the rules into a fresh e-graph (reused between runs of a process)
-            key, declared = declarations(self.rules, options.budgets, self.table)
-            warm = self._held.enter_context(warm_egraph(key, declared))
+            key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
+            warm = self._held.enter_context(warm_egraph(key, declared, selection))
         if options.budgets.whole_run and self.deadline is None:
             self.deadline = time.perf_counter() + options.budgets.seconds
         with self._stage("import"):
@@ -310,7 +311,7 @@ class Session:
                 upgrade_opset=options.upgrade_opset,
                 notes=self.report.warnings,
             )
-            folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
+            folded, _ = fold_constants(exported, materialize=options.materialize_constants)
         with self._stage("check"):
             _check_output(self.model, folded)
         dump.exported(self, folded)
@@ -477,23 +478,6 @@ def _matches(session: Session, optimized: onnx.ModelProto) -> bool:
     """``optimized`` matches the original on onnxruntime (or cannot be checked at all)."""
     result, _ = compare(session.model, optimized, session.options, session.reference)
     return result.ok or bool(result.skipped_reason)
-
-
-def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the model's initializers and Constant tensors (from their dims and types)."""
-    tensors = list(model.graph.initializer)
-    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
-    total = 0
-    for tensor in tensors:
-        count = 1
-        for d in tensor.dims:
-            count *= int(d)
-        try:
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        except (KeyError, ValueError, TypeError):
-            itemsize = 1
-        total += count * itemsize
-    return total
 
 
 def _never_worse(

@@ -106,7 +106,7 @@ class Options:
     rule_retries: int = 2
     """When a rewrite is found unsound or verification fails: how many reruns without the rules
     found responsible, before the last resort, a run without rewrites (``onnxsat.pipeline``)."""
-    region_nodes: int = 1500
+    region_nodes: int = 3000
     """Graphs with more nodes than this are saturated region by region (``onnxsat.by_regions``):
     cut where few tensors cross, each distinct region saturated once with the full budgets and
     replayed on its identical twins, then the windows around the cuts; 0: always whole."""

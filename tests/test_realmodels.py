@@ -45,8 +45,6 @@ KNOWN_OPEN: dict[str, str] = {
     "convnext_tiny-ts-static": "weights grew 1,073,252 -> 1,073,300 bytes (+48 bytes)",
     "vit_b_16-dynamo-static": "weights grew 468,964 -> 468,988 bytes (+24 bytes)",
     "whisper_tiny_encoder-dynamo-static": "weights grew 341,172 -> 341,392 bytes (+220 bytes)",
-    "bert-dynamo-dynamic": "weights grew 413,317 -> 413,573 bytes (+256 bytes; kept because the cost model "
-    "prices the result lower, 211.9 -> 209.8 us)",
 }
 """Corpus models onnxsat fails on today: name -> what goes wrong. Delete an entry when fixed."""
 

@@ -1,7 +1,7 @@
 """The built in-tree rules on disk, so a new process does not build them again in Python.
 
 Building the in-tree families' ~600 egglog rules from their Python definitions takes seconds; a
-built rule is a declaration tree (``RuleDecl``) over the tensor language, which pickles. The
+built rule is a declaration tree (``RuleDecl``) over the tensor language, plain data. The
 file keeps, per rule module, its families with each rule's declaration, keyed like the rule
 listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
 load; any mismatch or error means the rules are built from their modules again. Only the
@@ -10,21 +10,22 @@ cannot be reloaded with its rules). The PET site-rule modules are always importe
 are Python verifiers, not egglog rules).
 
 The file goes through `onnxsat.base.disk_cache` (a private 0700 directory, a sha256 per entry,
-fsync before rename) and is read by an unpickler that builds only egglog's declaration classes:
-any other global in the stream (``os.system``, a module's function) is refused, so a planted file
-cannot run code; it only costs building the rules again.
+fsync before rename) and holds JSON: the declaration trees as a list of nodes (each composite once,
+later nodes naming earlier ones by index), read back by building only egglog's declaration
+dataclasses, tuples, lists and string-keyed dicts. Nothing is unpickled, so a planted file cannot
+run code; a damaged or foreign one only costs building the rules again.
 """
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
+import egglog.declarations as egg_declarations
 from egglog import RewriteOrRule
-from egglog.declarations import CallDecl, Declarations
+from egglog.declarations import Declarations
 
 from onnxsat.base import disk_cache
 
@@ -32,10 +33,7 @@ from ..egraph import lang as L
 from .listing import listing_key
 from .registry import Family
 
-TABLE_FILE = "rule-table.pickle"
-
-copyreg.pickle(CallDecl, lambda c: (CallDecl, (c.callable, c.args, c.bound_tp_params)))
-"""CallDecl pools its instances in ``__new__``; rebuild them through it so the pool stays valid."""
+TABLE_FILE = "rule-table.json"
 
 
 def _language() -> Declarations:
@@ -43,16 +41,64 @@ def _language() -> Declarations:
     return Declarations.create(*[v for v in vars(L).values() if hasattr(v, "__egg_decls__")])
 
 
-class _DeclarationsOnly(pickle.Unpickler):
-    """Unpickles egglog declaration classes and plain data, nothing else (no callables, no modules)."""
+def _encode(value: Any) -> dict[str, Any]:
+    """``value`` (declaration dataclasses, tuples, lists, str-keyed dicts, scalars) as JSON data:
+    ``{"nodes": [...], "root": ...}``, each composite written once, shared subtrees by index."""
+    index: dict[int, int] = {}
+    nodes: list[dict[str, Any]] = []
+    keep: list[Any] = []  # ids stay unique while the values live
 
-    def find_class(self, module: str, name: str) -> Any:
-        import egglog.declarations as declarations
+    def enc(v: Any) -> Any:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if id(v) in index:
+            return {"r": index[id(v)]}
+        if isinstance(v, tuple):
+            node: dict[str, Any] = {"t": [enc(x) for x in v]}
+        elif isinstance(v, list):
+            node = {"l": [enc(x) for x in v]}
+        elif isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            node = {"d": {k: enc(x) for k, x in v.items()}}
+        elif dataclasses.is_dataclass(v) and type(v).__module__ == egg_declarations.__name__:
+            node = {"c": type(v).__name__, "a": [enc(getattr(v, f.name)) for f in dataclasses.fields(v)]}
+        else:
+            raise TypeError(f"{type(v).__name__} has no place in the rule-table cache")
+        keep.append(v)
+        index[id(v)] = len(nodes)
+        nodes.append(node)
+        return {"r": index[id(v)]}
 
-        obj = getattr(declarations, name, None) if module == "egglog.declarations" else None
-        if not isinstance(obj, type):
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in the rule-table cache")
-        return obj
+    return {"nodes": nodes, "root": enc(value)}
+
+
+def _declaration_class(name: str) -> type:
+    cls = getattr(egg_declarations, name, None)
+    if not (
+        isinstance(cls, type)
+        and dataclasses.is_dataclass(cls)
+        and cls.__module__ == egg_declarations.__name__
+    ):
+        raise ValueError(f"{name!r} is not an egglog declaration class")
+    return cls
+
+
+def _decode(data: dict[str, Any]) -> Any:
+    """The value ``_encode`` wrote; builds nothing but declaration dataclasses and plain data."""
+    built: list[Any] = []
+
+    def dec(v: Any) -> Any:
+        return built[v["r"]] if isinstance(v, dict) else v  # an index past the end fails: refused
+
+    for node in data["nodes"]:
+        if "t" in node:
+            built.append(tuple(dec(x) for x in node["t"]))
+        elif "c" in node:
+            built.append(_declaration_class(node["c"])(*[dec(x) for x in node["a"]]))
+        elif "l" in node:
+            built.append([dec(x) for x in node["l"]])
+        else:
+            built.append({k: dec(x) for k, x in node["d"].items()})
+    return dec(data["root"])
 
 
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
@@ -62,7 +108,7 @@ def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
     if raw is None:
         return None
     try:
-        stored = _DeclarationsOnly(io.BytesIO(raw)).load()
+        stored = _decode(json.loads(raw))
         if stored["key"] != listing_key():
             return None
         decls = _language()
@@ -85,8 +131,8 @@ def store(cache_dir: str | Path, parts: dict[str, list[Family]]) -> None:
                     return  # a rule uses a declaration of its own: not stored, built every time
         rows[module] = [_row(fam) for fam in families]
     try:
-        data = pickle.dumps({"key": listing_key(), "modules": rows}, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
+        data = json.dumps(_encode({"key": listing_key(), "modules": rows}), separators=(",", ":")).encode()
+    except (TypeError, ValueError):
         return
     directory = disk_cache.private_dir(cache_dir)
     if directory is not None:
@@ -114,5 +160,7 @@ def _row(fam: Family) -> dict[str, Any]:
 def _family(row: dict[str, Any], decls: Declarations) -> Family:
     fam = Family(row["name"], default_off=row["default_off"], tolerances=dict(row["tolerances"]))
     fam.names = list(row["names"])
-    fam.egg_rules = {n: [(egg, RewriteOrRule(decls, decl)) for egg, decl in rules] for n, rules in row["rules"].items()}
+    fam.egg_rules = {
+        n: [(egg, RewriteOrRule(decls, decl)) for egg, decl in rules] for n, rules in row["rules"].items()
+    }
     return fam

@@ -5,12 +5,15 @@ Rows: importing onnx, onnxruntime and egglog alone (the floor nobody can go belo
 examples/small_cnn.onnx`` with verification; and, in one process, the first and second optimize
 of small_cnn (no verification), whose difference is what a per-process cost (rule building and
 declaration) adds to the first model. ``--against PYTHON`` runs every row also with another
-interpreter command (e.g. a wrapper running an older checkout), interleaved, so the two columns
+interpreter command (e.g. a wrapper that changes into an older checkout and runs its venv's
+python there; each interpreter gets its own cache directory), interleaved, so the two columns
 are measured side by side under the same load. Times are medians of ``--repeat`` runs; the load
-average before and after is printed with them.
+average before and after is printed with them. ``--markdown FILE`` also writes the table, every
+sample in the order it was taken and the load average at each, for ``benchmarks/results``.
+The last rows say how many egglog rules the run declares for small_cnn (of how many exist).
 
     python benchmarks/fixed_cost.py --repeat 3
-    python benchmarks/fixed_cost.py --against /path/to/old-python-wrapper
+    python benchmarks/fixed_cost.py --against /path/to/old-python-wrapper --markdown out.md
 """
 
 from __future__ import annotations
@@ -42,6 +45,38 @@ print(json.dumps(times))
 """
 
 
+_DECLARED = f"""
+import json, onnx, onnxsat
+from onnxsat.rules.registry import RuleTable
+from onnxsat.rules.schedule import select_rules
+table, enabled = RuleTable.default(), select_rules()
+rewrites = sum(len(table.egg_rules[n]) for n in enabled)
+try:
+    from onnxsat.egraph.importer import import_symbols
+    from onnxsat.egraph.shapes import analysis_rules
+    from onnxsat.rules.schedule import select
+    chosen = select(enabled, table, import_symbols(onnx.load({str(SMALL_CNN)!r})))
+    declared = [len(chosen.analysis.__egg_ruleset__.rules), len(chosen.rewrites)]
+    every = [len(analysis_rules()), rewrites]
+except ImportError:  # a checkout that declares every rule
+    from onnxsat.egraph.shapes import shape_rules
+    every = declared = [len(shape_rules.__egg_ruleset__.rules), rewrites]
+print(json.dumps(declared + every))
+"""
+
+
+def declared_rules(python: list[str], env: dict[str, str]) -> dict[str, int]:
+    """How many analysis and rewrite rules a run declares for small_cnn, and how many are enabled."""
+    out = subprocess.run([*python, "-c", _DECLARED], check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+    analysis, rewrites, all_analysis, all_rewrites = json.loads(out.stdout.splitlines()[-1])
+    return {
+        "analysis rules declared": analysis,
+        "rewrite rules declared": rewrites,
+        "analysis rules in all": all_analysis,
+        "rewrite rules enabled": all_rewrites,
+    }
+
+
 def _wall(cmd: list[str], env: dict[str, str]) -> float:
     start = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=ROOT)
@@ -69,20 +104,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--against", help="another interpreter command, measured interleaved with this one")
+    parser.add_argument("--markdown", type=Path, help="also write the results as a markdown file")
     args = parser.parse_args(argv)
     pythons = {"this": [sys.executable]}
     if args.against:
         pythons["against"] = args.against.split()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        env = {**os.environ, "XDG_CACHE_HOME": tmp}
+        # one cache directory per interpreter: two checkouts' rule caches have different keys
+        envs = {label: {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / label)} for label in pythons}
         out = Path(tmp) / "out.onnx"
-        for python in pythons.values():  # warm the rule listing and the plugin verdict caches, untimed
-            subprocess.run([*python, "-m", "onnxsat", "rules", "list"], check=True, capture_output=True, env=env)
+        for label, python in pythons.items():  # warm the rule table, listing and plugin caches, untimed
+            subprocess.run([*python, "-m", "onnxsat", "rules", "list"], check=True, capture_output=True, env=envs[label])
+            subprocess.run(
+                [*python, "-m", "onnxsat", "optimize", str(SMALL_CNN), "-o", str(out), "--quiet"],
+                check=True,
+                capture_output=True,
+                env=envs[label],
+            )
         samples: dict[str, list[dict[str, float]]] = {label: [] for label in pythons}
+        loads: list[float] = []
         for _ in range(args.repeat):
             for label, python in pythons.items():
-                samples[label].append(measure(python, env, out))
+                loads.append(os.getloadavg()[0])
+                samples[label].append(measure(python, envs[label], out))
+        counts = {label: declared_rules(python, envs[label]) for label, python in pythons.items()}
     load_after = os.getloadavg()
     rows = list(samples["this"][0])
     medians = {label: {row: statistics.median(s[row] for s in runs) for row in rows} for label, runs in samples.items()}
@@ -93,8 +139,48 @@ def main(argv: list[str] | None = None) -> int:
         if args.against:
             line += f"   {medians['this'][row] / medians['against'][row]:>8.2f}"
         print(line)
+    for row in counts["this"]:
+        print(f"{row:<34}" + "".join(f"{counts[label][row]:>12}" for label in pythons))
     print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; medians of {args.repeat}")
+    if args.markdown:
+        args.markdown.write_text(_markdown(pythons, rows, medians, samples, loads, counts, load_before, load_after))
     return 0
+
+
+def _markdown(
+    pythons: dict[str, list[str]],
+    rows: list[str],
+    medians: dict[str, dict[str, float]],
+    samples: dict[str, list[dict[str, float]]],
+    loads: list[float],
+    counts: dict[str, dict[str, int]],
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> str:
+    labels = list(pythons)
+    ratio = len(labels) == 2
+    lines = [
+        "| row | " + " | ".join(f"{label} (s)" for label in labels) + (" | this/against |" if ratio else " |"),
+        "|---|" + "---|" * (len(labels) + ratio),
+    ]
+    for row in rows:
+        cells = [f"{medians[label][row]:.2f}" for label in labels]
+        if ratio:
+            cells.append(f"{medians['this'][row] / medians['against'][row]:.2f}")
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    for row in counts["this"]:
+        lines.append(f"| {row} | " + " | ".join(str(counts[label][row]) for label in labels) + (" | |" if ratio else " |"))
+    lines += ["", f"Medians of {len(samples['this'])} interleaved runs; load average (1 min) {load_before[0]:.2f} "
+              f"before, {load_after[0]:.2f} after.", "", "Every sample, in the order taken (load average when it began):", ""]
+    lines += ["| # | interpreter | load | " + " | ".join(rows) + " |", "|---|---|---|" + "---|" * len(rows)]
+    position = 0
+    for i in range(len(samples["this"])):
+        for label in labels:
+            values = " | ".join(f"{samples[label][i][row]:.2f}" for row in rows)
+            lines.append(f"| {i + 1} | {label} | {loads[position]:.2f} | {values} |")
+            position += 1
+    lines += ["", "Interpreters: " + "; ".join(f"{label}: `{' '.join(cmd)}`" for label, cmd in pythons.items()), ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

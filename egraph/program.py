@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
-from egglog import EGraph
+from egglog import EGraph, Ruleset
 
 from . import lang as L
 
@@ -55,6 +55,14 @@ class Program:
     """Original tensor name -> its term (an egglog let binding)."""
     infos: dict[str, TensorInfo] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    selection: Any = None
+    """The rules declared for this program (``egraph.reach.Selection``); None: every enabled rule."""
+
+    def analysis(self) -> Ruleset:
+        """The analysis ruleset of this program (its selection's, else every analysis rule)."""
+        from .shapes import analysis_ruleset
+
+        return self.selection.analysis if self.selection is not None else analysis_ruleset()
 
     def node_count(self) -> int:
         return sum(n for _, n in self.egraph.all_function_sizes())

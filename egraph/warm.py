@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 from egglog import EGraph, Schedule
 
+from .reach import Selection
+
 _FREE: dict[tuple[str, ...], list[EGraph]] = {}
 DECLARED: dict[tuple[str, ...], int] = {}
 """Rule-set key -> how many e-graphs had its rules declared in this process (a test reads it)."""
@@ -23,9 +25,11 @@ DECLARED: dict[tuple[str, ...], int] = {}
 class WarmEGraph:
     """A pushed e-graph from ``warm_egraph``; ``fresh()`` returns it to the declared-only state."""
 
-    def __init__(self, egraph: EGraph):
+    def __init__(self, egraph: EGraph, selection: Selection | None = None):
         self._egraph = egraph
         self._used = False
+        self.selection = selection
+        """The rules declared (``egraph.reach``), which the import's analysis runs; None: all."""
 
     def fresh(self) -> EGraph:
         """The e-graph with only the rules declared (drops whatever a previous attempt added)."""
@@ -37,14 +41,16 @@ class WarmEGraph:
 
 
 @contextmanager
-def warm_egraph(key: tuple[str, ...], schedules: Sequence[Schedule]) -> Iterator[WarmEGraph]:
+def warm_egraph(
+    key: tuple[str, ...], schedules: Sequence[Schedule], selection: Selection | None = None
+) -> Iterator[WarmEGraph]:
     """A reused e-graph with the rules of ``schedules`` declared (``key`` names that rule set), pushed
-    for one use."""
+    for one use; ``selection`` says which rules those are (``egraph.reach``)."""
     free = _FREE.setdefault(key, [])
     egraph = free.pop() if free else _declared(key, schedules)
     egraph.push()
     try:
-        yield WarmEGraph(egraph)
+        yield WarmEGraph(egraph, selection)
     finally:
         egraph.pop()
         free.append(egraph)

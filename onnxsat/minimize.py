@@ -102,13 +102,13 @@ def find_unsound_rules(original: onnx.ModelProto, options: Options, enabled: lis
 
 def _conflicts(program: Program, rules: list[str], options: Options, table: RuleTable) -> bool:
     """Whether one iteration of ``rules`` on the current state makes the shape analysis conflict."""
-    from onnxsat.egraph.shapes import shape_rules
     from onnxsat.rules.schedule import rewrite_step
 
     program.egraph.push()
     try:
-        program.egraph.run(rewrite_step(rules, options.budgets, table))
-        program.egraph.run(shape_rules.saturate())
+        only = program.selection.rewrites if program.selection is not None else None
+        program.egraph.run(rewrite_step(rules, options.budgets, table, only))
+        program.egraph.run(program.analysis().saturate())
     except EggSmolError:
         return True
     finally:

@@ -37,7 +37,7 @@ from onnxsat.base.options import Options
 from ..egraph import lang as L
 from ..egraph.graph_types import CHOICE_OPS
 from ..egraph.ops import BY_CTOR, OPS, OpSpec, ctor_name
-from ..egraph.shapes import shape_rules
+from ..egraph.shapes import add_rules
 from .listing import ENTRY_POINT_GROUP
 from .registry import Family, RuleTable, rewrite_rule
 
@@ -217,7 +217,7 @@ def _op_rules(spec: OpSpec, shape: ShapeRule | tuple[RewriteOrRule, ...]) -> lis
 
 
 _ANALYSED: set[int] = set()
-"""Op rows whose analysis rules were added to ``shape_rules`` (once per process: they match only
+"""Op rows whose analysis rules were added to the analysis (``shapes.add_rules``) (once per process: they match only
 terms of the op, which nothing builds while the row is out of the op table)."""
 
 
@@ -229,8 +229,7 @@ def _install_op(spec: OpSpec, shape: ShapeRule | tuple[RewriteOrRule, ...]) -> b
             return False
         raise ValueError(f"op {spec.op_type} is already modelled ({ctor_name(known.ctor)})")
     if id(spec) not in _ANALYSED:
-        for built in _op_rules(spec, shape):
-            shape_rules.append(built)
+        add_rules(*_op_rules(spec, shape))
         _ANALYSED.add(id(spec))
     OPS[spec.op_type] = spec
     BY_CTOR[spec.name] = spec

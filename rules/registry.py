@@ -254,14 +254,15 @@ class RuleTable:
     def name_of(self, egg_name: str) -> str:
         return self.egg_to_name.get(egg_name, egg_name)
 
-    def ruleset_for(self, enabled: list[str]) -> Ruleset:
-        """One egglog ruleset holding the rules of ``enabled``.
+    def ruleset_for(self, enabled: list[str], only: frozenset[int] | None = None) -> Ruleset:
+        """One egglog ruleset holding the rules of ``enabled`` (``only``: those of its egglog rules
+        whose identity is in it, the ones that may fire on a model, see ``schedule.select``).
 
         Cached per process by the egglog rules it holds, so every table with those rules (the
         in-tree one, a run's copy with plugins) gives the same ruleset object and an e-graph
         that has it declared (``egraph.warm``) never declares it again.
         """
-        built = [b for name in sorted(enabled) for _, b in self.egg_rules[name]]
+        built = [b for name in sorted(enabled) for _, b in self.egg_rules[name] if only is None or id(b) in only]
         key = tuple(id(b) for b in built)
         if key not in _RULESETS:
             chosen = ruleset(name=f"rewrites-{len(_RULESETS)}-{len(enabled)}")

@@ -22,7 +22,8 @@ from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
 from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport, StopReason
 
 from ..egraph.program import Program
-from ..egraph.shapes import shape_rules
+from ..egraph.reach import Selection, closure, present_symbols, reach_cached
+from ..egraph.shapes import analysis_rules, analysis_ruleset
 from .registry import RuleTable
 
 _ALGEBRA, _LAYOUT, _PARTIAL, _MULTI, _FUSION = PHASE_NAMES  # the names are Options'; a new one needs a place here
@@ -150,10 +151,41 @@ def expand_rule_names(items: Iterable[str], table: RuleTable | None = None) -> s
     return out
 
 
-def rewrite_step(enabled: list[str], budgets: Budgets, table: RuleTable | None = None) -> Schedule:
-    """One iteration of the enabled rules under the back-off scheduler."""
+def rewrite_step(
+    enabled: list[str], budgets: Budgets, table: RuleTable | None = None, only: frozenset[int] | None = None
+) -> Schedule:
+    """One iteration of the enabled rules (``only``: of those egglog rules, see ``select``) under the
+    back-off scheduler."""
     scheduler = back_off(match_limit=budgets.match_limit, ban_length=budgets.ban_length)
-    return run((table or RuleTable.default()).ruleset_for(enabled), scheduler=scheduler)
+    return run((table or RuleTable.default()).ruleset_for(enabled, only), scheduler=scheduler)
+
+
+def select(enabled: list[str], table: RuleTable, start: frozenset[str] | None) -> Selection | None:
+    """The analysis and rewrite rules that may fire on a program whose import fills the tables
+    ``start`` (``egraph.reach.closure``); None for ``start`` None (every rule)."""
+    if start is None:
+        return None
+    analysis = analysis_rules()
+    rewrites = [b for name in enabled for _, b in table.egg_rules[name]]
+    chosen, available = closure(start, [reach_cached(b) for b in [*analysis, *rewrites]])
+    picked = set(chosen)
+    n = len(analysis)
+    return Selection(
+        analysis_ruleset([r for i, r in enumerate(analysis) if i in picked]),
+        frozenset(id(b) for i, b in enumerate(rewrites) if n + i in picked),
+        available,
+    )
+
+
+def widen(program: Program, enabled: list[str], table: RuleTable) -> None:
+    """Grow the program's selection when its e-graph holds a table the selection did not foresee
+    (a pass after import wrote it), so no rule that may fire is left out."""
+    selection = program.selection
+    if selection is None:
+        return
+    present = present_symbols(program.egraph)
+    if not present <= selection.available:
+        program.selection = select(enabled, table, selection.available | present)
 
 
 def saturate(
@@ -176,10 +208,12 @@ def saturate(
     table = table or RuleTable.default()
     report = SaturationReport(enodes_before=program.node_count())
     schedule = schedule if schedule is not None else default_schedule(budgets, table.families)
+    widen(program, enabled, table)
+    only = program.selection.rewrites if program.selection is not None else None
     phases = [(p, phase_rules(p, enabled, table)) for p in schedule]
     phases = [(p, names) for p, names in phases if names]
     for _, names in phases:  # compile each phase's rules first: a fixed cost, not exploration time
-        program.egraph.run(rewrite_step(names, budgets, table) * 0)
+        program.egraph.run(rewrite_step(names, budgets, table, only) * 0)
     start = time.perf_counter()
     report.phases.append(_analysis(program, len(report.iterations)))
     global_stop: StopReason | None = None
@@ -201,7 +235,7 @@ def saturate(
 def _analysis(program: Program, index: int) -> PhaseRecord:
     """The analyses to saturation (import ran them; rerun so the record says it)."""
     t0 = time.perf_counter()
-    program.egraph.run(shape_rules.saturate())
+    program.egraph.run(program.analysis().saturate())
     return PhaseRecord("analysis", 0, StopReason.SATURATED, program.node_count(), time.perf_counter() - t0, first_iteration=index)
 
 
@@ -224,7 +258,8 @@ def _run_phase(
     enodes = min(budgets.enodes, phase.enodes if phase.enodes is not None else budgets.enodes)
     t0 = time.perf_counter()
     deadline = min(start + budgets.seconds, t0 + (share if phase.seconds is None else phase.seconds))
-    step = rewrite_step(names, budgets, table)
+    only = program.selection.rewrites if program.selection is not None else None
+    step = rewrite_step(names, budgets, table, only)
     first = len(report.iterations)
     stop = StopReason.ITERATIONS
     for _ in range(limit):
@@ -290,15 +325,21 @@ def schedule_rulesets(enabled: list[str], budgets: Budgets, table: RuleTable | N
 
 
 def declarations(
-    enabled: list[str], budgets: Budgets, table: RuleTable | None = None
-) -> tuple[tuple[str, ...], list[Schedule]]:
+    enabled: list[str], budgets: Budgets, table: RuleTable | None = None, start: frozenset[str] | None = None
+) -> tuple[tuple[str, ...], list[Schedule], Selection | None]:
     """What a run of the default schedule declares into its e-graph, and a key naming it: the
-    analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``)."""
+    analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``). With ``start`` (the
+    tables a model's import fills, ``egraph.importer.import_symbols``) only the rules that may fire
+    on it (``select``), which the returned selection names."""
     table = table or RuleTable.default()
+    selection = select(enabled, table, start)
+    only = selection.rewrites if selection is not None else None
+    analysis = selection.analysis if selection is not None else analysis_ruleset()
     phases = schedule_rulesets(enabled, budgets, table)
-    rulesets = [table.ruleset_for(names) for names in phases]
-    key = ("shapes", *(str(r.__egg_ident__.name) for r in rulesets))
-    return key, [shape_rules.saturate(), *(rewrite_step(names, budgets, table) for names in phases)]
+    rulesets = [table.ruleset_for(names, only) for names in phases]
+    key = (str(analysis.__egg_ident__.name), *(str(r.__egg_ident__.name) for r in rulesets))
+    schedules = [analysis.saturate(), *(rewrite_step(names, budgets, table, only) for names in phases)]
+    return key, schedules, selection
 
 
 def _iterate(
@@ -308,7 +349,7 @@ def _iterate(
     t0 = time.perf_counter()
     try:
         run_report = program.egraph.run(step)
-        program.egraph.run(shape_rules.saturate())
+        program.egraph.run(program.analysis().saturate())
     except EggSmolError as exc:
         raise UnsoundRuleError(enabled, str(exc).splitlines()[0], index) from exc
     matches: dict[str, int] = {}

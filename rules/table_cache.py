@@ -1,8 +1,9 @@
 """The built in-tree rules on disk, so a new process does not build them again in Python.
 
-Building the in-tree families' ~600 egglog rules from their Python definitions takes seconds; a
-built rule is a declaration tree (``RuleDecl``) over the tensor language, plain data. The
-file keeps, per rule module, its families with each rule's declaration, keyed like the rule
+Building the in-tree families' ~600 egglog rules and the ~500 analysis rules (``egraph/shape_defs.py``)
+from their Python definitions takes seconds; a built rule is a declaration tree (``RuleDecl``) over the
+tensor language, plain data. The file keeps, per rule module, its families with each rule's
+declaration, and the analysis rules in order, keyed like the rule
 listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
 load; any mismatch or error means the rules are built from their modules again. Only the
 declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
@@ -30,6 +31,8 @@ from egglog.declarations import Declarations
 from onnxsat.base import disk_cache
 
 from ..egraph import lang as L
+from ..egraph import shapes
+from ..egraph.reach import reach_cached, remember
 from .listing import listing_key
 from .registry import Family
 
@@ -38,7 +41,8 @@ TABLE_FILE = "rule-table.json"
 
 def _language() -> Declarations:
     """Every declaration of the tensor language (what the in-tree rules refer to)."""
-    return Declarations.create(*[v for v in vars(L).values() if hasattr(v, "__egg_decls__")])
+    found = [v for v in vars(L).values() if hasattr(v, "__egg_decls__")]
+    return Declarations.create(*found, *shapes.TABLES)
 
 
 def _encode(value: Any) -> dict[str, Any]:
@@ -102,7 +106,8 @@ def _decode(data: dict[str, Any]) -> Any:
 
 
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
-    """Module name -> its families as stored, or None (no file, another key, damaged or foreign)."""
+    """Module name -> its families as stored, or None (no file, another key, damaged or foreign).
+    The stored analysis rules go to ``shapes.use_stored`` (unless this process built them already)."""
     directory = disk_cache.private_dir(cache_dir)
     raw = disk_cache.read(directory / TABLE_FILE) if directory is not None else None
     if raw is None:
@@ -115,6 +120,7 @@ def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
         parts: dict[str, list[Family]] = {}
         for module, families in stored["modules"].items():
             parts[module] = [_family(row, decls) for row in families]
+        shapes.use_stored([_rule(decls, row) for row in stored["analysis"]])
         return parts
     except Exception:  # a damaged or foreign file only costs building the rules again
         return None
@@ -130,8 +136,12 @@ def store(cache_dir: str | Path, parts: dict[str, list[Family]]) -> None:
                 if not all(_within(built.__egg_decls__, decls) for _, built in rules):
                     return  # a rule uses a declaration of its own: not stored, built every time
         rows[module] = [_row(fam) for fam in families]
+    analysis = shapes.in_tree_rules()
+    if not all(_within(built.__egg_decls__, decls) for built in analysis):
+        return
     try:
-        data = json.dumps(_encode({"key": listing_key(), "modules": rows}), separators=(",", ":")).encode()
+        payload = {"key": listing_key(), "modules": rows, "analysis": [_stored(built) for built in analysis]}
+        data = json.dumps(_encode(payload), separators=(",", ":")).encode()
     except (TypeError, ValueError):
         return
     directory = disk_cache.private_dir(cache_dir)
@@ -152,7 +162,7 @@ def _row(fam: Family) -> dict[str, Any]:
         "name": fam.name,
         "default_off": fam.default_off,
         "names": list(fam.names),
-        "rules": {n: [(egg, built.decl) for egg, built in rules] for n, rules in fam.egg_rules.items()},
+        "rules": {n: [(egg, *_stored(built)) for egg, built in rules] for n, rules in fam.egg_rules.items()},
         "tolerances": dict(fam.tolerances),
     }
 
@@ -160,7 +170,19 @@ def _row(fam: Family) -> dict[str, Any]:
 def _family(row: dict[str, Any], decls: Declarations) -> Family:
     fam = Family(row["name"], default_off=row["default_off"], tolerances=dict(row["tolerances"]))
     fam.names = list(row["names"])
-    fam.egg_rules = {
-        n: [(egg, RewriteOrRule(decls, decl)) for egg, decl in rules] for n, rules in row["rules"].items()
-    }
+    fam.egg_rules = {n: [(egg, _rule(decls, rest)) for egg, *rest in rules] for n, rules in row["rules"].items()}
     return fam
+
+
+def _stored(built: RewriteOrRule) -> tuple[Any, tuple[str, ...], tuple[str, ...]]:
+    """A rule's declaration with what it reads and writes (``egraph.reach``), so a new process need
+    not walk the declaration again."""
+    reach = reach_cached(built)
+    return built.decl, tuple(sorted(reach.needs)), tuple(sorted(reach.creates))
+
+
+def _rule(decls: Declarations, stored: Any) -> RewriteOrRule:
+    decl, needs, creates = stored
+    built = RewriteOrRule(decls, decl)
+    remember(built, needs, creates)
+    return built

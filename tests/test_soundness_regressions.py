@@ -186,6 +186,18 @@ def test_float_adds_with_small_constants_still_fold() -> None:
     assert [n.op_type for n in out.graph.node] == ["Add"]
 
 
+def test_sum_below_opset_7_is_not_turned_into_adds() -> None:
+    """Sum at opset 6 (pytorch-operator/test_operator_symbolic_override_nested) was imported as
+    Adds, exported as Add-6, which onnxruntime does not implement: verification refused a sound
+    model. Below opset 7 the Sum is kept as it is."""
+    nodes = [helper.make_node("Sum", ["a", "b", "c"], ["y"])]
+    inputs = [vi(n, TP.FLOAT, [1]) for n in "abc"]
+    model = make_model(nodes, inputs, [vi("y", TP.FLOAT, [1])], 6)
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed" and report.dropped_rules == {}
+    assert [n.op_type for n in out.graph.node] == ["Sum"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",

@@ -6,6 +6,7 @@ import onnx
 
 import onnxsat
 from onnxsat.egraph import lang as L
+from onnxsat.egraph.importer import import_symbols
 from onnxsat.egraph.warm import DECLARED, warm_egraph
 from onnxsat.rules.schedule import declarations, select_rules
 
@@ -15,7 +16,7 @@ from .models import EXAMPLES
 def test_second_model_reuses_the_declared_rules_and_gives_the_same_bytes() -> None:
     model = onnx.load(str(EXAMPLES / "small_cnn.onnx"))
     options = onnxsat.Options(verify=False)
-    key, _ = declarations(select_rules(), options.budgets)
+    key, _, _ = declarations(select_rules(), options.budgets, start=import_symbols(model))
     first, _ = onnxsat.optimize(model, options)
     declared = DECLARED[key]
     second, _ = onnxsat.optimize(model, options)

@@ -34,7 +34,6 @@ from egglog import EggSmolError, union
 
 from ...egraph import lang as L
 from ...egraph.graph_types import ENode, Ref, SerializedEGraph
-from ...egraph.shapes import shape_rules
 from ..registry import Family
 from ..verification.rule_instances import TermLit, TermNode, term_list, to_egglog
 
@@ -406,7 +405,7 @@ def apply_partial_rules(
     if actions:
         try:
             program.egraph.register(*actions)
-            program.egraph.run(shape_rules.saturate())
+            program.egraph.run(program.analysis().saturate())
         except EggSmolError as exc:  # a verified composite with another shape: a framework bug
             rules = sorted({r.rule for r in records if r.status == "emitted"})
             raise RuntimeError(f"partial rule(s) {', '.join(rules)} gave a tensor two shapes: {exc}") from exc

@@ -32,7 +32,7 @@ from onnx import helper
 from ...egraph import lang as L
 from ...egraph.exporter import to_onnx
 from ...egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
-from ...egraph.shapes import shape_rules
+from ...egraph.shapes import analysis_ruleset
 from ...extract.cost import NodeCtx
 from ...extract.greedy import topological, tree_choice
 from ...extract.pricing import IndexedEGraph, Pricer, const_classes
@@ -161,14 +161,14 @@ def _run_round(
                 actions.append(union(L.graph_output(outputs)).with_(to_egglog(root, memo)))
                 outputs += 1
         egraph.register(*actions)
-        egraph.run(shape_rules.saturate())
+        egraph.run(analysis_ruleset().saturate())
         pre = serialize(egraph)
         if _seed_shapes(egraph, batch, pre, memo):
-            egraph.run(shape_rules.saturate())
+            egraph.run(analysis_ruleset().saturate())
             pre = serialize(egraph)
         stage = "rewrite"
         egraph.run(rules)
-        egraph.run(shape_rules.saturate())
+        egraph.run(analysis_ruleset().saturate())
         return pre, serialize(egraph)
     except EggSmolError as exc:
         raise _Conflict(stage, str(exc).splitlines()[0]) from exc
@@ -237,7 +237,7 @@ class RuleVerifier:
         self.rtol = RTOL
         """Tolerance of the rule being verified (``RuleTable.tolerances``)."""
         # Declared before any push: what is declared inside a push is popped with it.
-        self.egraph.run(shape_rules.saturate())
+        self.egraph.run(analysis_ruleset().saturate())
 
     def verify(self, name: str) -> RuleVerification:
         """Verify one rule of the table (a ``KeyError`` for an unknown name)."""

@@ -271,6 +271,10 @@ def _part(g: _Graph, nodes: Iterable[int]) -> Part:
     value_infos = []
     for name in [*inputs, *outputs]:
         t = g.types.get(name)
+        source = g.producer.get(name)
+        if (t is None or not t.tensor_type.elem_type) and source is not None and _is_constant(g.nodes[source]):
+            value = _constant_tensor(g.nodes[source])  # a Constant inference left untyped
+            t = helper.make_tensor_type_proto(value.data_type, list(value.dims))
         if t is None or not t.tensor_type.elem_type:
             raise PartitionError(f"no type for tensor {name!r} crossing a cut")
         value_infos.append(helper.make_value_info(name, t))

@@ -8,7 +8,7 @@ PHASE_NAMES = ("algebra", "layout", "partial", "multi", "fusion")
 """The default schedule's in-tree phases (``rules/schedule.py`` builds them from these names); plugin
 families add ``plugin:FAMILY``."""
 TARGET_NAMES = ("ort-cpu", "onnxsat-cpu", "h200")
-"""The built-in cost-model targets (``Options.target``, ``--target``; their profiles are
+"""The built-in cost-model targets (``Options.target``, ``--cost-target``; their profiles are
 ``extract/profile.py``'s)."""
 
 

@@ -41,6 +41,23 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 TOOLS = ("onnxsat", "onnxsim", "onnxslim", "onnxoptimizer")
+CORPUS_TOOLS = ("onnxsat", "onnxsat-contrib", "onnxslim", "onnxsim", "ort-transformers")
+"""The real-model corpus run (benchmarks/realmodels.py): onnxsat with standard ops only and with
+``--allow-contrib-ops``, the two simplifiers, and onnxruntime's transformer optimizer (the anchor
+on transformer exports)."""
+ORT_MODEL_TYPES = {
+    "bert": "bert",
+    "distilbert": "bert",
+    "gpt2": "gpt2",
+    "t5_encoder": "t5",
+    "whisper_tiny_encoder": "bert",
+    "llama": "gpt2",
+    "qwen2": "gpt2",
+    "mistral": "gpt2",
+    "vit_b_16": "vit",
+    "swin_t": "swin",
+}
+"""Corpus architecture -> onnxruntime.transformers model type (its closest fusion set); CNNs have none."""
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
 # Above this max abs error (relative to the output's magnitude) a tool's result counts as wrong.
 ERROR_TOLERANCE = 1e-3
@@ -50,11 +67,23 @@ ERROR_TOLERANCE = 1e-3
 # child: one tool on one model, in a fresh process
 
 
-def _optimize_with(tool: str, model: onnx.ModelProto) -> onnx.ModelProto:
-    if tool == "onnxsat":
+def _architecture(model_name: str) -> str:
+    """A corpus model's architecture: its name up to the exporter (``bert-ts-static`` -> ``bert``)."""
+    return model_name.split("-", 1)[0]
+
+
+def _optimize_with(tool: str, model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    if tool in ("onnxsat", "onnxsat-contrib"):
         import onnxsat
 
-        return onnxsat.optimize(model, onnxsat.Options())[0]
+        return onnxsat.optimize(model, onnxsat.Options(allow_contrib_ops=tool == "onnxsat-contrib"))[0]
+    if tool == "ort-transformers":
+        from onnxruntime.transformers import optimizer
+
+        model_type = ORT_MODEL_TYPES.get(_architecture(name))
+        if model_type is None:
+            raise NotApplicable(f"no onnxruntime.transformers model type for {_architecture(name)}")
+        return optimizer.optimize_model(model, model_type=model_type).model
     if tool == "onnxsim":
         import onnxsim
 
@@ -73,6 +102,10 @@ def _optimize_with(tool: str, model: onnx.ModelProto) -> onnx.ModelProto:
     raise ValueError(f"unknown tool {tool}")
 
 
+class NotApplicable(Exception):
+    """The tool has nothing for this kind of model (the transformer optimizer on a CNN)."""
+
+
 def _cpu_seconds() -> float:
     """User + system CPU time of this process, all threads: less sensitive to other load than wall time."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -80,20 +113,21 @@ def _cpu_seconds() -> float:
 
 
 def child_main(tool: str, src: str, dst: str, result: str) -> int:
-    """Load, optimize (timed), save; the parent reads ``result`` (JSON) and ``dst``."""
-    from onnxsat.base.errors import one_line
-
+    """Load, optimize (timed), save; the parent reads ``result`` (JSON) and ``dst``. Imports no
+    onnxsat module unless the tool is onnxsat: a peer's child may run in another Python."""
     model = onnx.load(src)
     out: dict[str, object] = {}
     try:
         start, cpu_start = time.perf_counter(), _cpu_seconds()
-        optimized = _optimize_with(tool, model)
+        optimized = _optimize_with(tool, model, Path(src).stem)
         out["seconds"] = time.perf_counter() - start
         out["cpu_seconds"] = _cpu_seconds() - cpu_start
         onnx.save(optimized, dst)
         out["status"] = "ok"
+    except NotApplicable as e:
+        out["status"] = f"not applicable: {e}"
     except Exception as e:  # a peer failing on a model is a result, not a crash of the benchmark
-        out["status"] = f"failed: {type(e).__name__}: {one_line(e, 120)}"
+        out["status"] = f"failed: {type(e).__name__}: {' '.join(str(e).split())[:120]}"
     Path(result).write_text(json.dumps(out))
     return 0
 
@@ -158,6 +192,21 @@ def build_suite(workdir: Path, extra: list[Path], only: list[str]) -> list[tuple
     return suite
 
 
+def corpus_suite(corpus: Path, only: list[str]) -> list[tuple[str, Path, dict]]:
+    """The exported models of a real-model corpus (export.py's INDEX.json), each with seeded feeds
+    of valid ranges (token ids inside the vocabulary, 0/1 masks), smallest file first."""
+    sys.path.insert(0, str(ROOT))
+    from tests.realmodels_feeds import feeds_for
+
+    index = json.loads((corpus / "INDEX.json").read_text())
+    suite = [
+        (name, corpus / record["file"], feeds_for(record["inputs"], seed=0))
+        for name, record in index.items()
+        if "error" not in record and (not only or any(o in name for o in only))
+    ]
+    return sorted(suite, key=lambda entry: entry[1].stat().st_size)
+
+
 def _light_cost(file_name: str) -> int:
     """Approximate work of a light model: its weight count (read from the ConstantOfShape shapes)."""
     from onnx import numpy_helper
@@ -174,17 +223,25 @@ def _light_cost(file_name: str) -> int:
 
 
 def installed(tool: str) -> bool:
+    module = {"onnxsat-contrib": "onnxsat", "ort-transformers": "onnxruntime.transformers.optimizer"}.get(
+        tool, tool
+    )
     try:
-        __import__(tool)
+        __import__(module)
     except ImportError:
         return False
     return True
 
 
-def run_tool(tool: str, src: Path, workdir: Path, timeout: float) -> tuple[ToolResult, Path | None]:
+def run_tool(
+    tool: str, src: Path, workdir: Path, timeout: float, peers_python: str | None = None
+) -> tuple[ToolResult, Path | None]:
+    """``tool`` on ``src`` in a fresh process; peers in ``peers_python`` when given (the transformer
+    optimizer's fusions import torch, which onnxsat's environment does not have)."""
     dst = workdir / f"{src.stem}.{tool}.onnx"
     result = workdir / f"{src.stem}.{tool}.json"
-    cmd = [sys.executable, __file__, "--child", tool, str(src), str(dst), str(result)]
+    python = sys.executable if tool.startswith("onnxsat") or peers_python is None else peers_python
+    cmd = [python, __file__, "--child", tool, str(src), str(dst), str(result)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -270,8 +327,15 @@ def measure_latency(
 
 
 def benchmark_model(
-    name: str, path: Path, tools: list[str], workdir: Path, args: argparse.Namespace
+    name: str,
+    path: Path,
+    tools: list[str],
+    workdir: Path,
+    args: argparse.Namespace,
+    feeds: dict | None = None,
 ) -> ModelResult:
+    """Every tool on one model, then errors and interleaved latency on ``feeds`` (default: seeded
+    random inputs from onnxsat's verification)."""
     from onnxsat.base.errors import one_line
     from onnxsat.verification import make_inputs
 
@@ -281,13 +345,13 @@ def benchmark_model(
     optimized: dict[str, onnx.ModelProto] = {}
     for tool in tools:
         print(f"  {tool} ...", file=sys.stderr, flush=True)
-        tr, out_path = run_tool(tool, path, workdir, args.timeout)
+        tr, out_path = run_tool(tool, path, workdir, args.timeout, args.peers_python)
         result.tools[tool] = tr
         if out_path is not None:
             optimized[tool] = onnx.load(str(out_path))
             tr.nodes = len(optimized[tool].graph.node)
     try:
-        feeds = make_inputs(original, seed=0)
+        feeds = make_inputs(original, seed=0) if feeds is None else feeds
         from onnxsat.verification import run_ort
 
         run_ort(original, feeds)
@@ -350,7 +414,9 @@ def machine_description() -> str:
 
 
 def versions(tools: list[str]) -> str:
-    names = ["onnxsat", "onnx", "onnxruntime"] + [t for t in tools if t != "onnxsat"]
+    names = ["onnxsat", "onnx", "onnxruntime"] + [
+        t for t in tools if t in ("onnxsim", "onnxslim", "onnxoptimizer")
+    ]
     dist = {"onnxsim": "onnxsim", "onnxslim": "onnxslim", "onnxoptimizer": "onnxoptimizer"}
     parts = []
     for n in names:
@@ -469,6 +535,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("models", nargs="*", type=Path, help="extra ONNX files to add to the suite")
     parser.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        help="run on a real-model corpus (a directory with export.py's INDEX.json) instead of the suite",
+    )
+    parser.add_argument(
         "--only", action="append", default=[], help="keep suite models whose name contains this"
     )
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated tools (default: all four)")
@@ -477,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads per session")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per tool per model")
+    parser.add_argument(
+        "--peers-python",
+        default=None,
+        help="run the peers (not onnxsat) with this Python, e.g. one with torch for ort-transformers",
+    )
     parser.add_argument(
         "--out", type=Path, default=RESULTS / "peers", help="writes OUT.md, OUT.json, OUT.png"
     )
@@ -491,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         return child_main(*args.child)
 
     tools = [t for t in args.tools.split(",") if t]
-    missing = [t for t in tools if not installed(t)]
+    missing = [t for t in tools if args.peers_python is None and not installed(t)]
     if missing:
         print(
             f"skipping tools that are not installed: {', '.join(missing)} (pip install -e '.[bench]')",
@@ -521,10 +598,14 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="onnxsat-peers-") as tmp:
         workdir = Path(tmp)
-        suite = build_suite(workdir, args.models, args.only)
-        for k, (name, path) in enumerate(suite, start=1):
+        suite = (
+            corpus_suite(args.corpus, args.only)
+            if args.corpus is not None
+            else [(name, path, None) for name, path in build_suite(workdir, args.models, args.only)]
+        )
+        for k, (name, path, feeds) in enumerate(suite, start=1):
             print(f"{name}:", file=sys.stderr, flush=True)
-            results.append(benchmark_model(name, path, tools, workdir, args))
+            results.append(benchmark_model(name, path, tools, workdir, args, feeds))
             # Written after every model, so an interrupted run still leaves its finished rows.
             rows = merge_results(previous, results)
             header["progress"] = f"{k} of {len(suite)} models of this run done, {len(rows)} rows"

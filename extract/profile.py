@@ -1,7 +1,7 @@
 """Cost profiles: the built-in targets and the JSON files ``onnxsat calibrate`` writes.
 
 A profile is a ``RooflineCost``: constants per op class, the fusion mode of the runtime that
-will execute the output, and where the numbers came from. ``--target`` picks a built-in one;
+will execute the output, and where the numbers came from. ``--cost-target`` picks a built-in one;
 ``--cost-profile FILE`` loads a measured one.
 """
 
@@ -52,7 +52,7 @@ TARGETS: dict[str, RooflineCost] = {
         ),
     )
 }
-"""Built-in profiles per ``--target`` (``base.options.TARGET_NAMES``); none of them is calibrated."""
+"""Built-in profiles per ``--cost-target`` (``base.options.TARGET_NAMES``); none of them is calibrated."""
 
 
 class ProfileError(BadInputError):

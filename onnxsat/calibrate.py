@@ -651,7 +651,7 @@ def calibrate(
         from .base.errors import BadInputError
 
         raise BadInputError(
-            f"calibration measures onnxruntime on this CPU: only --target ort-cpu (not {target!r})"
+            f"calibration measures onnxruntime on this CPU: only --cost-target ort-cpu (not {target!r})"
         )
     start = time.perf_counter()
     seconds = seconds if seconds is not None else (3.0 if quick else 20.0)

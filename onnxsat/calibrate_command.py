@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
         "-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile"
     )
     cal.add_argument(
-        "--target", choices=("ort-cpu",), default="ort-cpu", help="what to measure (default %(default)s)"
+        "--cost-target", choices=("ort-cpu",), default="ort-cpu", help="the cost target to measure (default %(default)s)"
     )
     cal.add_argument("--quick", action="store_true", help="fewer shapes and ~3 s of timing (for tests)")
     cal.add_argument(
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_output_path(args.output)
     models = {path: load_model(path) for path in args.check_model}
-    result = calibrate(args.target, quick=args.quick, threads=args.threads, seconds=args.seconds)
+    result = calibrate(args.cost_target, quick=args.quick, threads=args.threads, seconds=args.seconds)
     checks = check_models(models, result.cost, threads=args.threads) if models else []
     report = result.report()
     report["models"] = [

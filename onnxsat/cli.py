@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_plugin_flags(sel)
     sel.add_argument(
-        "--target",
+        "--cost-target",
         choices=TARGET_NAMES,
         default=_DEFAULT_OPTIONS.target,
         help="cost model the extractor minimizes: ort-cpu prices what onnxruntime runs (with its own"
@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cost-profile",
         metavar="PROFILE.json",
         default=None,
-        help="use the cost constants measured by `onnxsat calibrate` (the profile's target must match --target)",
+        help="use the cost constants measured by `onnxsat calibrate` (the profile's target must match --cost-target)",
     )
     sel.add_argument(
         "--measure",
@@ -424,7 +424,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         entry_point_plugins=not args.no_plugins,
         strict_plugins=args.strict_plugins,
         plugin_cache_dir=plugin_cache_dir(),
-        target=args.target,
+        target=args.cost_target,
         extractor=args.extractor,
         ilp_time_limit=args.ilp_time_limit,
         cost_profile=args.cost_profile,

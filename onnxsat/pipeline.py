@@ -336,7 +336,7 @@ def cost_model(options: Options) -> CostModel:
     if cost.name != options.target:
         raise OptionsError(
             f"cost profile {options.cost_profile} is for target {cost.name!r}, not {options.target!r}"
-            f" (pass --target {cost.name})"
+            f" (pass --cost-target {cost.name})"
         )
     return cost
 

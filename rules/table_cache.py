@@ -1,9 +1,10 @@
 """The built in-tree rules on disk, so a new process does not build them again in Python.
 
 Building the in-tree families' ~600 egglog rules and the ~500 analysis rules (``egraph/shape_defs.py``)
-from their Python definitions takes seconds; a built rule is a declaration tree (``RuleDecl``) over the
-tensor language, which pickles. The file keeps, per rule module, its families with each rule's
-declaration, and the analysis rules in order, keyed like the rule
+from their Python definitions takes seconds; a built rule is a declaration tree (``RuleDecl``) over
+the tensor language, plain data. The file keeps, per rule module, its families with each rule's
+declaration, and the analysis rules in order, each with the tables it reads and writes
+(``egraph.reach``), keyed like the rule
 listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
 load; any mismatch or error means the rules are built from their modules again. Only the
 declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
@@ -11,21 +12,27 @@ cannot be reloaded with its rules). The PET site-rule modules are always importe
 are Python verifiers, not egglog rules).
 
 The file goes through `onnxsat.base.disk_cache` (a private 0700 directory, a sha256 per entry,
-fsync before rename) and is read by an unpickler that builds only egglog's declaration classes:
-any other global in the stream (``os.system``, a module's function) is refused, so a planted file
-cannot run code; it only costs building the rules again.
+fsync before rename) and holds JSON: the declaration trees as a list of nodes (each composite once,
+later nodes naming earlier ones by index), read back by building only egglog's declaration
+dataclasses, tuples, lists and string-keyed dicts. Nothing is unpickled, so a planted file cannot
+run code; a damaged or foreign one only costs building the rules again.
 """
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
+import contextlib
+import dataclasses
+import functools
+import gc
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import egglog.declarations as egg_declarations
+import orjson
 from egglog import RewriteOrRule
-from egglog.declarations import CallDecl, Declarations
+from egglog.declarations import Declarations
 
 from onnxsat.base import disk_cache
 
@@ -35,10 +42,7 @@ from ..egraph.reach import reach_cached, remember
 from .listing import listing_key
 from .registry import Family
 
-TABLE_FILE = "rule-table.pickle"
-
-copyreg.pickle(CallDecl, lambda c: (CallDecl, (c.callable, c.args, c.bound_tp_params)))
-"""CallDecl pools its instances in ``__new__``; rebuild them through it so the pool stays valid."""
+TABLE_FILE = "rule-table.json"
 
 
 def _language() -> Declarations:
@@ -47,16 +51,78 @@ def _language() -> Declarations:
     return Declarations.create(*found, *shapes.TABLES)
 
 
-class _DeclarationsOnly(pickle.Unpickler):
-    """Unpickles egglog declaration classes and plain data, nothing else (no callables, no modules)."""
+def _encode(value: Any) -> dict[str, Any]:
+    """``value`` (declaration dataclasses, tuples, lists, str-keyed dicts, scalars) as JSON data:
+    ``{"nodes": [...], "root": ...}``, each composite written once, shared subtrees by index."""
+    index: dict[int, int] = {}
+    nodes: list[dict[str, Any]] = []
+    keep: list[Any] = []  # ids stay unique while the values live
 
-    def find_class(self, module: str, name: str) -> Any:
-        import egglog.declarations as declarations
+    def enc(v: Any) -> Any:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if id(v) in index:
+            return {"r": index[id(v)]}
+        if isinstance(v, tuple):
+            node: dict[str, Any] = {"t": [enc(x) for x in v]}
+        elif isinstance(v, list):
+            node = {"l": [enc(x) for x in v]}
+        elif isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            node = {"d": {k: enc(x) for k, x in v.items()}}
+        elif dataclasses.is_dataclass(v) and type(v).__module__ == egg_declarations.__name__:
+            node = {"c": type(v).__name__, "a": [enc(getattr(v, f.name)) for f in dataclasses.fields(v)]}
+        else:
+            raise TypeError(f"{type(v).__name__} has no place in the rule-table cache")
+        keep.append(v)
+        index[id(v)] = len(nodes)
+        nodes.append(node)
+        return {"r": index[id(v)]}
 
-        obj = getattr(declarations, name, None) if module == "egglog.declarations" else None
-        if not isinstance(obj, type):
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in the rule-table cache")
-        return obj
+    return {"nodes": nodes, "root": enc(value)}
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while the file's ~60,000 small objects are built (it would
+    walk them again and again: about half the load time); back as it was afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@functools.cache
+def _declaration_class(name: str) -> type:
+    cls = getattr(egg_declarations, name, None)
+    if not (
+        isinstance(cls, type)
+        and dataclasses.is_dataclass(cls)
+        and cls.__module__ == egg_declarations.__name__
+    ):
+        raise ValueError(f"{name!r} is not an egglog declaration class")
+    return cls
+
+
+def _decode(data: dict[str, Any]) -> Any:
+    """The value ``_encode`` wrote; builds nothing but declaration dataclasses and plain data."""
+    built: list[Any] = []
+
+    def dec(v: Any) -> Any:
+        return built[v["r"]] if isinstance(v, dict) else v  # an index past the end fails: refused
+
+    for node in data["nodes"]:
+        if "t" in node:
+            built.append(tuple(dec(x) for x in node["t"]))
+        elif "c" in node:
+            built.append(_declaration_class(node["c"])(*[dec(x) for x in node["a"]]))
+        elif "l" in node:
+            built.append([dec(x) for x in node["l"]])
+        else:
+            built.append({k: dec(x) for k, x in node["d"].items()})
+    return dec(data["root"])
 
 
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
@@ -67,14 +133,16 @@ def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
     if raw is None:
         return None
     try:
-        stored = _DeclarationsOnly(io.BytesIO(raw)).load()
+        with _collector_paused():
+            stored = _decode(orjson.loads(raw))
         if stored["key"] != listing_key():
             return None
         decls = _language()
         parts: dict[str, list[Family]] = {}
         for module, families in stored["modules"].items():
             parts[module] = [_family(row, decls) for row in families]
-        shapes.use_stored([_rule(decls, row) for row in stored["analysis"]])
+        analysis = [_rule(decls, row) for row in stored["analysis"]]
+        shapes.use_stored(analysis)
         return parts
     except Exception:  # a damaged or foreign file only costs building the rules again
         return None
@@ -95,8 +163,8 @@ def store(cache_dir: str | Path, parts: dict[str, list[Family]]) -> None:
         return
     try:
         payload = {"key": listing_key(), "modules": rows, "analysis": [_stored(built) for built in analysis]}
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
+        data = json.dumps(_encode(payload), separators=(",", ":")).encode()
+    except (TypeError, ValueError):
         return
     directory = disk_cache.private_dir(cache_dir)
     if directory is not None:

@@ -330,7 +330,7 @@ def test_every_modelled_op_has_a_cost_class() -> None:
 
 
 def test_cost_flags_map_to_options() -> None:
-    argv = ["optimize", "a.onnx", "b.onnx", "--target", "h200", "--cost-profile", "p.json", "--measure"]
+    argv = ["optimize", "a.onnx", "b.onnx", "--cost-target", "h200", "--cost-profile", "p.json", "--measure"]
     options = cli.options_from_args(cli.build_parser().parse_args(argv))
     assert (options.target, options.cost_profile, options.measure) == ("h200", "p.json", True)
     assert not cli.options_from_args(cli.build_parser().parse_args(argv[:3])).measure
@@ -379,7 +379,7 @@ def test_cli_calibrate_then_optimize_with_the_profile(
     assert cli.main(args + ["--rules-only", "core"]) == 0
     onnx.checker.check_model(onnx.load(str(out)))
     # A profile for another target, and a broken profile, fail before any work with exit 2.
-    assert cli.main(args + ["--target", "h200"]) == 2
+    assert cli.main(args + ["--cost-target", "h200"]) == 2
     assert "is for target 'ort-cpu'" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("[]")
     args[-1] = str(tmp_path / "bad.json")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import json
-import pickle
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from onnxsat.rules import RULES
 from onnxsat.rules import table_cache as C
@@ -34,44 +35,40 @@ def _stored(tmp_path: Path) -> None:
 
 def test_a_new_process_reads_the_built_rules_instead_of_building_them(tmp_path: Path) -> None:
     _stored(tmp_path)
-    done = subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path)], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     fresh = json.loads(done.stdout.splitlines()[-1])
     assert fresh["built"] == []  # no rule module was imported: nothing was built in Python
     assert fresh["families"] == RULES.families
     assert fresh["rules"] == {n: [[e, str(b.decl)] for e, b in RULES.egg_rules[n]] for n in RULES.names()}
 
 
-def test_a_file_of_another_version_or_damaged_is_not_used(tmp_path: Path) -> None:
-    _stored(tmp_path)
+def test_a_file_of_another_version_or_damaged_is_not_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from onnxsat.base import disk_cache
 
+    _stored(tmp_path)
     path = tmp_path / C.TABLE_FILE
     raw = disk_cache.read(path)
     assert raw is not None
-    stored = pickle.loads(raw)
     assert C.load(tmp_path) is not None
-    disk_cache.write(path, pickle.dumps({**stored, "key": "another version"}))
-    assert C.load(tmp_path) is None
-    disk_cache.write(path, b"not a pickle")
+    with monkeypatch.context() as m:
+        m.setattr(C, "listing_key", lambda: "another version")
+        assert C.load(tmp_path) is None  # written by another version (key) : built again
+    disk_cache.write(path, b"not json")
     assert C.load(tmp_path) is None
     path.write_bytes(raw[:-10])  # truncated: the checksum fails
     assert C.load(tmp_path) is None
 
 
-class _Planted:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):  # what a planted cache file would do on load
-        import os
-
-        return (os.system, (f"touch {self.marker}",))
-
-
-def test_a_planted_pickle_runs_no_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["system", "os.system", "Path", "dataclass", "__class__"])
+def test_a_planted_file_builds_nothing_but_declarations(tmp_path: Path, name: str) -> None:
     from onnxsat.base import disk_cache
 
     marker = tmp_path / "ran"
-    disk_cache.write(tmp_path / C.TABLE_FILE, pickle.dumps({"key": "k", "modules": _Planted(marker)}))
-    assert C.load(tmp_path) is None  # os.system is not an egglog declaration class: refused
+    planted = {"nodes": [{"c": name, "a": [f"touch {marker}"]}], "root": {"r": 0}}
+    disk_cache.write(tmp_path / C.TABLE_FILE, json.dumps(planted).encode())
+    assert C.load(tmp_path) is None  # not an egglog declaration class: refused
     assert not marker.exists()

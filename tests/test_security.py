@@ -226,9 +226,9 @@ def test_cache_entries_are_checksummed_and_private(tmp_path: Path) -> None:
     entry.write_bytes(entry.read_bytes()[:-3])  # truncated, as by a full disk or a kill
     assert disk_cache.read(entry) is None and not entry.exists()
     from onnxsat.kernels import jit
-    from onnxsat.rules import plugins
+    from onnxsat.rules import plugins, table_cache
 
-    for module in (disk_cache, jit, plugins):  # the caches hold bytes and JSON, never pickles
+    for module in (disk_cache, jit, plugins, table_cache):  # the caches hold bytes and JSON, never pickles
         source = Path(module.__file__ or "").read_text()
         assert "import pickle" not in source and "pickle.load" not in source
     shared = tmp_path / "shared"

@@ -1,12 +1,12 @@
 """Node counts of the corpus before and after onnxsat, onnxslim and onnx-simplifier.
 
     python benchmarks/realmodels/node_table.py --corpus /work/realmodels-full \\
-        --peers-python /work/venv-export/bin/python --out benchmarks/results/realmodels.md
+        --peers-python /work/venv-export/bin/python --out benchmarks/results/realmodels_nodes.md
 
 Each tool runs as its own process with a timeout on every exported model of the corpus index
 (export.py's INDEX.json); the table gives each one's node count, or its exit code / "timeout". The
 onnxsat column is `onnxsat optimize` with its defaults (verification on) from this checkout.
-Latency is not measured here.
+Latency: benchmarks/realmodels.py.
 """
 
 from __future__ import annotations

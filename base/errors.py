@@ -41,6 +41,20 @@ class UnverifiableError(OnnxsatError):
         return (type(self), (self.reason,))
 
 
+class TimeLimitError(OnnxsatError):
+    """The time limit (``Budgets.seconds``) ran out before the model was even imported; the
+    pipeline returns the input unchanged (a caller of a lower layer sees exit 2)."""
+
+    exit_code = 2
+
+    def __init__(self, imported: int, total: int) -> None:
+        self.imported, self.total = imported, total
+        super().__init__(f"the time limit ran out after importing {imported:,} of {total:,} nodes")
+
+    def __reduce__(self):  # picklable with its two-argument __init__
+        return (type(self), (self.imported, self.total))
+
+
 class VerificationError(OnnxsatError):
     """The optimized model's outputs do not match the original's on onnxruntime (exit 3).
 

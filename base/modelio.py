@@ -27,6 +27,7 @@ from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 __all__ = [
     "MAX_PROTO_BYTES",
     "check_model_full",
+    "check_model_as_original",
     "check_not_an_input",
     "check_output_path",
     "load_model",
@@ -580,6 +581,51 @@ def check_model_full(model: ModelProto) -> None:
         path = Path(tmp) / "model.onnx"
         save_model_atomic(model, path, external_data=True)
         onnx.checker.check_model(str(path), full_check=True)
+
+
+SHAPE_OPERAND_ELEMENTS = 16
+"""Integer tensors up to this many elements are shape operands (shapes, axes, pads, slice bounds),
+not weights: see `weight_bytes`."""
+
+
+def weight_bytes(model: ModelProto) -> int:
+    """Bytes of the weights a model carries: its initializers and Constant tensors (from their dims
+    and types), less the small int32/int64 vectors (`SHAPE_OPERAND_ELEMENTS`) that are shape
+    operands. Opsets before 13 carried those as attributes; a rewrite that turns a Transpose into a
+    Reshape adds one, which is program, not weight."""
+    tensors = list(model.graph.initializer)
+    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
+    total = 0
+    for tensor in tensors:
+        count = math.prod(int(d) for d in tensor.dims)
+        if tensor.data_type in (TensorProto.INT64, TensorProto.INT32) and count <= SHAPE_OPERAND_ELEMENTS:
+            continue
+        try:
+            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):
+            itemsize = 1
+        total += count * itemsize
+    return total
+
+
+def check_model_as_original(optimized: ModelProto, original: ModelProto) -> None:
+    """`check_model_full` on ``optimized``, held to what ``original`` passes: where the original
+    passes the plain checker but fails the full one (onnx's strict shape inference failing on the
+    body of a function op it ships, as for MeanVarianceNormalization at opset 13), the result must
+    pass the plain checker and fail the full one with the very same message, nothing new."""
+    try:
+        check_model_full(optimized)
+        return
+    except Exception as exc:
+        failure = exc
+    try:
+        check_model_full(original)
+    except Exception as original_exc:
+        if str(original_exc) == str(failure):
+            onnx.checker.check_model(original)  # a plain failure of the original is bad input
+            onnx.checker.check_model(optimized)
+            return
+    raise failure
 
 
 def serialized_size(model: ModelProto) -> int:

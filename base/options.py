@@ -33,6 +33,10 @@ class Budgets:
     iterations: int = 12
     enodes: int = 60_000
     seconds: float = 30.0
+    whole_run: bool = False
+    """``seconds`` bounds the whole rewrite, import included (``--time-limit``): saturation gets
+    what the import left, and an import that runs past it returns the input unchanged. Off, it
+    bounds saturation alone (the default of the API, whose callers set their own limits)."""
     match_limit: int = 2_000
     """egglog back-off scheduler: matches per rule per iteration before the rule is banned."""
     ban_length: int = 3

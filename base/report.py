@@ -117,6 +117,8 @@ class Report:
     """ILP only: relative gap to the proven lower bound (0 = optimal)."""
     verification: VerificationSummary = field(default_factory=lambda: VerificationSummary("skipped"))
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    seconds_after_load: float = 0.0
+    """The command line's wall time from the model read to the written file (0 from the API)."""
     file_bytes_before: int = 0
     file_bytes_after: int = 0
     unknown_ops: dict[str, int] = field(default_factory=dict)

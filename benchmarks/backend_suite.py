@@ -10,6 +10,13 @@ run the original or disagrees with the expected outputs, the case is outside the
 outputs. Prints counts per folder and per refusal reason; ``--json`` writes every case.
 
     nice -n 10 python benchmarks/backend_suite.py [--sample N --seed S] [--json out.json]
+    nice -n 19 python benchmarks/backend_suite.py --shard 1/4 --jsonl shard1.jsonl   # a quarter
+    python benchmarks/backend_suite.py --merge shard*.jsonl                       # counts of all
+
+``--shard K/N`` runs every N-th case of a seeded shuffle of all cases (so a shard, and any prefix
+of it, covers every folder); ``--jsonl`` appends each outcome as it ends (an interrupted run keeps
+what it finished, and a rerun with the same file skips the cases already there); ``--merge``
+prints the counts of outcome files without running anything.
 """
 
 from __future__ import annotations
@@ -98,8 +105,11 @@ def _true_inputs(model: onnx.ModelProto) -> list[str]:
 
 
 def _feeds(model: onnx.ModelProto, inputs: list[Any]) -> dict[str, Any]:
+    """Inputs by name; numpy scalars (``np.int64(10)``, as many node cases give a size) as 0-d
+    arrays, which onnxruntime takes (it refuses the scalar objects themselves)."""
     names = _true_inputs(model)
-    return dict(zip(names, inputs, strict=False))
+    values = [v if isinstance(v, list | dict | np.ndarray) or v is None else np.asarray(v) for v in inputs]
+    return dict(zip(names, values, strict=False))
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:
@@ -153,7 +163,7 @@ def reason_of(message: str) -> str:
 
 def run_case(case: Case, budget_seconds: float, iterations: int = 6, minimize_seconds: float = 120.0) -> Outcome:
     from onnxsat.base.errors import OnnxsatError
-    from onnxsat.base.modelio import check_model_full
+    from onnxsat.base.modelio import check_model_as_original
     from onnxsat.base.options import Budgets, Options
     from onnxsat.pipeline import optimize
 
@@ -189,7 +199,7 @@ def run_case(case: Case, budget_seconds: float, iterations: int = 6, minimize_se
         outcome.seconds = round(time.perf_counter() - start, 3)
     outcome.nodes = (len(case.model.graph.node), len(optimized.graph.node))
     try:
-        check_model_full(optimized)
+        check_model_as_original(optimized, case.model)
     except Exception as exc:
         outcome.status, outcome.reason = "checker", str(exc).splitlines()[0][:200]
         return outcome
@@ -209,6 +219,25 @@ def sample_cases(cases: list[Case], count: int, seed: int) -> list[Case]:
     """A fixed, seeded choice of ``count`` cases (sorted by name, so the choice is stable)."""
     ordered = sorted(cases, key=lambda c: (c.folder, c.name))
     return sorted(random.Random(seed).sample(ordered, min(count, len(ordered))), key=lambda c: (c.folder, c.name))
+
+
+def shard_cases(cases: list[Case], shard: int, shards: int, seed: int = 0) -> list[Case]:
+    """Every ``shards``-th case of a seeded shuffle, starting at ``shard`` (1-based)."""
+    ordered = sorted(cases, key=lambda c: (c.folder, c.name))
+    random.Random(seed).shuffle(ordered)
+    return ordered[shard - 1 :: shards]
+
+
+def read_outcomes(paths: list[str]) -> list[Outcome]:
+    """Outcomes from ``--jsonl`` files (the last line of a case wins)."""
+    found: dict[tuple[str, str], Outcome] = {}
+    for path in paths:
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                row["nodes"] = tuple(row.get("nodes", (0, 0)))
+                found[(row["folder"], row["name"])] = Outcome(**row)
+    return list(found.values())
 
 
 def summarize(outcomes: list[Outcome]) -> str:
@@ -237,18 +266,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="regular expression on case names")
     parser.add_argument("--seconds", type=float, default=10.0, help="saturation budget per case")
     parser.add_argument("--json", default=None, help="write every outcome to this file")
+    parser.add_argument("--shard", default=None, help="K/N: run the K-th of N interleaved shards")
+    parser.add_argument("--jsonl", default=None, help="append each outcome to this file as it ends")
+    parser.add_argument("--merge", nargs="+", default=None, help="summarize these --jsonl files")
     args = parser.parse_args(argv)
+    if args.merge:
+        merged = read_outcomes(args.merge)
+        print(summarize(merged))
+        print(f"\n{len(merged)} cases")
+        return 0
     warnings.simplefilter("ignore")
     cases = all_cases()
     if args.only:
         cases = [c for c in cases if re.search(args.only, c.name)]
     if args.sample:
         cases = sample_cases(cases, args.sample, args.seed)
+    if args.shard:
+        shard, shards = (int(part) for part in args.shard.split("/"))
+        cases = shard_cases(cases, shard, shards, args.seed)
+    done: set[tuple[str, str]] = set()
+    if args.jsonl and Path(args.jsonl).is_file():
+        done = {(o.folder, o.name) for o in read_outcomes([args.jsonl])}
+        cases = [c for c in cases if (c.folder, c.name) not in done]
     outcomes = []
     start = time.perf_counter()
     for index, case in enumerate(cases):
+        if args.jsonl:  # a provisional line, replaced by the outcome: a crash of the process shows
+            with open(args.jsonl, "a") as handle:
+                handle.write(
+                    json.dumps(asdict(Outcome(case.name, case.folder, "internal-error", "the process died")))
+                    + "\n"
+                )
         outcome = run_case(case, args.seconds)
         outcomes.append(outcome)
+        if args.jsonl:
+            with open(args.jsonl, "a") as handle:
+                handle.write(json.dumps(asdict(outcome)) + "\n")
         if outcome.status in ("internal-error", "wrong", "checker"):
             print(f"[{index + 1}/{len(cases)}] {case.folder}/{case.name}: {outcome.status}: {outcome.reason}", file=sys.stderr)
     print(summarize(outcomes))

@@ -2,7 +2,8 @@
 
 Uniform values stay uniform: an elementwise op over uniform inputs is computed on one
 element and written back as ConstantOfShape, so folding a ConstantOfShape-weighted model
-never materializes its weights. A fold that would grow the file past its budget is skipped.
+never materializes its weights. A fold that would make the weights larger is left unfolded
+unless materialized constants are asked for.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from onnxsat.base.lazy_weights import tensor_array
-from onnxsat.base.modelio import model_shell, serialized_size
+from onnxsat.base.modelio import model_shell, weight_bytes
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Relu", "Sigmoid", "Tanh", "Erf",
@@ -28,10 +29,6 @@ NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "Random
 class _Uniform:
     value: np.ndarray  # one element, with the dtype
     dims: tuple[int, ...]
-
-
-def _budget(original_bytes: int) -> int:
-    return max(1 << 20, original_bytes // 10)
 
 
 def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]) -> list:
@@ -54,24 +51,58 @@ def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: lis
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 
-def fold_constants(model: onnx.ModelProto, original_bytes: int, *, materialize: bool = False) -> tuple[onnx.ModelProto, int]:
+def fold_constants(model: onnx.ModelProto, *, materialize: bool = False) -> tuple[onnx.ModelProto, int]:
     """Fold nodes whose inputs are all constant; returns the model and how many nodes were folded.
 
-    Unless ``materialize``, the result may be at most max(1 MiB, 10%) larger than
-    ``original_bytes``: a fold that frees its inputs costs nothing, so everything is folded
-    first, and only if the file grew too much are large dense results left unfolded.
+    Unless ``materialize``, folding never makes the weights larger (`weight_bytes`): a fold whose
+    result is larger than the weights it frees (a transposed copy of a weight that other nodes
+    still read, as a tied embedding's; an Expand of a small weight) stays a node over the original
+    weight, which onnxruntime folds when it loads the model. Everything is folded first; while
+    the weights grew, the nodes that made the growth are kept and the model is folded again.
     """
-    folded, count = _fold(model, max_dense_bytes=None)
-    if materialize or serialized_size(folded) <= original_bytes + _budget(original_bytes):
-        return folded, count
-    return _fold(model, max_dense_bytes=SMALL_DENSE_BYTES)
+    limit = weight_bytes(model)
+    sizes = {t.name: _nbytes(t) for t in model.graph.initializer}
+    keep: set[str] = set()
+    while True:
+        folded, count, made = _fold(model, keep)
+        if materialize or weight_bytes(folded) <= limit:
+            return folded, count
+        growers = _growers(folded, made, sizes) - keep
+        if not growers:
+            return folded, count  # nothing folded is left to unfold: the growth is not folding's
+        keep |= growers
 
 
-SMALL_DENSE_BYTES = 64 << 10
-"""When folding everything grows the file too much, only dense results up to this size are made."""
+@dataclass
+class _Made:
+    """A dense tensor folding made: the node that made it (by its first output), the input's
+    initializers it derives from, and its size."""
+
+    node: str
+    sources: frozenset[str]
+    nbytes: int
 
 
-def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.ModelProto, int]:
+def _growers(folded: onnx.ModelProto, made: dict[str, _Made], sizes: dict[str, int]) -> set[str]:
+    """Nodes whose folded results grow the weights: each live made tensor larger than its source
+    weights that died (``sizes``: the input's initializers); if none is, the largest live made
+    tensor's node (two copies of one dead weight each look free on their own)."""
+    live = {t.name for t in folded.graph.initializer}
+    alive = [m for name, m in made.items() if name in live]
+    if not alive:
+        return set()
+    growers = {m.node for m in alive if m.nbytes > sum(sizes.get(s, 0) for s in m.sources if s not in live)}
+    return growers or {max(alive, key=lambda m: m.nbytes).node}
+
+
+def _nbytes(tensor: onnx.TensorProto) -> int:
+    count = int(np.prod([int(d) for d in tensor.dims]))
+    return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def _fold(model: onnx.ModelProto, keep: set[str]) -> tuple[onnx.ModelProto, int, dict[str, _Made]]:
+    """Fold every node with constant inputs except those whose first output is in ``keep``; also
+    returns the dense tensors it made."""
     graph = model.graph
     inputs = {i.name for i in graph.input}
     dense: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer if t.name not in inputs}
@@ -81,6 +112,8 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
     new_dense: list[onnx.TensorProto] = []
     new_uniform: list[str] = []
     opset = list(model.opset_import)
+    sources: dict[str, frozenset[str]] = {name: frozenset([name]) for name in dense}
+    made: dict[str, _Made] = {}
 
     def const(name: str) -> bool:
         return name == "" or name in dense or name in uniform
@@ -95,6 +128,10 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
         if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or not all(const(i) for i in node.input):
             kept.append(node)
             continue
+        if node.output and node.output[0] in keep:
+            kept.append(node)
+            continue
+        derived = frozenset().union(*(sources.get(i, frozenset()) for i in node.input if i))
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             kept.append(node)
             continue
@@ -108,6 +145,7 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
             dims = np.broadcast_shapes(*[uniform[i].dims for i in node.input if i])
             uniform[node.output[0]] = _Uniform(np.asarray(out).reshape(-1)[:1], tuple(dims))
             new_uniform.append(node.output[0])
+            sources[node.output[0]] = derived
             folded += 1
             continue
         arrays = [None if i == "" else _materialize(i, dense, uniform) for i in node.input]
@@ -119,10 +157,6 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
         if not all(isinstance(o, np.ndarray) for o in outs):
             kept.append(node)  # a sequence, map or optional (SequenceEmpty) is no tensor initializer
             continue
-        size = sum(np.asarray(o).nbytes for o in outs)
-        if max_dense_bytes is not None and size > max_dense_bytes and not all(_is_uniform(o) for o in outs):
-            kept.append(node)
-            continue
         for name, out in zip(node.output, outs, strict=True):
             out = np.asarray(out)
             if _is_uniform(out) and out.size > 16:
@@ -131,8 +165,10 @@ def _fold(model: onnx.ModelProto, max_dense_bytes: int | None) -> tuple[onnx.Mod
             else:
                 dense[name] = numpy_helper.from_array(out, name)
                 new_dense.append(dense[name])
+                made[name] = _Made(node.output[0], derived, out.nbytes)
+            sources[name] = derived
         folded += 1
-    return _rebuild(model, kept, uniform, new_dense, new_uniform), folded
+    return _rebuild(model, kept, uniform, new_dense, new_uniform), folded, made
 
 
 def _is_uniform(a: np.ndarray) -> bool:

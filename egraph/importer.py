@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import onnx
 from egglog import EggSmolError, EGraph, Vec, i64, set_, union
 from onnx import helper, numpy_helper
 
+from ..base.errors import TimeLimitError
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import topological_nodes
 from . import lang as L
@@ -130,8 +132,12 @@ class _Importer:
         egraph: EGraph,
         seed_invented: bool = True,
         selection: Selection | None = None,
+        deadline: float | None = None,
     ):
         self.model = model
+        self.deadline = deadline
+        """``time.perf_counter()`` past which the import stops with ``TimeLimitError`` (None: never)."""
+        self.node_total = 0
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.egraph = egraph
         self.symbols = _Symbols()
@@ -279,6 +285,8 @@ class _Importer:
             self._bind(node.output[0], L.identity(self.terms[node.input[0]]))
             return True
         if op == "Sum" and node.input:
+            if self.opset < 7:  # the Adds it becomes: onnxruntime implements Add from opset 7 only
+                raise Unsupported(f"Sum at opset {self.opset}: its Adds would need opset 7")
             acc = self.terms[node.input[0]]
             for name in node.input[1:]:
                 acc = L.add(acc, self.terms[name])
@@ -356,11 +364,16 @@ class _Importer:
             if out:
                 self._bind(out, L.opaque(index, args, i), leaf=True)
 
+    def _check_deadline(self, imported: int, total: int) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise TimeLimitError(imported, total)
+
     # ------------------------------------------------------------ analysis
     def _fill_shapes(self) -> None:
         """Saturate the analysis; give ONNX's answer to tensors it leaves open, frontier first."""
         pending = list(self.pending_shapes)
         while True:
+            self._check_deadline(self.node_total, self.node_total)
             self.egraph.run(self.analysis.saturate())
             missing = [n for n in pending if self.egraph.lookup_function_value(L.shape(self.terms[n])) is None]
             frontier = [n for n in missing if self._inputs_shaped(n)] if self.trust_onnx_shapes else []
@@ -412,10 +425,12 @@ class _Importer:
         true_inputs = [n for n in input_names if n not in initializers or n in overridable]
         for name in true_inputs:
             self._bind(name, L.Tensor.input(name), leaf=True)
+        nodes = topological_nodes(graph)
+        self.node_total = len(nodes)
         for name, tensor in initializers.items():
+            self._check_deadline(0, len(nodes))
             if name not in overridable:
                 self._add_weight(name, tensor)
-        nodes = topological_nodes(graph)
         self.producers = {out: node for node in nodes for out in node.output if out}
         self.used_names = {n for node in nodes for n in node.input} | {o.name for o in graph.output}
         for node in nodes:
@@ -423,7 +438,9 @@ class _Importer:
                 for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
                     self.used_names.update(_outer_names(sub))
         for index, node in enumerate(nodes):
+            self._check_deadline(index, len(nodes))
             self._import_node(index, node)
+        self._check_deadline(len(nodes), len(nodes))
         outputs = [(o.name, self.terms[o.name]) for o in graph.output]
         self.actions.append(set_(L.model_opset()).to(i64(self.opset)))  # rules creating ops guard on it
         for k, (_, ref) in enumerate(outputs):
@@ -489,6 +506,7 @@ def from_onnx(
     trust_onnx_shapes: bool = True,
     warm: WarmEGraph | None = None,
     seed_invented: bool = True,
+    time_limit: float | None = None,
 ) -> Program:
     """Import a (checked) model into a fresh e-graph with its analyses run.
 
@@ -499,8 +517,10 @@ def from_onnx(
     shape without a shape (tests use it to check the analysis against ONNX shape inference).
     ``warm``: import into that reused e-graph (rules already declared, see ``egraph.warm``) instead
     of a new one. ``seed_invented=False``: sizes ONNX inference names but cannot compute
-    (``unk__0``) are not seeded (see ``_Importer._seedable``).
+    (``unk__0``) are not seeded (see ``_Importer._seedable``). ``time_limit``: seconds from now
+    after which the import of nodes stops with ``TimeLimitError`` (a huge graph within ``--time-limit``).
     """
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
 
     def fresh() -> EGraph:
         return warm.fresh() if warm is not None else EGraph()
@@ -509,12 +529,20 @@ def from_onnx(
 
     if trust_onnx_shapes:
         try:
-            return _Importer(model, input_shapes, True, seed_shapes=True, egraph=fresh(), seed_invented=seed_invented, selection=selection).run()
+            return _Importer(
+                model, input_shapes, True, seed_shapes=True, egraph=fresh(), seed_invented=seed_invented,
+                selection=selection, deadline=deadline,
+            ).run()
         except EggSmolError as exc:
-            program = _Importer(model, input_shapes, True, seed_shapes=False, egraph=fresh(), seed_invented=seed_invented, selection=selection).run()
+            program = _Importer(
+                model, input_shapes, True, seed_shapes=False, egraph=fresh(), seed_invented=seed_invented,
+                selection=selection, deadline=deadline,
+            ).run()
             program.warnings.append(f"shape analysis disagreed with ONNX shape inference: {exc}".splitlines()[0])
             return program
-    return _Importer(model, input_shapes, False, seed_shapes=False, egraph=fresh(), selection=selection).run()
+    return _Importer(
+        model, input_shapes, False, seed_shapes=False, egraph=fresh(), selection=selection, deadline=deadline
+    ).run()
 
 
 def import_symbols(model: onnx.ModelProto) -> frozenset[str]:

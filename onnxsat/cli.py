@@ -14,6 +14,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -403,6 +404,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         value = getattr(args, flag)
         if value is not None:
             budget_changes[field_name] = value
+    if args.time_limit is not None:  # the user's limit is on the run, not on saturation alone
+        budget_changes["whole_run"] = True
     phase_limits: dict[str, dict[str, Any]] = {}
     for name, own in args.phase_budget:  # a phase given twice: later keys win
         phase_limits.setdefault(name, {}).update({k: v for k, v in vars(own).items() if v is not None})
@@ -539,6 +542,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         check_not_an_input(report_path, sources, what="--report-json path")
     check_weights_not_overwritten(model, out_path, external_data=args.external_data)
     _check_input_shapes(model, options.input_shapes)
+    loaded = time.perf_counter()
     if options.verify:  # an unverifiable model or a bad sample file fails now, not after saturation
         from onnxsat.base.errors import UnverifiableError
         from onnxsat.verification_inputs import prepare_samples
@@ -548,10 +552,13 @@ def _run_optimize(args: argparse.Namespace) -> int:
         except UnverifiableError:
             if not options.allow_unverified:
                 raise
+    samples_seconds = time.perf_counter() - loaded
 
+    modules = time.perf_counter()  # imported only now: a bad input fails before this fixed cost
     from onnxsat.pipeline import optimize
     from onnxsat.rules.plugins import PluginWarning
 
+    modules_seconds = time.perf_counter() - modules
     warnings.simplefilter("ignore", PluginWarning)  # the report lists them
     # numpy's RuntimeWarnings (overflow, invalid value) from folding and onnx.reference say nothing
     # the user can act on; verification judges the values
@@ -564,7 +571,12 @@ def _run_optimize(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: optimized model does not match the original{detail}", file=sys.stderr)
         return 3
 
+    written = time.perf_counter()
     save_model_atomic(optimized, out_path, external_data=args.external_data, input_path=args.input)
+    report.stage_seconds["write"] = round(time.perf_counter() - written, 4)
+    report.stage_seconds["samples"] = round(samples_seconds, 4)  # verification inputs, checked up front
+    report.stage_seconds["modules"] = round(modules_seconds, 4)  # the optimizer's own modules imported
+    report.seconds_after_load = round(time.perf_counter() - loaded, 4)
     if report_path is not None:
         _write_text_atomic(report_path, report.to_json() + "\n")
 

@@ -13,8 +13,15 @@ import onnx
 from tqdm import tqdm
 
 from onnxsat import dump
-from onnxsat.base.errors import BadInputError, OnnxsatError, UnverifiableError, VerificationError, one_line
-from onnxsat.base.modelio import check_model_full, serialized_size
+from onnxsat.base.errors import (
+    BadInputError,
+    OnnxsatError,
+    TimeLimitError,
+    UnverifiableError,
+    VerificationError,
+    one_line,
+)
+from onnxsat.base.modelio import check_model_as_original, check_model_full, serialized_size, weight_bytes
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
@@ -63,21 +70,26 @@ def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterato
     terminal = progress and sys.stderr.isatty()
     bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if terminal else None
     start = time.perf_counter()
-    yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
-    report.stage_seconds[name] = round(time.perf_counter() - start, 4)
+    try:
+        yield (lambda: bar.update(1)) if bar is not None else (lambda: None)
+    finally:  # a stage that raises (a time limit reached while importing) still counts
+        elapsed = time.perf_counter() - start
+        # a stage run again (a rerun without a dropped rule) adds to its total: the stages sum to the run's time
+        report.stage_seconds[name] = round(report.stage_seconds.get(name, 0.0) + elapsed, 4)
     if progress and bar is None:
-        print(f"onnxsat {name:<11} {report.stage_seconds[name]:.2f}s", file=sys.stderr, flush=True)
+        print(f"onnxsat {name:<11} {elapsed:.2f}s", file=sys.stderr, flush=True)
     if bar is not None:
         bar.n = bar.total
-        bar.set_postfix_str(f"{report.stage_seconds[name]:.2f}s")
+        bar.set_postfix_str(f"{elapsed:.2f}s")
         bar.close()
 
 
 def _check_output(original: onnx.ModelProto, optimized: onnx.ModelProto) -> None:
-    """onnx.checker (full) on the result; when it fails, a failing original is bad input (exit 2:
+    """onnx.checker (full, held to what the original passes: `check_model_as_original`) on the
+    result; when it fails, a failing original is bad input (exit 2:
     models given to the API are not checked on load), a passing one an internal error naming it."""
     try:
-        check_model_full(optimized)
+        check_model_as_original(optimized, original)
     except Exception as exc:
         try:
             check_model_full(original)
@@ -121,7 +133,8 @@ class Session:
         if rules is None:
             self.report.pinned_dims = _pins_by_input(model, options)
             self.report.nodes_before = _op_counts(model)
-            table, loads = load_plugins(options)  # the run's rule table: plugins asked for here, seen here only
+            with _stage(self.report, "rules", False):  # the rule library (a fixed cost, once a process)
+                table, loads = load_plugins(options)  # the run's rule table: plugins asked for here, seen here only
             self.report.warnings.extend(plugin_messages(loads))
             self.report.plugins = plugin_summary(loads)
             try:
@@ -145,11 +158,14 @@ class Session:
         self.original: ExtractedGraph | None = None
         """The imported program's own extraction (``saturate`` prices it before rewriting)."""
         self._held = ExitStack()
+        self.deadline: float | None = None
+        """``time.perf_counter()`` at which a whole-run time limit (``Budgets.whole_run``) ends."""
 
     def with_rules(self, rules: list[str]) -> Session:
         """A new session of the same model, options, report and reference with other rules (a rerun)."""
         other = Session(self.model, self.options, rules=rules, report=self.report, table=self.table, loads=self.loads)
         other.reference = self.reference
+        other.deadline = self.deadline
         return other
 
     def __enter__(self) -> Session:
@@ -181,14 +197,18 @@ class Session:
         options, report = self.options, self.report
         self._held.enter_context(plugin_ops(self.loads))
         start = import_symbols(self.model)  # only the rules that may fire on this model are declared
-        key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
-        warm = self._held.enter_context(warm_egraph(key, declared, selection))
+        with self._stage("declare"):  # the rules into a fresh e-graph (reused between runs of a process)
+            key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
+            warm = self._held.enter_context(warm_egraph(key, declared, selection))
+        if options.budgets.whole_run and self.deadline is None:
+            self.deadline = time.perf_counter() + options.budgets.seconds
         with self._stage("import"):
             program = from_onnx(
                 self.model,
                 {k: list(v) for k, v in options.input_shapes.items()},
                 warm=warm,
                 seed_invented=options.seed_invented_dims,
+                time_limit=None if self.deadline is None else self.deadline - time.perf_counter(),
             )
         report.opset = program.opset
         report.unknown_ops = dict(program.unknown_ops)
@@ -211,8 +231,11 @@ class Session:
         if on_sites:
             with self._stage("partial"):
                 self.partial = apply_partial_rules(program, before, on_sites)
+        budgets = options.budgets
+        if self.deadline is not None:  # what the import left of a whole-run limit
+            budgets = replace(budgets, seconds=max(0.0, self.deadline - time.perf_counter()))
         with self._stage("saturate", total=options.budgets.iterations) as step:
-            report.saturation = saturate(program, options.budgets, self.rules, on_iteration=lambda _: step(), table=self.table)
+            report.saturation = saturate(program, budgets, self.rules, on_iteration=lambda _: step(), table=self.table)
         self.saturation = report.saturation
         self._saturated = None
         dump.saturation(self)
@@ -288,7 +311,7 @@ class Session:
                 upgrade_opset=options.upgrade_opset,
                 notes=self.report.warnings,
             )
-            folded, _ = fold_constants(exported, serialized_size(self.model), materialize=options.materialize_constants)
+            folded, _ = fold_constants(exported, materialize=options.materialize_constants)
         with self._stage("check"):
             _check_output(self.model, folded)
         dump.exported(self, folded)
@@ -355,7 +378,17 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     report = session.report
     if options.verify:
         session.prepare_reference()
-    optimized = _verified_rewrite(session)
+    try:
+        optimized = _verified_rewrite(session)
+    except TimeLimitError as exc:  # a whole-run limit spent on importing: nothing was rewritten
+        report.kept_original = str(exc)
+        report.warnings.append(
+            f"{exc} ({options.budgets.seconds:g} s for the whole run): the input is returned unchanged"
+        )
+        report.verification = VerificationSummary(
+            "skipped", "the input is returned unchanged: nothing to check"
+        )
+        optimized = model
     if options.measure:
         from onnxsat.measure import keep_if_faster
 
@@ -447,23 +480,6 @@ def _matches(session: Session, optimized: onnx.ModelProto) -> bool:
     return result.ok or bool(result.skipped_reason)
 
 
-def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the model's initializers and Constant tensors (from their dims and types)."""
-    tensors = list(model.graph.initializer)
-    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
-    total = 0
-    for tensor in tensors:
-        count = 1
-        for d in tensor.dims:
-            count *= int(d)
-        try:
-            itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        except (KeyError, ValueError, TypeError):
-            itemsize = 1
-        total += count * itemsize
-    return total
-
-
 def _never_worse(
     model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report, *, materialized: bool = False
 ) -> onnx.ModelProto:
@@ -503,8 +519,8 @@ def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report)
     from onnxsat.verification_inputs import prepare_samples
 
     try:
-        samples = prepare_samples(model, options)
-        with _stage(report, "reference", options.progress):
+        with _stage(report, "reference", options.progress):  # the inputs' generation is verification work too
+            samples = prepare_samples(model, options)
             dims = pinned_dims(model, options)
             return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
     except UnverifiableError as exc:

@@ -218,7 +218,7 @@ def roundtrip(program: Program, original: onnx.ModelProto) -> onnx.ModelProto:
     roots = [serialized.roots[i] for i in range(len(program.outputs))]
     graph = extract_greedy(serialized, RooflineCost(), roots)
     exported = to_onnx(program, graph)
-    folded, _ = fold_constants(exported, original.ByteSize())
+    folded, _ = fold_constants(exported)
     return folded
 
 

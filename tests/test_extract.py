@@ -298,7 +298,7 @@ def test_extractors_on_saturated_models(name: str) -> None:
     assert seconds <= ILP_SECONDS + 5.0
     assert ilp.optimal or (ilp.gap is None or ilp.gap > 0.0)
     exported = to_onnx(program, ilp)
-    folded, _ = fold_constants(exported, model.ByteSize())
+    folded, _ = fold_constants(exported)
     onnx.checker.check_model(folded, full_check=True)
     result = compare_models(model, folded)
     assert result.ok, result

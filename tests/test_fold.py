@@ -1,4 +1,4 @@
-"""Weight-only subgraphs fold at export without growing the file past its budget."""
+"""Weight-only subgraphs fold at export without making the weights larger (unless asked)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxsat
+from onnxsat.base.modelio import weight_bytes
+from onnxsat.egraph.fold import fold_constants
 
 
 def _model(nodes: list, inits: list, out_dims: list[int]) -> onnx.ModelProto:
@@ -46,7 +48,7 @@ def test_fold_that_would_bloat_the_file_is_not_made_unless_asked() -> None:
     model = _model(nodes, [row, shape], [4, 2048])
     out, report = onnxsat.optimize(model)
     assert report.verification.status == "passed"
-    assert out.ByteSize() <= model.ByteSize() + (1 << 20)
+    assert weight_bytes(out) <= weight_bytes(model)
     assert "Expand" in {n.op_type for n in out.graph.node}
     big, report = onnxsat.optimize(model, onnxsat.Options(materialize_constants=True))
     assert report.verification.status == "passed"
@@ -74,8 +76,6 @@ def test_a_sequence_is_never_folded_into_a_tensor_initializer() -> None:
     """SequenceEmpty has no inputs, so it looks foldable; its value is a list, not a tensor."""
     from onnx import TensorProto, helper
 
-    from onnxsat.egraph.fold import fold_constants
-
     graph = helper.make_graph(
         [
             helper.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
@@ -86,7 +86,54 @@ def test_a_sequence_is_never_folded_into_a_tensor_initializer() -> None:
         [helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    folded, _ = fold_constants(model, model.ByteSize())
+    folded, _ = fold_constants(model)
     assert [n.op_type for n in folded.graph.node] == ["SequenceEmpty", "SequenceInsert"]
     assert not folded.graph.initializer
+    onnx.checker.check_model(folded, full_check=True)
+
+
+def _tied_embedding(extra_copy: bool = False) -> onnx.ModelProto:
+    """GPT-2's tied embedding: the table is gathered for the input and, transposed, is the output
+    projection (``extra_copy``: a second, scaled copy feeds another projection)."""
+    table = np.random.default_rng(1).standard_normal((256, 64)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["e"]),
+        helper.make_node("Transpose", ["table"], ["tt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["e", "tt"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TP.FLOAT, [8, 256])]
+    inits = [numpy_helper.from_array(table, "table")]
+    if extra_copy:
+        nodes[0] = helper.make_node("Gather", ["table2", "ids"], ["e"])
+        nodes += [helper.make_node("Mul", ["table", "half"], ["th"]), helper.make_node("MatMul", ["y", "th"], ["z"])]
+        inits += [numpy_helper.from_array(table + 1, "table2"), numpy_helper.from_array(np.float32(0.5), "half")]
+        outputs.append(helper.make_tensor_value_info("z", TP.FLOAT, [8, 64]))
+    graph = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info("ids", TP.INT64, [8])], outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_transposed_copy_of_a_weight_still_read_elsewhere_stays_a_node() -> None:
+    """Folding Transpose(table) would store the table twice (+12% on GPT-2): the Transpose is kept
+    over the one table (onnxruntime folds it at load), unless materialized constants are asked for."""
+    model = _tied_embedding()
+    folded, _ = fold_constants(model)
+    assert [n.op_type for n in folded.graph.node] == ["Gather", "Transpose", "MatMul"]
+    assert weight_bytes(folded) == weight_bytes(model)
+    materialized, _ = fold_constants(model, materialize=True)
+    assert [n.op_type for n in materialized.graph.node] == ["Gather", "MatMul"]
+    assert weight_bytes(materialized) == 2 * weight_bytes(model)
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    assert weight_bytes(out) <= weight_bytes(model)
+    assert not [w for w in report.warnings if "weight bytes" in w]
+
+
+def test_two_copies_of_a_weight_that_dies_are_not_both_made() -> None:
+    """A transposed and a scaled copy of one table, which no other node reads: each copy on its own
+    frees the table, together they double it; folding keeps the weights at most as large."""
+    model = _tied_embedding(extra_copy=True)
+    folded, _ = fold_constants(model)
+    assert weight_bytes(folded) <= weight_bytes(model)
     onnx.checker.check_model(folded, full_check=True)

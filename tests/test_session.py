@@ -53,7 +53,17 @@ def test_stages_return_their_artefacts_and_give_what_optimize_writes() -> None:
     summary = session.verify(optimized)
     assert isinstance(summary, VerificationSummary) and summary.status == "passed"
     assert [n.op_type for n in optimized.graph.node] == ["Relu"]
-    assert list(session.report.stage_seconds) == ["import", "cost-before", "saturate", "extract", "export", "check", "verify"]
+    assert list(session.report.stage_seconds) == [
+        "rules",
+        "declare",
+        "import",
+        "cost-before",
+        "saturate",
+        "extract",
+        "export",
+        "check",
+        "verify",
+    ]
     expected, report = onnxsat.optimize(model, options)
     assert optimized.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
     assert session.report.cost_after == report.cost_after

@@ -69,6 +69,46 @@ def test_a_size_computed_after_folding_meets_no_other_shape() -> None:
     assert report.verification.status == "passed"
 
 
+def _channel_split() -> onnx.ModelProto:
+    """ShuffleNetV2's channel split as the TorchScript exporter writes it: x [1, 16, 8, 8] sliced on
+    axis 1 up to Mul(Div(Add(Gather(Shape(x), 1), 1), 2), 1) and from there to twice that. ONNX infers
+    [unk__0, .., unk__3] for both halves; int-arith-const folds the bounds to 8 and 16, so the
+    analysis computes [1, 8, 8, 8], which met the seeded names (the corpus model was refused)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["dims"]),
+        helper.make_node("Gather", ["dims", "one"], ["c"], axis=0),
+        helper.make_node("Add", ["c", "one"], ["c1"]),
+        helper.make_node("Div", ["c1", "two"], ["half"]),
+        helper.make_node("Mul", ["half", "one"], ["end"]),
+        helper.make_node("Mul", ["half", "two"], ["end2"]),
+        helper.make_node("Slice", ["x", "zero", "end", "one"], ["left"]),
+        helper.make_node("Slice", ["x", "end", "end2", "one"], ["right"]),
+        helper.make_node("Relu", ["right"], ["r"]),
+        helper.make_node("Concat", ["left", "r"], ["y"], axis=1),
+    ]
+    inits = [_ints("zero", [0]), _ints("one", [1]), _ints("two", [2])]
+    return make_model(nodes, [vi("x", TP.FLOAT, [1, 16, 8, 8])], [out_vi("y", TP.FLOAT, 4)], 17, inits)
+
+
+def test_a_channel_split_by_computed_bounds_is_not_refused() -> None:
+    """The conflict is the seeded names', not a rule's: seeded with the true shapes (what onnxruntime
+    computes), the same rules saturate without conflict, and optimize drops no rule."""
+    model = _channel_split()
+    from onnxsat.rules.schedule import UnsoundRuleError
+
+    with pytest.raises(UnsoundRuleError):
+        _saturates(model, seed_invented=True)
+    _saturates(model)
+    true_shapes = onnx.ModelProto()
+    true_shapes.CopyFrom(model)
+    true_shapes.graph.value_info.extend([vi("left", TP.FLOAT, [1, 8, 8, 8]), vi("right", TP.FLOAT, [1, 8, 8, 8])])
+    _saturates(true_shapes, seed_invented=True)
+    out, report = onnxsat.optimize(model)
+    assert report.dropped_rules == {}
+    assert report.verification.status == "passed"
+    assert "Slice" in {n.op_type for n in out.graph.node} and "Shape" not in {n.op_type for n in out.graph.node}
+
+
 def test_concat_with_a_negative_axis_left_by_import() -> None:
     """Concat(axis=-1) of tensors whose rank import did not know (a Split by computed sizes):
     the shape rule indexed the shape with -1 (egglog's vec-get failed)."""
@@ -144,6 +184,18 @@ def test_float_adds_with_small_constants_still_fold() -> None:
     out, report = onnxsat.optimize(model)
     assert report.verification.status == "passed"
     assert [n.op_type for n in out.graph.node] == ["Add"]
+
+
+def test_sum_below_opset_7_is_not_turned_into_adds() -> None:
+    """Sum at opset 6 (pytorch-operator/test_operator_symbolic_override_nested) was imported as
+    Adds, exported as Add-6, which onnxruntime does not implement: verification refused a sound
+    model. Below opset 7 the Sum is kept as it is."""
+    nodes = [helper.make_node("Sum", ["a", "b", "c"], ["y"])]
+    inputs = [vi(n, TP.FLOAT, [1]) for n in "abc"]
+    model = make_model(nodes, inputs, [vi("y", TP.FLOAT, [1])], 6)
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed" and report.dropped_rules == {}
+    assert [n.op_type for n in out.graph.node] == ["Sum"]
 
 
 @pytest.mark.slow

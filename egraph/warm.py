@@ -17,6 +17,10 @@ from egglog import EGraph, Schedule
 
 from .reach import Selection
 
+MAX_KEPT = 8
+"""Idle e-graphs kept per process: a run declares only its model's rules (``egraph.reach``), so a
+process that sees many kinds of model holds one per rule subset; the least recently used go first."""
+
 _FREE: dict[tuple[str, ...], list[EGraph]] = {}
 DECLARED: dict[tuple[str, ...], int] = {}
 """Rule-set key -> how many e-graphs had its rules declared in this process (a test reads it)."""
@@ -53,7 +57,20 @@ def warm_egraph(
         yield WarmEGraph(egraph, selection)
     finally:
         egraph.pop()
-        free.append(egraph)
+        _FREE[key] = _FREE.pop(key, free)  # most recently used last
+        _FREE[key].append(egraph)
+        _forget_oldest()
+
+
+def idle() -> dict[tuple[str, ...], int]:
+    """Rule-set key -> how many idle e-graphs with its rules this process keeps."""
+    return {key: len(kept) for key, kept in _FREE.items() if kept}
+
+
+def _forget_oldest() -> None:
+    while sum(len(kept) for kept in _FREE.values()) > MAX_KEPT:
+        oldest = next(k for k, kept in _FREE.items() if kept)
+        _FREE[oldest].pop(0)
 
 
 def _declared(key: tuple[str, ...], schedules: Sequence[Schedule]) -> EGraph:

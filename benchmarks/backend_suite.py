@@ -2,8 +2,9 @@
 optimized-and-matching, a refusal with a reason, or a failure (internal error or wrong result).
 
 Cases: the node cases of ``onnx.backend.test.case.node.collect_testcases()`` (with their inputs and
-expected outputs) and the model folders shipped under ``onnx/backend/test/data`` (``model.onnx``
-plus ``test_data_set_*``). Each case is first run on onnxruntime as given: where onnxruntime cannot
+expected outputs), the model folders shipped under ``onnx/backend/test/data`` (``model.onnx``
+plus ``test_data_set_*``) and its ``light`` models (expected outputs of the inputs onnx's runner
+generates). Each case is first run on onnxruntime as given: where onnxruntime cannot
 run the original or disagrees with the expected outputs, the case is outside the denominator
 ("baseline"). Otherwise it is optimized with the case's inputs as verification samples
 (``Options.verify_samples``) and the optimized model is run again and compared with the expected
@@ -40,7 +41,9 @@ import onnxruntime as ort
 from onnx import numpy_helper
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
-FOLDERS = ("light", "pytorch-converted", "pytorch-operator", "simple", "real")
+FOLDERS = ("pytorch-converted", "pytorch-operator", "simple", "real")
+"""Folders of ``model.onnx`` plus ``test_data_set_*`` (``real`` holds only download links: no case
+runs without the network); ``light`` is read by ``light_cases``."""
 
 
 @dataclass
@@ -72,7 +75,14 @@ def node_cases() -> Iterator[Case]:
         warnings.simplefilter("ignore")
         cases = collect_testcases()
     for c in cases:
-        yield Case(c.name, "node", c.model, [(list(i), list(o)) for i, o in c.data_sets], c.rtol, c.atol)
+        data_sets = [([_value(v) for v in i], [_value(v) for v in o]) for i, o in c.data_sets]
+        yield Case(c.name, "node", c.model, data_sets, c.rtol, c.atol)
+
+
+def _value(value: Any) -> Any:
+    """A case's input or output as onnxruntime takes it: a TensorProto (how cases give types
+    numpy lacks a plain form for, casts to and from float16, bfloat16, float8) as its array."""
+    return numpy_helper.to_array(value) if isinstance(value, onnx.TensorProto) else value
 
 
 def _read_pb(path: Path) -> Any:
@@ -95,8 +105,22 @@ def folder_cases(folders: tuple[str, ...] = FOLDERS) -> Iterator[Case]:
             yield Case(model_dir.name, folder, onnx.load(str(model_path)), data_sets)
 
 
+def light_cases() -> Iterator[Case]:
+    """The ``light`` models (``light_NAME.onnx`` plus expected outputs, no inputs): fed as onnx's
+    backend runner feeds them (``Runner.generate_dummy_data``: arange / n, unknown dims as 1)."""
+    from onnx.backend.test.runner import Runner
+
+    for path in sorted((DATA / "light").glob("light_*.onnx")):
+        model = onnx.load(str(path))
+        inits = {t.name for t in model.graph.initializer}
+        inputs = [Runner.generate_dummy_data(x, seed=0, random=False) for x in model.graph.input if x.name not in inits]
+        outputs = [_read_pb(path.with_name(f"{path.stem}_output_{i}.pb")) for i in range(len(model.graph.output))]
+        rtol = 2e-3 if "densenet" in path.stem else 1e-3
+        yield Case("test_" + path.stem.removeprefix("light_"), "light", model, [(inputs, outputs)], rtol)
+
+
 def all_cases() -> list[Case]:
-    return [*node_cases(), *folder_cases()]
+    return [*node_cases(), *folder_cases(), *light_cases()]
 
 
 def _true_inputs(model: onnx.ModelProto) -> list[str]:

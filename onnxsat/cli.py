@@ -266,7 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         type=seconds_arg,
         default=None,
-        help=f"saturation wall time (default {_DEFAULT_BUDGETS.seconds:g})",
+        help="wall time of the rewrite, import included: saturation gets what the import leaves, and a"
+        " graph not imported in time comes back unchanged (default: no such limit, and"
+        f" {_DEFAULT_BUDGETS.seconds:g} s of saturation)",
     )
     bud.add_argument(
         "--match-limit",

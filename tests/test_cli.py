@@ -219,7 +219,7 @@ def test_every_flag_maps_to_options(fake: FakePipeline, tmp_path: Path) -> None:
     ]
     assert cli.main(argv) == 0
     (options,) = fake.calls
-    assert options.budgets == Budgets(iterations=5, enodes=1234, seconds=2.5, match_limit=77)
+    assert options.budgets == Budgets(iterations=5, enodes=1234, seconds=2.5, match_limit=77, whole_run=True)
     assert options.rules_only == ("algebraic", "fusion", "layout")
     assert options.disable_rules == ("some-rule",)
     assert options.target == "ort-cpu"

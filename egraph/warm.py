@@ -21,7 +21,7 @@ MAX_KEPT = 8
 """Idle e-graphs kept per process: a run declares only its model's rules (``egraph.reach``), so a
 process that sees many kinds of model holds one per rule subset; the least recently used go first."""
 
-_FREE: dict[tuple[str, ...], list[EGraph]] = {}
+_FREE: dict[tuple[str, ...], list[tuple[EGraph, Selection | None]]] = {}
 DECLARED: dict[tuple[str, ...], int] = {}
 """Rule-set key -> how many e-graphs had its rules declared in this process (a test reads it)."""
 
@@ -49,17 +49,38 @@ def warm_egraph(
     key: tuple[str, ...], schedules: Sequence[Schedule], selection: Selection | None = None
 ) -> Iterator[WarmEGraph]:
     """A reused e-graph with the rules of ``schedules`` declared (``key`` names that rule set), pushed
-    for one use; ``selection`` says which rules those are (``egraph.reach``)."""
-    free = _FREE.setdefault(key, [])
-    egraph = free.pop() if free else _declared(key, schedules)
+    for one use; ``selection`` says which rules those are (``egraph.reach``). Without an idle one
+    for ``key``, an idle one whose selection covers ``selection`` is used (with its own selection,
+    which the run then follows) before a new one is declared."""
+    held_key, (egraph, held) = _idle(key, selection) or (key, (_declared(key, schedules), selection))
     egraph.push()
     try:
-        yield WarmEGraph(egraph, selection)
+        yield WarmEGraph(egraph, held)
     finally:
         egraph.pop()
-        _FREE[key] = _FREE.pop(key, free)  # most recently used last
-        _FREE[key].append(egraph)
+        kept = _FREE.pop(held_key, [])
+        kept.append((egraph, held))
+        _FREE[held_key] = kept  # most recently used last
         _forget_oldest()
+
+
+def _idle(
+    key: tuple[str, ...], selection: Selection | None
+) -> tuple[tuple[str, ...], tuple[EGraph, Selection | None]] | None:
+    if _FREE.get(key):
+        return key, _FREE[key].pop()
+    if selection is None:
+        return None
+    for other, kept in reversed(_FREE.items()):
+        for i, (_, held) in enumerate(kept):
+            if held is not None and held.covers(selection):
+                return other, kept.pop(i)
+    return None
+
+
+def forget() -> None:
+    """Drop every idle e-graph (their memory; the next run of each rule set declares it again)."""
+    _FREE.clear()
 
 
 def idle() -> dict[tuple[str, ...], int]:

@@ -97,7 +97,7 @@ class Options:
     output) so fused nodes can be written as that opset's standard ops (RMSNormalization); it is
     converted only when the extracted program holds one. None keeps the model's opset."""
     materialize_constants: bool = False
-    """Allow folded constants to grow the file by more than max(1 MiB, 10%)."""
+    """Fold weight-only subgraphs even where that makes the weights larger (by default it never does)."""
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
     seed_invented_dims: bool = True

@@ -39,6 +39,13 @@ def _multi_key(node: ENode) -> tuple[Any, ...] | None:
     return None
 
 
+def _renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    copy.name = name
+    return copy
+
+
 def _attr_value(kind: str, value: Any) -> Any:
     if kind == "ints":
         return [int(v) for v in value]
@@ -124,6 +131,42 @@ class _Exporter:
         if node.op == "Tensor.weight":
             return tensor_array(self.program.weights[node.args[0]])
         return None
+
+    def _folded_value(self, eclass: str, limit: int = 64) -> np.ndarray | None:
+        """The value of an e-class computed from constants only, by evaluating the nodes already
+        written for it (at most ``limit``); None when it reads a graph input or is larger."""
+        value = self._const_value(eclass)
+        name = self.names.get(eclass)
+        if value is not None or name is None:
+            return value
+        producers = {out: node for node in self.nodes for out in node.output}
+        needed: list[onnx.NodeProto] = []
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            tensor = stack.pop()
+            if tensor in seen or tensor == "" or tensor in self.initializers:
+                continue
+            seen.add(tensor)
+            node = producers.get(tensor)
+            if node is None or len(needed) >= limit or node.domain not in ("", "ai.onnx"):
+                return None  # a graph input, too large, or an op the reference cannot run
+            needed.append(node)
+            stack.extend(node.input)
+        order = [n for n in self.nodes if any(n is m for m in needed)]
+        inits = {i for n in order for i in n.input if i in self.initializers}
+        graph = helper.make_graph(
+            order, "fold", [], [helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)],
+            [_renamed(self.initializers[i], i) for i in sorted(inits)],
+        )  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.program.opset)])
+        try:
+            from onnx.reference import ReferenceEvaluator
+
+            outputs: list[Any] = list(ReferenceEvaluator(model).run(None, {}))
+            return np.asarray(outputs[0])
+        except Exception:  # an op the reference does not run: no value
+            return None
 
     # ------------------------------------------------------------ per node
     def _emit(self, eclass: str, node: ENode) -> None:
@@ -220,6 +263,7 @@ class _Exporter:
             attrs=attrs,
             opset=self.program.opset,
             const_value=lambda i: self._const_value(input_classes[i]) if i < len(input_classes) else None,
+            folded_value=lambda i: self._folded_value(input_classes[i]) if i < len(input_classes) else None,
             outputs=outputs,
             fresh=self._fresh,
             allow_contrib=self.allow_contrib_ops,

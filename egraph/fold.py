@@ -63,8 +63,9 @@ def fold_constants(model: onnx.ModelProto, *, materialize: bool = False) -> tupl
     limit = weight_bytes(model)
     sizes = {t.name: _nbytes(t) for t in model.graph.initializer}
     keep: set[str] = set()
+    memo: dict[int, list | None] = {}  # node index -> its folded outputs, the same in every round
     while True:
-        folded, count, made = _fold(model, keep)
+        folded, count, made = _fold(model, keep, memo)
         if materialize or weight_bytes(folded) <= limit:
             return folded, count
         growers = _growers(folded, made, sizes) - keep
@@ -95,14 +96,25 @@ def _growers(folded: onnx.ModelProto, made: dict[str, _Made], sizes: dict[str, i
     return growers or {max(alive, key=lambda m: m.nbytes).node}
 
 
+def _try_eval(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]) -> list | None:
+    """The node's outputs on these inputs, or None where onnx.reference cannot compute them."""
+    try:
+        return _eval_node(node, inputs, opset)
+    except Exception:
+        return None
+
+
 def _nbytes(tensor: onnx.TensorProto) -> int:
     count = int(np.prod([int(d) for d in tensor.dims]))
     return count * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
-def _fold(model: onnx.ModelProto, keep: set[str]) -> tuple[onnx.ModelProto, int, dict[str, _Made]]:
+def _fold(
+    model: onnx.ModelProto, keep: set[str], memo: dict[int, list | None]
+) -> tuple[onnx.ModelProto, int, dict[str, _Made]]:
     """Fold every node with constant inputs except those whose first output is in ``keep``; also
-    returns the dense tensors it made."""
+    returns the dense tensors it made. ``memo`` keeps each node's evaluation (None: it failed)."""
+
     graph = model.graph
     inputs = {i.name for i in graph.input}
     dense: dict[str, onnx.TensorProto] = {t.name: t for t in graph.initializer if t.name not in inputs}
@@ -118,7 +130,7 @@ def _fold(model: onnx.ModelProto, keep: set[str]) -> tuple[onnx.ModelProto, int,
     def const(name: str) -> bool:
         return name == "" or name in dense or name in uniform
 
-    for node in graph.node:
+    for index, node in enumerate(graph.node):
         if node.op_type == "ConstantOfShape" and node.domain == "" and node.input[0] in dense:
             dims = tuple(int(d) for d in tensor_array(dense[node.input[0]]))
             fill = numpy_helper.to_array(node.attribute[0].t) if node.attribute else np.zeros(1, np.float32)
@@ -136,22 +148,23 @@ def _fold(model: onnx.ModelProto, keep: set[str]) -> tuple[onnx.ModelProto, int,
             kept.append(node)
             continue
         if node.op_type in ELEMENTWISE and all(i == "" or i in uniform for i in node.input) and len(node.output) == 1:
-            ins = [uniform[i].value.reshape(()) if i else None for i in node.input]
-            try:
-                (out,) = _eval_node(node, ins, opset)
-            except Exception:
+            if index not in memo:
+                memo[index] = _try_eval(node, [uniform[i].value.reshape(()) if i else None for i in node.input], opset)
+            one = memo[index]
+            if one is None:
                 kept.append(node)
                 continue
+            (out,) = one
             dims = np.broadcast_shapes(*[uniform[i].dims for i in node.input if i])
             uniform[node.output[0]] = _Uniform(np.asarray(out).reshape(-1)[:1], tuple(dims))
             new_uniform.append(node.output[0])
             sources[node.output[0]] = derived
             folded += 1
             continue
-        arrays = [None if i == "" else _materialize(i, dense, uniform) for i in node.input]
-        try:
-            outs = _eval_node(node, arrays, opset)
-        except Exception:
+        if index not in memo:
+            memo[index] = _try_eval(node, [None if i == "" else _materialize(i, dense, uniform) for i in node.input], opset)
+        outs = memo[index]
+        if outs is None:
             kept.append(node)
             continue
         if not all(isinstance(o, np.ndarray) for o in outs):

@@ -142,6 +142,11 @@ def abs_(x: Tensor) -> Tensor: ...
 @function
 def identity(x: Tensor) -> Tensor: ...
 @function
+def isnan(x: Tensor) -> Tensor:
+    """ONNX IsNaN (a bool tensor of x's shape): the exporters' guard of a fully masked softmax row."""
+
+
+@function
 def leaky_relu(x: Tensor, alpha: f64Like) -> Tensor: ...
 @function
 def gelu(x: Tensor, approximate: StringLike) -> Tensor: ...
@@ -188,6 +193,20 @@ def fused_rms_norm(x: Tensor, scale: Tensor, epsilon: f64Like, dtype: i64Like) -
 def fused_skip_rms_norm(x: Tensor, skip: Tensor, scale: Tensor, epsilon: f64Like, dtype: i64Like, index: i64Like) -> Tensor:
     """Output ``index`` of a residual Add and the RMSNorm of its sum in one pass (onnxruntime's
     SkipSimplifiedLayerNormalization): 0 is ``fused_rms_norm(x + skip, scale)``, 1 is ``x + skip``."""
+
+
+@function
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: f64Like, dtype: i64Like) -> Tensor:
+    """softmax(q @ k^T * scale + mask over the last axis) @ v for 4-D [batch, heads, seq, head]
+    q, k, v and a float mask (or none) that broadcasts to the scores without growing them: opset
+    23's Attention; ``dtype`` is q's type (the export probes onnxruntime's kernel for it)."""
+
+
+@function
+def fused_rotary(x: Tensor, cos: Tensor, sin: Tensor, dtype: i64Like) -> Tensor:
+    """x * cos + rotate_half(x) * sin for a 4-D [batch, heads, seq, head] x (rotate_half(x) is
+    concat(-x2, x1) of x's two halves on the last axis) and cos, sin of shape [1, 1, seq, head]:
+    opset 23's RotaryEmbedding where cos and sin are constants whose two halves are equal."""
 
 
 # ---------------------------------------------------------------- elementwise binary (broadcasting)

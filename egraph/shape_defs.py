@@ -83,6 +83,7 @@ _SAME_SHAPE = [
     lambda x: L.fused_bias_gelu(x, b, str_a, ia),  # the fusion rule requires a bias that does not broadcast x
     lambda x: L.fused_rms_norm(x, b, fa, ia),  # the fusion rule requires a scale that does not broadcast x
     lambda x: L.fused_skip_rms_norm(x, b, c, fa, ia, ib),  # both outputs: the rule requires skip of x's shape
+    lambda x: L.fused_rotary(x, b, c, ia),  # cos and sin of [1, 1, seq, head] never broadcast x
 ]
 for _make in _SAME_SHAPE:
     RULES.append(rule(eq(t).to(_make(a)), L.shape(a) == sa).then(set_(L.shape(t)).to(sa)))
@@ -90,6 +91,7 @@ for _make in _SAME_SHAPE:
 RULES.append(
     rule(eq(t).to(L.cast(a, ia)), L.shape(a) == sa).then(set_(L.shape(t)).to(sa), set_(L.dtype(t)).to(ia))
 )
+RULES.append(rule(eq(t).to(L.isnan(a)), L.shape(a) == sa).then(set_(L.shape(t)).to(sa), set_(L.dtype(t)).to(i64(9))))
 
 # ---------------------------------------------------------------- broadcasting
 # Broadcast shapes are computed once per distinct pair of shapes: ops ask (bshape_req) and
@@ -162,6 +164,14 @@ RULES.append(rule(*_batched).then(bshape_req(sa.pop().pop(), sb.pop().pop())))
 RULES.append(
     rule(*_batched, bshape(sa.pop().pop(), sb.pop().pop()) == sc).then(
         set_(L.shape(t)).to(sc.push(sa[sa.length() - 2]).push(sb[sb.length() - 1]))
+    )
+)
+# Attention: q's [batch, heads, seq] and v's head size (the fusion rule requires equal batch dims).
+_attention = L.fused_attention(a, b, c, d, fa, ia)
+RULES.append(rule(eq(t).to(_attention), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
+RULES.append(
+    rule(eq(t).to(_attention), L.shape(a) == sa, L.shape(c) == sc, sa.length() == i64(4), sc.length() == i64(4)).then(
+        set_(L.shape(t)).to(sa.pop().push(sc[3]))
     )
 )
 # Vector operands: [K] x [..., K, N] drops M; [..., M, K] x [K] drops N.

@@ -302,3 +302,9 @@ def _conv_transpose_geometry(nv: Any, in_sp: tuple[int, ...], kernel: list[int],
         totals = [f - o for f, o in zip(full, out_sp, strict=True)]
         return [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals], out_sp
     return [0] * n_sp, full
+
+
+@lowering("IsNaN", "onnxsat.FusedAttention", "onnxsat.FusedRotary", kind="extern")
+def _not_native(cx: Any, nv: Any, xs: list[Any]) -> list[Any]:
+    """No native kernel yet: the node runs in the fallback (its exported form on onnxruntime)."""
+    raise NotLowered(f"{nv.op_type} has no native kernel")

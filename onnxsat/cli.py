@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--materialize-constants",
         action="store_true",
-        help="let folded constants grow the file by more than max(1 MiB, 10%%)",
+        help="fold weight-only subgraphs even where the result makes the weights larger (a transposed copy of a weight still read elsewhere); by default folding never does",
     )
     out.add_argument(
         "--quiet", action="store_true", help="print nothing on success: no progress bars, no table"

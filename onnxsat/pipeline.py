@@ -485,8 +485,9 @@ def _never_worse(
 ) -> onnx.ModelProto:
     """The input itself when the result is worse than it: a higher estimated cost, or more nodes
     or weight bytes at no lower cost. Growth the cost model prices lower is kept, with a warning
-    that says so (a verified merge of parallel MatMuls adds a Split, a folded Expand adds bytes);
-    weight bytes may grow when the user asked for ``materialized`` constants."""
+    that says so (a verified merge of parallel MatMuls adds a Split); weight bytes may grow when
+    the user asked for ``materialized`` constants. Folding itself never grows them
+    (``egraph.fold``): this is the last line of defence, not where growth is prevented."""
     cheaper = report.cost_after < report.cost_before
     growth = []
     nodes_before, nodes_after = len(model.graph.node), len(optimized.graph.node)

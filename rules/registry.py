@@ -87,6 +87,7 @@ class Family:
 
 IN_TREE_MODULES = (  # each defines FAMILIES: the Family objects it adds rules to
     "families.algebraic",
+    "families.attention",
     "families.core",
     "families.dtype",
     "families.fusion",
@@ -110,6 +111,7 @@ SITE_RULE_MODULES = ("pet.partial_families", "pet.partial_merge", "pet.partial_s
 
 IN_TREE_ORDER = (
     "algebraic",
+    "attention",
     "core",
     "dtype",
     "fusion",

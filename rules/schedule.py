@@ -31,7 +31,7 @@ ALGEBRA_FAMILIES = ("core", "algebraic", "linear", "interchange", "reduce")
 LAYOUT_FAMILIES = ("layout", "shape-arith", "dtype")
 PARTIAL_FAMILIES = ("partial",)
 MULTI_FAMILIES = ("multi",)
-FUSION_FAMILIES = ("fusion",)
+FUSION_FAMILIES = ("fusion", "attention")
 _IN_TREE = ALGEBRA_FAMILIES + LAYOUT_FAMILIES + PARTIAL_FAMILIES + MULTI_FAMILIES + FUSION_FAMILIES
 
 

@@ -85,6 +85,7 @@ register(
     _unary("Sigmoid", L.sigmoid),
     _unary("Tanh", L.tanh),
     _unary("Erf", L.erf, 9),
+    _unary("IsNaN", L.isnan, 9),
     _unary("Neg", L.neg),
     _unary("Exp", L.exp),
     _unary("Log", L.log),

@@ -42,6 +42,12 @@ class _Chain:
         )
         return name
 
+    def array(self, value: np.ndarray) -> str:
+        """A constant tensor (a cache computed at export from constant inputs)."""
+        name = self.node.fresh("onnxsat_const")
+        self.nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name)))
+        return name
+
     def ints(self, values: list[int]) -> str:
         """An int64 vector constant (axes, shapes)."""
         name = self.node.fresh("onnxsat_const")
@@ -176,8 +182,96 @@ def _skip_rms_norm_export(node: ExportNode) -> None:
     node.expansion = chain.nodes
 
 
+ATTENTION_PROBE = KernelProbe(
+    "Attention", "", 23, (((1, 2, 3, 4), None), ((1, 2, 5, 4), None), ((1, 2, 5, 4), None), ((1, 1, 3, 5), None)), (("scale", 0.5),)
+)
+"""Attention with an additive mask of q's type; without a mask the same op with three inputs."""
+ROTARY_PROBE = KernelProbe("RotaryEmbedding", "", 23, (((1, 2, 3, 4), None), ((1, 3, 2), None), ((1, 3, 2), None)))
+
+
+def _attention_chain(chain: _Chain, q: str, k: str, v: str, mask: str, scale: float, out: str) -> None:
+    """softmax(q @ k^T * scale + mask) @ v as the chain of the model's opset (a float mask, or none;
+    with a mask, a row whose every score is -inf is zero, as Attention makes it)."""
+    scores = chain.op("MatMul", [q, chain.op("Transpose", [k], perm=[0, 1, 3, 2])])
+    if scale != 1.0:
+        scores = chain.op("Mul", [scores, chain.const(scale)])
+    if not mask:
+        chain.op("MatMul", [chain.op("Softmax", [scores], axis=-1), v], out)
+        return
+    probs = chain.op("Softmax", [chain.op("Add", [scores, mask])], axis=-1)
+    zeroed = chain.op("Where", [chain.op("IsNaN", [probs]), chain.const(0.0), probs])  # a fully masked row is 0
+    chain.op("MatMul", [zeroed, v], out)
+
+
+def _attention_export(node: ExportNode) -> None:
+    """Attention (opset 23, or the placeholder of an opset upgrade) where onnxruntime runs it at
+    this dtype (with this mask), else the chain. Attention's scale multiplies q @ k^T (onnxruntime
+    scales q and k by its square root each, as the exporters' chains do)."""
+    scale, dtype = float(node.attrs.pop("scale")), int(node.attrs.pop("dtype"))
+    q, k, v, *rest = node.inputs
+    mask = rest[0] if rest else ""
+    probe = ATTENTION_PROBE if mask else _without_mask(ATTENTION_PROBE)
+    domain = _standard_domain(node, probe, dtype)
+    chain = _Chain(node, dtype)
+    if domain is not None:
+        chain.op("Attention", [q, k, v, *([mask] if mask else [])], node.outputs[0], domain=domain, scale=scale)
+    else:
+        _attention_chain(chain, q, k, v, mask, scale, node.outputs[0])
+    node.expansion = chain.nodes
+
+
+def _without_mask(probe: KernelProbe) -> KernelProbe:
+    return KernelProbe(probe.op_type, probe.domain, probe.opset, probe.inputs[:3], probe.attrs)
+
+
+def _halves_equal(value: np.ndarray | None) -> bool:
+    """A [1, 1, seq, head] constant whose last-axis halves are equal (cos(concat(f, f)) of the
+    exporters: RotaryEmbedding's cache holds one half)."""
+    if value is None or value.ndim != 4 or value.shape[:2] != (1, 1) or value.shape[-1] % 2:
+        return False
+    half = value.shape[-1] // 2
+    return bool(np.array_equal(value[..., :half], value[..., half:]))
+
+
+def _rotary_export(node: ExportNode) -> None:
+    """RotaryEmbedding (opset 23 or the upgrade placeholder) where cos and sin are constants with
+    equal halves and onnxruntime runs it, its caches being their first halves as [1, seq, head/2]
+    (the fusion rule takes x of batch 1: RotaryEmbedding without position ids wants a cache of x's
+    batch); else the chain x * cos + concat(-x2, x1) * sin."""
+    dtype = int(node.attrs.pop("dtype"))
+    (x, cos, sin), (out,) = node.inputs, node.outputs
+    chain = _Chain(node, dtype)
+    values = [node.folded_value(1), node.folded_value(2)]
+    domain = _standard_domain(node, ROTARY_PROBE, dtype)
+    if domain is not None and all(_halves_equal(v) for v in values):
+        caches = []
+        for value in values:
+            assert value is not None
+            half = value.shape[-1] // 2
+            caches.append(chain.array(np.ascontiguousarray(value[0, :, :, :half])))
+        chain.op("RotaryEmbedding", [x, *caches], out, domain=domain)
+        node.expansion = chain.nodes
+        return
+    first, second = node.fresh("onnxsat_half"), node.fresh("onnxsat_half")
+    halves: dict[str, Any] = {"axis": -1, **({"num_outputs": 2} if node.opset >= 18 else {})}  # an even split
+    chain.nodes.append(helper.make_node("Split", [x], [first, second], **halves))
+    rotated = chain.op("Concat", [chain.op("Neg", [second]), first], axis=-1)
+    chain.op("Add", [chain.op("Mul", [x, cos]), chain.op("Mul", [rotated, sin])], out)
+    node.expansion = chain.nodes
+
+
 def _flops(per_element: float) -> Callable[[CostCtx], float]:
     return lambda ctx: per_element * numel(ctx.out_shape)
+
+
+def _attention_flops(ctx: CostCtx) -> float:
+    """2 * T * S * (D + Dv) per batch and head for the two products, plus the softmax."""
+    q, k = (ctx.in_shapes + [None, None])[:2]
+    if q is None or k is None or len(q) != 4 or len(k) != 4 or ctx.out_shape is None:
+        return 0.0
+    batch_heads, t, d = q[0] * q[1], q[2], q[3]
+    s, dv = k[2], ctx.out_shape[3]
+    return float(max(batch_heads, 1) * max(t, 1) * max(s, 1) * (2 * (max(d, 1) + max(dv, 1)) + 5))
 
 
 _GELU_ATTRS = (Attr("approximate", "string", "none"), Attr("dtype", "int"))
@@ -202,6 +296,24 @@ register(
         family="norm",
         export=_rms_norm_export,
         flops=_flops(4.0),
+    ),
+    OpSpec(
+        "onnxsat.FusedAttention",
+        L.fused_attention,
+        ("Q", "K", "V", "attn_mask?"),
+        (Attr("scale", "float"), Attr("dtype", "int")),
+        family="matmul",
+        export=_attention_export,
+        flops=_attention_flops,
+    ),
+    OpSpec(
+        "onnxsat.FusedRotary",
+        L.fused_rotary,
+        ("X", "cos", "sin"),
+        (Attr("dtype", "int"),),
+        family="binary",
+        export=_rotary_export,
+        flops=_flops(3.0),
     ),
     OpSpec(
         "onnxsat.FusedSkipRMSNorm",

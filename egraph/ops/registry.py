@@ -84,6 +84,9 @@ class ExportNode:
     const_value: Callable[[int], np.ndarray | None]
     """Values of input ``i`` when it is a constant (for opsets that want it as an attribute)."""
     outputs: list[str] = field(default_factory=list)
+    folded_value: Callable[[int], np.ndarray | None] = lambda i: None
+    """Values of input ``i`` when it is computed from constants only (evaluated: a fused kind whose
+    single-op form depends on constant values, e.g. RotaryEmbedding's caches)."""
     fresh: Callable[[str], str] = str
     """A new unused tensor name from a hint (for the inner tensors of an expansion)."""
     allow_contrib: bool = False

@@ -148,6 +148,10 @@ def _s_binary(a: str, b: str) -> Sampler:
 
 
 def _s_where(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    out_shape = k.get("__out__")
+    if out_shape is not None and not any(isinstance(k.get(n), Known) for n in ("X", "Y", "condition")) and g.chance(0.6):
+        # the condition and Y of the output's shape, X the smaller one (a guard Where(IsNaN(p), 0, p))
+        return {"X": Want(g.partner(out_shape)), "Y": Want(out_shape), "condition": Want(out_shape, "bool")}
     out = _s_binary("X", "Y")(g, k)
     return {**out, "condition": Want(g.partner(out["X"].shape), "bool")}
 
@@ -170,11 +174,15 @@ def _s_matmul(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     out = k.get("__out__")
     if out is not None and len(out) >= 2 and not isinstance(k.get("A"), Known):
         kk = g.dim()
+        if len(out) >= 3 and g.chance(0.7):  # batched, both operands of the output's batch (attention)
+            return {"A": Want((*out[:-1], kk)), "B": Want((*out[:-2], kk, out[-1]))}
         return {"A": Want((*out[:-1], kk)), "B": Want((kk, out[-1]))}
     sa = _shape(g, k, "A", lo=1, hi=4)
     kk, n = (sa[-1] if sa else 1), g.dim()
-    if len(sa) >= 2 and g.chance(0.3):
-        right: tuple[int, ...] = g.partner(sa[:-2])[-2:] + (kk, n)
+    if len(sa) >= 3 and g.chance(0.7):  # both operands of one batch (attention's products)
+        right: tuple[int, ...] = (*sa[:-2], kk, n)
+    elif len(sa) >= 2 and g.chance(0.3):
+        right = g.partner(sa[:-2])[-2:] + (kk, n)
     else:
         right = (kk,) if g.chance(0.1) else (kk, n)
     return {"A": Want(sa), "B": Want(right)}
@@ -432,6 +440,23 @@ def _s_skip_rms_norm(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
             "dtype": DOUBLE, "index": g.pick([0, 1])}  # fmt: skip
 
 
+def _s_attention(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    """4-D q [B, H, T, D], k [B, H, S, D], v [B, H, S, Dv] and a [1|B, 1|H, T, S] float mask or none
+    (what the attention fusion takes)."""
+    qs = _shape(g, k, "Q", lo=4, hi=4)
+    s, dv = g.dim(), g.dim()
+    mask = (g.pick([1, qs[0]]), g.pick([1, qs[1]]), qs[2], s)
+    return {"Q": Want(qs), "K": Want((*qs[:2], s, qs[3])), "V": Want((*qs[:2], s, dv)),
+            "attn_mask": Want(mask, optional=True), "scale": g.pick([1.0, 0.125, 0.5]), "dtype": DOUBLE}  # fmt: skip
+
+
+def _s_rotary(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    """4-D x [1, H, T, D] with D even and cos, sin [1, 1, T, D] (what the rotary fusion takes)."""
+    xs = _shape(g, k, "X", lo=4, hi=4)
+    xs = (1, xs[1], xs[2], 2 * max(xs[3] // 2, 1))
+    return {"X": Want(xs), "cos": Want((1, 1, *xs[2:])), "sin": Want((1, 1, *xs[2:])), "dtype": DOUBLE}
+
+
 def _s_shape_of(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     xs = _shape(g, k, "data")
     r = len(xs)
@@ -467,6 +492,9 @@ SAMPLERS: dict[str, Sampler] = {
     "fused_bias_gelu": _s_bias_gelu,
     "fused_rms_norm": _s_rms_norm,
     "fused_skip_rms_norm": _s_skip_rms_norm,
+    "fused_attention": _s_attention,
+    "fused_rotary": _s_rotary,
+    "isnan": _s_unary("X"),
     "cast": _s_unary("input", to=lambda g: g.pick([DOUBLE, DOUBLE, TensorProto.FLOAT, INT64])),
     "clip": lambda g, k: {
         "input": Want(_shape(g, k, "input")),

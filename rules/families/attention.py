@@ -1,0 +1,142 @@
+"""Attention rules: the scaled dot-product attention that torch's exporters write as a chain becomes
+one fused node (opset 23's Attention).
+
+Attention: softmax(q @ k^T * scale (+ mask)) @ v over 4-D [batch, heads, seq, head] tensors, the
+scale written as q * a and k^T * b (torch's SDPA decomposition, scale a * b), as a Div or Mul of the
+scores, or absent; the softmax over the last axis; batch and head dims equal (no broadcasting
+matmul). Grouped-query exports repeat k and v to q's heads before the matmul: the fused node
+takes the repeated k and v. A float mask is taken only in the form whose fully masked rows the
+exporters zero (``Where(IsNaN(p), 0, p)``): that is what Attention does for a row whose every score
+is -inf (its errata, measured on onnxruntime 1.32), while a plain softmax makes such a row NaN.
+The mask must keep the scores' shape, with the scores' last two dims (onnxruntime broadcasts only
+its leading ones). Scale folding is exact up to rounding: (q * a) @ (k * b) is (q @ k) * (a * b) in
+real arithmetic, and Attention stores its scale as float32.
+
+Rotary embedding (``fused_rotary``, written as RotaryEmbedding where its cos and sin are constants
+with equal halves) has its op row and export but no rule yet: the rule verifier's instance
+sampler does not reach the rotate-half pattern (two complementary half slices of one x, cos and
+sin of x's [1, 1, seq, head]) on its random instances.
+"""
+
+from __future__ import annotations
+
+from egglog import Vec, f64, i64, vars_
+from egglog.egraph import FactLike
+
+from ...egraph import lang as L
+from ..registry import Family
+from .fusion import FLOAT32_RTOL
+
+FAMILY = Family("attention")
+FAMILIES = (FAMILY,)
+
+q, kt, v, m = vars_("q kt v m", L.Tensor)
+sq, sk, svv, sv, sm, sa, sb = vars_("sq sk svv sv sm sa sb", Vec[i64])
+dt, cd1, cd2 = vars_("dt cd1 cd2", i64)
+ca, cb = vars_("ca cb", f64)
+
+_s_len = sk[3]
+FLOAT_TYPES = Vec(i64(1), i64(11))
+"""float32 and float64: the fused nodes' exports probe onnxruntime's kernel for the type and write
+the chain where it has none; float16 chains are left alone (their constants are float16-rounded)."""
+
+
+def _float(tensor: L.Tensor) -> tuple[FactLike, ...]:
+    return (L.dtype(tensor) == dt, FLOAT_TYPES.contains(dt))
+
+
+_TRANSPOSE_LAST = Vec(i64(0), i64(1), i64(3), i64(2))
+
+
+def _scalar(value: f64, dims: Vec[i64], cdt: i64) -> L.Tensor:
+    return L.Tensor.splat(value, dims, cdt)
+
+
+def _qkv_shapes() -> tuple[FactLike, ...]:
+    """q [B, H, T, D], k^T [B, H, D, S], v [B, H, S, Dv] of one float type onnxruntime runs."""
+    return (
+        L.shape(q) == sq,
+        sq.length() == i64(4),
+        L.shape(kt) == sk,
+        sk.length() == i64(4),
+        sk[0] == sq[0],
+        sk[1] == sq[1],
+        sk[2] == sq[3],
+        L.shape(v) == svv,
+        svv.length() == i64(4),
+        svv[0] == sq[0],
+        svv[1] == sq[1],
+        svv[2] == _s_len,
+        *_float(q),
+        L.dtype(kt) == dt,
+        L.dtype(v) == dt,
+    )
+
+
+# ---------------------------------------------------------------- attention
+# Scores as the exporters write them: (variant, scores term, scale, guards on the constants).
+_qk = L.matmul(q, kt)
+_scores_shape = Vec(sq[0], sq[1], sq[2], _s_len)
+_qa, _kb = L.mul(q, _scalar(ca, sa, cd1)), L.mul(kt, _scalar(cb, sb, cd2))
+_one = (L.shape(_qa) == sq,)  # the uniform scale keeps the operand's shape (it never broadcasts it)
+_SCORES: list[tuple[str, L.Tensor, f64, tuple[FactLike, ...]]] = [
+    ("sdpa", L.matmul(_qa, _kb), ca * cb, (*_one, L.shape(_kb) == sk)),
+    ("q-scaled", L.matmul(_qa, kt), ca, _one),
+    ("div", L.div(_qk, _scalar(ca, sa, cd1)), f64(1.0) / ca, (L.shape(L.div(_qk, _scalar(ca, sa, cd1))) == _scores_shape, ca != f64(0.0))),
+    ("mul", L.mul(_qk, _scalar(ca, sa, cd1)), ca, (L.shape(L.mul(_qk, _scalar(ca, sa, cd1))) == _scores_shape,)),
+    ("unscaled", _qk, f64(1.0), ()),
+]
+_k = L.transpose(kt, _TRANSPOSE_LAST)
+_GUARDED = ("sdpa", "unscaled")
+_LAST = i64(3)  # the softmax axis: import counts a negative axis from the front where the rank is known
+for _name, _scores, _scale, _guards in _SCORES:
+    _common = (*_qkv_shapes(), *_guards)
+    # softmax(q k^T * s) v => Attention(q, k, v, scale=s): five to seven ops and the [T, S] scores
+    # in memory become one kernel (onnxruntime does not fuse attention itself).
+    _p = L.softmax(_scores, _LAST)
+    _zeroed = L.where(L.isnan(_p), _scalar(f64(0.0), sv, dt), _p)
+    _forms: list[tuple[str, L.Tensor, tuple[FactLike, ...]]] = [("plain", L.matmul(_p, v), ())]
+    if _name in _GUARDED:  # the forms torch's SDPA decomposition writes (scaled q and k, or none)
+        _forms.append(("nan-guard", L.matmul(_zeroed, v), (L.shape(_zeroed) == _scores_shape,)))
+    for _form, _out, _zero in _forms:
+        FAMILY.rewrite(
+            "attention-fusion",
+            _out,
+            L.fused_attention(q, _k, v, L.Tensor.none(), _scale, dt),
+            *_common,
+            *_zero,
+            variant=f"{_name}-{_form}",
+            rtol=FLOAT32_RTOL,
+        )
+    if _name not in _GUARDED:
+        continue
+    # softmax(q k^T * s + mask) with the exporters' zeroed fully masked rows => Attention with the
+    # float mask (boolean masks reach here as Where(mask, 0, -inf), already float).
+    _pm = L.softmax(L.add(_scores, m), _LAST)
+    _zeroed_m = L.where(L.isnan(_pm), _scalar(f64(0.0), sv, dt), _pm)
+    FAMILY.rewrite(
+        "attention-mask-fusion",
+        L.matmul(_zeroed_m, v),
+        L.fused_attention(q, _k, v, m, _scale, dt),
+        *_common,
+        L.shape(_zeroed_m) == _scores_shape,
+        L.shape(m) == sm,
+        sm.length() == i64(4),
+        sm[2] == sq[2],
+        sm[3] == _s_len,
+        L.shape(L.add(_scores, m)) == _scores_shape,  # the mask does not grow the scores
+        L.dtype(m) == dt,
+        variant=_name,
+        rtol=FLOAT32_RTOL,
+    )
+
+# Attention(q, (k^T)^T) => Attention(q, k): the fused node takes k untransposed, and the exporters'
+# k^T is a Transpose of k (this phase runs after the layout rules that would cancel the pair).
+(_kk,) = vars_("kk", L.Tensor)
+FAMILY.rewrite(
+    "attention-key-transpose-cancel",
+    L.fused_attention(q, L.transpose(L.transpose(_kk, _TRANSPOSE_LAST), _TRANSPOSE_LAST), v, m, ca, dt),
+    L.fused_attention(q, _kk, v, m, ca, dt),
+)
+
+RULE_NAMES = list(FAMILY.names)

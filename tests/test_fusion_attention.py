@@ -1,0 +1,338 @@
+"""Attention fusion: prove tests under fixed budgets, refutations where a guard must hold, the op
+rows' exported forms (Attention / RotaryEmbedding at opset 23 and the chains below it) against
+numpy on onnxruntime, SDPA blocks as torch's exporters write them and the committed transformer
+exports, optimized and run on onnxruntime."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from egglog import EGraph, eq, i64, set_
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxsat
+from onnxsat.base.options import Options
+from onnxsat.egraph import lang as L
+from onnxsat.egraph.ops import OPS
+from onnxsat.egraph.ops.fused import ATTENTION_PROBE, ROTARY_PROBE
+from onnxsat.egraph.ops.ort_probe import ort_runs
+from onnxsat.egraph.ops.registry import ExportNode
+from onnxsat.egraph.shapes import shape_rules
+from onnxsat.rules import RULES
+from onnxsat.rules.families import attention
+
+from .helpers_onnx import outputs_match, run_ort, warm_import
+from .prove import _load, _warm
+from .realmodels_feeds import feeds_for
+
+F, F16, D = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
+Q, K, V, M = (L.Tensor.input(n) for n in ("q", "k", "v", "m"))
+SHAPES = {"q": (1, 2, 3, 4), "k": (1, 2, 5, 4), "v": (1, 2, 5, 6), "m": (1, 1, 3, 5), "mq": (1, 1, 1, 5)}
+PERM = L.ivec([0, 1, 3, 2])
+
+
+def c(value: float, dt: int = F) -> L.Tensor:
+    return L.Tensor.splat(value, L.ivec([]), dt)
+
+
+def ints(*values: int) -> L.Tensor:
+    return L.Tensor.ints(L.ivec(list(values)), 1)
+
+
+@contextmanager
+def _loaded(terms: list[L.Tensor], shapes: dict[str, tuple[int, ...]], dtypes: dict[str, int] | None = None) -> Iterator[EGraph]:
+    egraph = _warm()
+    egraph.push()
+    try:
+        _load(egraph, terms, shapes, (), dtypes or {})
+        egraph.register(set_(L.model_opset()).to(i64(17)))
+        rules = RULES.ruleset_for([*RULES.families["attention"], *RULES.families["core"]])
+        for _ in range(3):
+            egraph.run(shape_rules.saturate())
+            egraph.run(rules)
+        egraph.run(shape_rules.saturate())
+        yield egraph
+    finally:
+        egraph.pop()
+
+
+# ---------------------------------------------------------------- start terms, as exporters write them
+def sdpa(q: L.Tensor = Q, mask: L.Tensor | None = None, guard: bool = True, axis: int = 3, dt: int = F) -> L.Tensor:
+    """torch's SDPA decomposition: (q * s) @ (k^T * s), + mask, softmax, Where(IsNaN(p), 0, p), @ v."""
+    s = c(0.5, dt)
+    scores = L.matmul(L.mul(q, s), L.mul(L.transpose(K, PERM), s))
+    if mask is not None:
+        scores = L.add(scores, mask)
+    p = L.softmax(scores, axis)
+    if guard:
+        p = L.where(L.isnan(p), c(0.0, dt), p)
+    return L.matmul(p, V)
+
+
+def fused(mask: L.Tensor = L.Tensor.none(), scale: float = 0.25, dt: int = F) -> L.Tensor:
+    return L.fused_attention(Q, K, V, mask, scale, dt)
+
+
+PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
+    "attention-fusion": (sdpa(guard=False), fused(), SHAPES),
+    "attention-fusion/nan-guard": (sdpa(), fused(), SHAPES),
+    "attention-fusion/div": (L.matmul(L.softmax(L.div(L.matmul(Q, L.transpose(K, PERM)), c(2.0)), 3), V), fused(scale=0.5), SHAPES),
+    "attention-mask-fusion": (sdpa(mask=M), fused(M), SHAPES),
+    "attention-key-transpose-cancel": (
+        L.fused_attention(Q, L.transpose(L.transpose(K, PERM), PERM), V, M, 0.5, F),
+        L.fused_attention(Q, K, V, M, 0.5, F),
+        SHAPES,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PROOFS))
+def test_prove(case: str) -> None:
+    start, goal, shapes = PROOFS[case]
+    with _loaded([start, goal], shapes) as egraph:
+        egraph.check(eq(start).to(goal))
+
+
+def test_every_attention_rule_has_a_prove_test() -> None:
+    assert {case.split("/")[0] for case in PROOFS} == set(attention.RULE_NAMES) == set(RULES.families["attention"])
+
+
+REFUTATIONS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]], dict[str, int] | None]] = {
+    # Attention's softmax runs over the keys (the last axis) only.
+    "softmax-axis-2": (sdpa(axis=2, guard=False), fused(), SHAPES, None),
+    # A plain softmax makes a fully masked (-inf) row NaN; Attention makes it zero: no guard, no fusion.
+    "mask-without-nan-guard": (sdpa(mask=M, guard=False), fused(M), SHAPES, None),
+    # onnxruntime broadcasts only the mask's leading dims: a mask over keys only ([1, 1, 1, S]) is left.
+    "mask-broadcast-over-queries": (sdpa(mask=L.Tensor.input("mq")), fused(L.Tensor.input("mq")), SHAPES, None),
+    # float16 chains are left alone (as every fusion does).
+    "float16": (sdpa(dt=F16), fused(dt=F16), SHAPES, {n: F16 for n in ("q", "k", "v")}),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUTATIONS))
+def test_refute(case: str) -> None:
+    start, goal, shapes, dtypes = REFUTATIONS[case]
+    with _loaded([start, goal], shapes, dtypes) as egraph:
+        egraph.check_fail(eq(start).to(goal))
+
+
+# ---------------------------------------------------------------- the op rows against numpy
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, scale: float) -> np.ndarray:
+    scores = q @ np.swapaxes(k, -1, -2) * scale + (0 if mask is None else mask)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p = p / p.sum(-1, keepdims=True)
+    return np.nan_to_num(p, nan=0.0) @ v  # a fully masked row is zero
+
+
+def _exported(op_type: str, inputs: list[str], attrs: dict[str, Any], opset: int, values: dict[int, np.ndarray] | None = None) -> ExportNode:
+    counter = itertools.count()
+    node = ExportNode(
+        op_type, inputs, dict(attrs), opset, const_value=lambda i: None, outputs=["y"],
+        folded_value=lambda i: (values or {}).get(i), fresh=lambda hint: f"{hint}_{next(counter)}",
+    )  # fmt: skip
+    spec = OPS[op_type]
+    assert spec.export is not None
+    spec.export(node)
+    return node
+
+
+def _model(node: ExportNode, feeds: dict[str, np.ndarray], opset: int, out: tuple[int, ...]) -> onnx.ModelProto:
+    elem = helper.np_dtype_to_tensor_dtype(next(iter(feeds.values())).dtype)
+    graph = helper.make_graph(
+        node.expansion,
+        "row",
+        [helper.make_tensor_value_info(n, elem, a.shape) for n, a in feeds.items()],
+        [helper.make_tensor_value_info("y", elem, out)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_row_matches_numpy(opset: int, masked: bool, dtype: type) -> None:
+    """Attention at opset 23 (onnxruntime runs float32 and float64), else the chain; a fully masked
+    row (all -inf) is zero in both."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5)))
+    feeds = {"q": q, "k": k, "v": v}
+    if masked:
+        mask = np.where(rng.random((2, 1, 4, 6)) < 0.3, -np.inf, 0.0).astype(dtype)
+        mask[0, 0, 1, :] = -np.inf
+        feeds["m"] = mask
+    node = _exported("onnxsat.FusedAttention", list(feeds), {"scale": 0.3, "dtype": helper.np_dtype_to_tensor_dtype(np.dtype(dtype))}, opset)
+    model = _model(node, feeds, opset, (2, 3, 4, 5))
+    onnx.checker.check_model(model, full_check=True)
+    assert (_ops(model)["Attention"] == 1) == (opset >= 23), _ops(model)
+    (got,) = run_ort(model, feeds)
+    expected = attention_reference(q, k, v, feeds.get("m"), 0.3)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    if masked:
+        assert np.all(got[0, :, 1] == 0)
+
+
+def _rope_caches(rng: np.random.Generator, seq: int, dim: int, equal_halves: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    freqs = np.outer(np.arange(seq), rng.uniform(0.01, 1.0, dim // 2))
+    emb = np.concatenate([freqs, freqs if equal_halves else freqs * 1.5], -1)[None, None]
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def rotary_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+
+
+@pytest.mark.parametrize("opset", [17, 18, 23])
+@pytest.mark.parametrize("equal_halves", [True, False])
+def test_rotary_row_matches_numpy(opset: int, equal_halves: bool) -> None:
+    """The rotary row (no rule creates it yet): RotaryEmbedding at opset 23 where the caches' halves
+    are equal, else the chain (Split's two forms at opsets 17 and 18)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 5, 8)).astype(np.float32)
+    cos, sin = _rope_caches(rng, 5, 8, equal_halves)
+    node = _exported("onnxsat.FusedRotary", ["x", "cos", "sin"], {"dtype": F}, opset, {1: cos, 2: sin})
+    feeds = {"x": x, "cos": cos, "sin": sin}
+    model = _model(node, feeds, opset, x.shape)
+    onnx.checker.check_model(model, full_check=True)
+    assert (_ops(model)["RotaryEmbedding"] == 1) == (opset >= 23 and equal_halves), _ops(model)
+    (got,) = run_ort(model, {n: a for n, a in feeds.items() if n in {i.name for i in model.graph.input}})
+    np.testing.assert_allclose(got, rotary_reference(x, cos, sin), rtol=1e-5, atol=1e-6)
+
+
+def test_probes_find_the_kernels_onnxruntime_has() -> None:
+    """onnxruntime 1.32's CPU provider runs Attention (with a mask of q's type) for float32, float64
+    and float16, RotaryEmbedding for float32 and float16 but not float64 (a float64 rotary is
+    written as its chain); an op at an opset that lacks it is found not to run."""
+    assert [ort_runs(ATTENTION_PROBE, t) for t in (F, D, F16)] == [True, True, True]
+    assert [ort_runs(ROTARY_PROBE, t) for t in (F, D, F16)] == [True, False, True]
+    assert not ort_runs(type(ROTARY_PROBE)("RotaryEmbedding", "", 22, ROTARY_PROBE.inputs), F)  # not at opset 22
+
+
+# ---------------------------------------------------------------- SDPA blocks as exporters write them
+def _sdpa_model(mode: str, opset: int = 17, heads: int = 4, kv_heads: int = 4) -> onnx.ModelProto:
+    """q, k, v [1, heads, 8, 16] inputs (k, v repeated from kv_heads as Llama's repeat_kv does),
+    torch's SDPA decomposition with the given mask form: none, a boolean mask made float."""
+    b, t, d = 1, 8, 16
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", d**-0.25), ("zero", 0.0), ("ninf", -np.inf))]
+    nodes = []
+    k, v = "k", "v"
+    if kv_heads != heads:
+        inits += [
+            numpy_helper.from_array(np.array([2], np.int64), "ax2"),
+            numpy_helper.from_array(np.array([b, kv_heads, heads // kv_heads, t, d], np.int64), "e5"),
+            numpy_helper.from_array(np.array([b, heads, t, d], np.int64), "r4"),
+        ]
+        for name in ("k", "v"):
+            nodes += [
+                helper.make_node("Unsqueeze", [name, "ax2"], [f"{name}5"]),
+                helper.make_node("Expand", [f"{name}5", "e5"], [f"{name}e"]),
+                helper.make_node("Reshape", [f"{name}e", "r4"], [f"{name}r"]),
+            ]
+        k, v = "kr", "vr"
+    nodes += [
+        helper.make_node("Transpose", [k], ["kt"], perm=[0, 1, 3, 2]),
+        helper.make_node("Mul", ["q", "s"], ["qs"]),
+        helper.make_node("Mul", ["kt", "s"], ["ks"]),
+        helper.make_node("MatMul", ["qs", "ks"], ["scores"]),
+    ]
+    inputs = [helper.make_tensor_value_info("q", F, [b, heads, t, d])]
+    inputs += [helper.make_tensor_value_info(n, F, [b, kv_heads, t, d]) for n in ("k", "v")]
+    logits = "scores"
+    if mode == "mask":
+        inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, t, t]))
+        nodes += [helper.make_node("Where", ["keep", "zero", "ninf"], ["bias"]), helper.make_node("Add", ["scores", "bias"], ["masked"])]
+        logits = "masked"
+    nodes += [
+        helper.make_node("Softmax", [logits], ["p"], axis=-1),
+        helper.make_node("IsNaN", ["p"], ["nan"]),
+        helper.make_node("Where", ["nan", "zero", "p"], ["pz"]),
+        helper.make_node("MatMul", ["pz", v], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "sdpa", inputs, [helper.make_tensor_value_info("y", F, [b, heads, t, d])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    feeds: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.type.tensor_type.elem_type == TensorProto.BOOL:
+            keep = rng.random(shape) < 0.7
+            keep[..., 2, :] = False  # a fully masked query row
+            feeds[vi.name] = keep
+        else:
+            feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def _optimize(model: onnx.ModelProto, **options: Any) -> onnx.ModelProto:
+    with warm_import(rules=True):
+        optimized, report = onnxsat.optimize(model, Options(**options))
+    assert report.verification.status == "passed", report.verification
+    onnx.checker.check_model(optimized, full_check=True)
+    feeds = _feeds(model)
+    why = outputs_match(run_ort(optimized, feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-5)
+    assert why is None, why
+    return optimized
+
+
+@pytest.mark.parametrize("mode", ["none", "mask"])
+def test_sdpa_becomes_one_attention(mode: str) -> None:
+    ops = _ops(_optimize(_sdpa_model(mode)))
+    assert ops["Attention"] == 1, ops
+    for gone in ("Softmax", "MatMul", "IsNaN", "Transpose", "Mul"):
+        assert ops[gone] == 0, (gone, ops)
+
+
+def test_grouped_query_attention_takes_the_repeated_heads() -> None:
+    """k and v repeated from 2 heads to 4 (Unsqueeze, Expand, Reshape): one Attention over them."""
+    ops = _ops(_optimize(_sdpa_model("mask", kv_heads=2)))
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
+
+
+def test_keep_opset_writes_the_chain() -> None:
+    ops = _ops(_optimize(_sdpa_model("mask"), upgrade_opset=None))
+    assert ops["Attention"] == 0 and ops["Softmax"] == 1, ops
+
+
+# ---------------------------------------------------------------- the committed transformer exports
+REALMODELS = Path(__file__).parent / "data" / "realmodels"
+FUSED_EXPORTS = {
+    "qwen2-dynamo-static": 2,
+    "qwen2-decode-dynamo-static": 2,  # a KV-cache step: k and v are Concat(past, new)
+    "llama-decode-dynamo-dynamic": 2,  # dynamic batch and sequence
+}
+"""Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FUSED_EXPORTS))
+def test_transformer_exports_get_one_attention_per_layer(name: str) -> None:
+    record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
+    original = onnx.load(REALMODELS / record["file"])
+    with warm_import(rules=True):
+        optimized, report = onnxsat.optimize(original, Options())
+    assert report.verification.status == "passed", report.verification
+    ops = _ops(optimized)
+    assert ops["Attention"] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
+    feeds = feeds_for(record["inputs"], seed=7)
+    for got, ref in zip(run_ort(optimized, feeds), run_ort(original, feeds), strict=True):
+        bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
+        assert float(np.max(np.abs(got.astype(np.float64) - ref))) <= bound
+    symbolic = [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in original.graph.input]
+    assert [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in optimized.graph.input] == symbolic

@@ -171,6 +171,16 @@ class Selection:
     analysis: Ruleset
     rewrites: frozenset[int] | None
     available: frozenset[str]
+    table: Any = None
+    """The rule table the rewrite rules came from (kept, so their identities stay theirs)."""
+    enabled: tuple[str, ...] = ()
+    """The enabled rule names the selection was made from."""
+
+    def covers(self, other: Selection) -> bool:
+        """Whether every rule ``other`` declares is declared here too (same table and enabled rules,
+        a closure from more tables): an e-graph with this selection runs ``other``'s model exactly as
+        one with ``other``'s would, the extra rules never matching on it."""
+        return self.table is other.table and self.enabled == other.enabled and self.available >= other.available
 
 
 def language_symbols(decls: Declarations) -> frozenset[str]:

@@ -17,7 +17,11 @@ from egglog import EGraph, Schedule
 
 from .reach import Selection
 
-_FREE: dict[tuple[str, ...], list[EGraph]] = {}
+MAX_KEPT = 8
+"""Idle e-graphs kept per process: a run declares only its model's rules (``egraph.reach``), so a
+process that sees many kinds of model holds one per rule subset; the least recently used go first."""
+
+_FREE: dict[tuple[str, ...], list[tuple[EGraph, Selection | None]]] = {}
 DECLARED: dict[tuple[str, ...], int] = {}
 """Rule-set key -> how many e-graphs had its rules declared in this process (a test reads it)."""
 
@@ -45,15 +49,49 @@ def warm_egraph(
     key: tuple[str, ...], schedules: Sequence[Schedule], selection: Selection | None = None
 ) -> Iterator[WarmEGraph]:
     """A reused e-graph with the rules of ``schedules`` declared (``key`` names that rule set), pushed
-    for one use; ``selection`` says which rules those are (``egraph.reach``)."""
-    free = _FREE.setdefault(key, [])
-    egraph = free.pop() if free else _declared(key, schedules)
+    for one use; ``selection`` says which rules those are (``egraph.reach``). Without an idle one
+    for ``key``, an idle one whose selection covers ``selection`` is used (with its own selection,
+    which the run then follows) before a new one is declared."""
+    held_key, (egraph, held) = _idle(key, selection) or (key, (_declared(key, schedules), selection))
     egraph.push()
     try:
-        yield WarmEGraph(egraph, selection)
+        yield WarmEGraph(egraph, held)
     finally:
         egraph.pop()
-        free.append(egraph)
+        kept = _FREE.pop(held_key, [])
+        kept.append((egraph, held))
+        _FREE[held_key] = kept  # most recently used last
+        _forget_oldest()
+
+
+def _idle(
+    key: tuple[str, ...], selection: Selection | None
+) -> tuple[tuple[str, ...], tuple[EGraph, Selection | None]] | None:
+    if _FREE.get(key):
+        return key, _FREE[key].pop()
+    if selection is None:
+        return None
+    for other, kept in reversed(_FREE.items()):
+        for i, (_, held) in enumerate(kept):
+            if held is not None and held.covers(selection):
+                return other, kept.pop(i)
+    return None
+
+
+def forget() -> None:
+    """Drop every idle e-graph (their memory; the next run of each rule set declares it again)."""
+    _FREE.clear()
+
+
+def idle() -> dict[tuple[str, ...], int]:
+    """Rule-set key -> how many idle e-graphs with its rules this process keeps."""
+    return {key: len(kept) for key, kept in _FREE.items() if kept}
+
+
+def _forget_oldest() -> None:
+    while sum(len(kept) for kept in _FREE.values()) > MAX_KEPT:
+        oldest = next(k for k, kept in _FREE.items() if kept)
+        _FREE[oldest].pop(0)
 
 
 def _declared(key: tuple[str, ...], schedules: Sequence[Schedule]) -> EGraph:

@@ -174,6 +174,8 @@ def select(enabled: list[str], table: RuleTable, start: frozenset[str] | None) -
         analysis_ruleset([r for i, r in enumerate(analysis) if i in picked]),
         frozenset(id(b) for i, b in enumerate(rewrites) if n + i in picked),
         available,
+        table,
+        tuple(enabled),
     )
 
 

@@ -1,9 +1,10 @@
 """The built in-tree rules on disk, so a new process does not build them again in Python.
 
 Building the in-tree families' ~600 egglog rules and the ~500 analysis rules (``egraph/shape_defs.py``)
-from their Python definitions takes seconds; a built rule is a declaration tree (``RuleDecl``) over the
-tensor language, plain data. The file keeps, per rule module, its families with each rule's
-declaration, and the analysis rules in order, keyed like the rule
+from their Python definitions takes seconds; a built rule is a declaration tree (``RuleDecl``) over
+the tensor language, plain data. The file keeps, per rule module, its families with each rule's
+declaration, and the analysis rules in order, each with the tables it reads and writes
+(``egraph.reach``), keyed like the rule
 listing (``listing.listing_key``: onnxsat and egglog versions, the rule sources) and checked on
 load; any mismatch or error means the rules are built from their modules again. Only the
 declarations are stored: egglog still declares the rules into each new e-graph (a saved e-graph
@@ -19,12 +20,17 @@ run code; a damaged or foreign one only costs building the rules again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import gc
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import egglog.declarations as egg_declarations
+import orjson
 from egglog import RewriteOrRule
 from egglog.declarations import Declarations
 
@@ -75,6 +81,20 @@ def _encode(value: Any) -> dict[str, Any]:
     return {"nodes": nodes, "root": enc(value)}
 
 
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while the file's ~60,000 small objects are built (it would
+    walk them again and again: about half the load time); back as it was afterwards."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@functools.cache
 def _declaration_class(name: str) -> type:
     cls = getattr(egg_declarations, name, None)
     if not (
@@ -113,14 +133,16 @@ def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
     if raw is None:
         return None
     try:
-        stored = _decode(json.loads(raw))
+        with _collector_paused():
+            stored = _decode(orjson.loads(raw))
         if stored["key"] != listing_key():
             return None
         decls = _language()
         parts: dict[str, list[Family]] = {}
         for module, families in stored["modules"].items():
             parts[module] = [_family(row, decls) for row in families]
-        shapes.use_stored([_rule(decls, row) for row in stored["analysis"]])
+        analysis = [_rule(decls, row) for row in stored["analysis"]]
+        shapes.use_stored(analysis)
         return parts
     except Exception:  # a damaged or foreign file only costs building the rules again
         return None

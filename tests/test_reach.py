@@ -96,3 +96,23 @@ def test_the_selected_rules_give_the_bytes_every_rule_gives(monkeypatch: pytest.
 
 def test_an_egraph_with_nothing_in_it_has_no_present_tables() -> None:
     assert present_symbols(EGraph()) == frozenset()
+
+
+def test_an_idle_egraph_whose_rules_cover_the_model_is_reused_with_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from onnxsat.egraph import warm
+    from onnxsat.rules.schedule import declarations
+
+    options = onnxsat.Options(verify=False)
+    larger = onnx.load(str(EXAMPLES / "small_cnn.onnx"))
+    smaller = onnx.load(str(EXAMPLES / "linear_bottleneck.onnx"))  # its closure lies inside small_cnn's
+    key, _, _ = declarations(select_rules(), options.budgets, start=import_symbols(smaller))
+    warm.forget()
+    onnxsat.optimize(larger, options)
+    declared = warm.DECLARED.get(key, 0)
+    reused, _ = onnxsat.optimize(smaller, options)
+    assert warm.DECLARED.get(key, 0) == declared  # small_cnn's e-graph served it
+    monkeypatch.setattr(pipeline, "import_symbols", lambda _model: None)  # every rule
+    every, _ = onnxsat.optimize(smaller, options)
+    assert reused.SerializeToString(deterministic=True) == every.SerializeToString(deterministic=True)

@@ -36,3 +36,18 @@ def test_a_nested_use_gets_its_own_egraph_and_each_use_starts_empty() -> None:
     with warm_egraph(key, []) as again:
         assert sum(n for _, n in again.fresh().all_function_sizes()) == 0
     assert DECLARED[key] == 2
+
+
+def test_only_the_most_recently_used_idle_egraphs_are_kept() -> None:
+    from onnxsat.egraph import warm
+
+    keys = [(f"test-warm-kept-{i}",) for i in range(warm.MAX_KEPT + 3)]
+    for key in keys:
+        with warm_egraph(key, []):
+            pass
+    kept = warm.idle()
+    assert sum(kept.values()) <= warm.MAX_KEPT
+    assert keys[-1] in kept and keys[0] not in kept
+    with warm_egraph(keys[0], []):  # a forgotten rule set is declared again when it comes back
+        pass
+    assert DECLARED[keys[0]] == 2

@@ -34,6 +34,7 @@ from egglog import EggSmolError, union
 
 from ...egraph import lang as L
 from ...egraph.graph_types import ENode, Ref, SerializedEGraph
+from ...egraph.shapes import analysis_ruleset
 from ..registry import Family
 from ..verification.rule_instances import TermLit, TermNode, term_list, to_egglog
 
@@ -405,11 +406,18 @@ def apply_partial_rules(
     if actions:
         try:
             program.egraph.register(*actions)
-            program.egraph.run(program.analysis().saturate())
+            program.egraph.run(_analysis(program).saturate())
         except EggSmolError as exc:  # a verified composite with another shape: a framework bug
             rules = sorted({r.rule for r in records if r.status == "emitted"})
             raise RuntimeError(f"partial rule(s) {', '.join(rules)} gave a tensor two shapes: {exc}") from exc
     return records
+
+
+def _analysis(program: Any) -> Any:
+    """The program's analysis ruleset (``Program.analysis``), or every analysis rule for a caller that
+    passes only an e-graph holder."""
+    analysis = getattr(program, "analysis", None)
+    return analysis() if analysis is not None else analysis_ruleset()
 
 
 def apply_site_rules(program: Any, enabled: Sequence[str], eg: SerializedEGraph | None = None) -> list[PartialRecord]:

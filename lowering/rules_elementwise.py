@@ -183,6 +183,14 @@ def _pow(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     return [elementwise(_pow_formula(exponent, a.dtype, b.dtype), [a, b], a.dtype)]
 
 
+@lowering("IsNaN", kind="elementwise")
+def _isnan(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    """x != x: the unordered comparison is true exactly on NaN."""
+    x = xs[0]
+    assert x is not None
+    return [elementwise(lambda a: Compare("ne", a, a), [x], "bool")]
+
+
 @lowering("Where", kind="elementwise")
 def _where(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     cond, a, b = xs[0], xs[1], xs[2]

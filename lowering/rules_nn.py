@@ -304,7 +304,7 @@ def _conv_transpose_geometry(nv: Any, in_sp: tuple[int, ...], kernel: list[int],
     return [0] * n_sp, full
 
 
-@lowering("IsNaN", "onnxsat.FusedAttention", "onnxsat.FusedRotary", kind="extern")
+@lowering("onnxsat.FusedAttention", "onnxsat.FusedRotary", kind="extern")
 def _not_native(cx: Any, nv: Any, xs: list[Any]) -> list[Any]:
     """No native kernel yet: the node runs in the fallback (its exported form on onnxruntime)."""
     raise NotLowered(f"{nv.op_type} has no native kernel")

@@ -20,12 +20,9 @@ run code; a damaged or foreign one only costs building the rules again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import gc
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +36,7 @@ from onnxsat.base import disk_cache
 from ..egraph import lang as L
 from ..egraph import shapes
 from ..egraph.reach import reach_cached, remember
+from ..extract.serialized import gc_paused
 from .listing import listing_key
 from .registry import Family
 
@@ -81,19 +79,6 @@ def _encode(value: Any) -> dict[str, Any]:
     return {"nodes": nodes, "root": enc(value)}
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while the file's ~60,000 small objects are built (it would
-    walk them again and again: about half the load time); back as it was afterwards."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 @functools.cache
 def _declaration_class(name: str) -> type:
     cls = getattr(egg_declarations, name, None)
@@ -133,7 +118,7 @@ def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
     if raw is None:
         return None
     try:
-        with _collector_paused():
+        with gc_paused():  # ~60,000 small objects: half the load time is the collector walking them
             stored = _decode(orjson.loads(raw))
         if stored["key"] != listing_key():
             return None

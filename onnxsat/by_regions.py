@@ -32,8 +32,6 @@ import onnx
 from onnxsat.base.errors import one_line
 from onnxsat.base.options import Options
 from onnxsat.base.report import RegionSummary, Report, SaturationReport
-from onnxsat.egraph.exporter import to_onnx
-from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.opset_upgrade import UpgradeError, convert_whole_model
 from onnxsat.egraph.regions import (
     SMALL_CONSTANT,
@@ -143,13 +141,7 @@ def _saturate_part(
         assert inner.original is not None and inner.program is not None
         if graph.cost > inner.original.cost:
             graph = inner.original
-        exported = to_onnx(
-            inner.program,
-            graph,
-            allow_contrib_ops=options.allow_contrib_ops,
-            upgrade_opset=options.upgrade_opset,
-            notes=report.warnings,
-        )
+        exported = inner.unfolded(graph)
         before, after = inner.original.cost, graph.cost
     session.report.warnings.extend(w for w in report.warnings if w not in session.report.warnings)
     return exported, before, after, saturation
@@ -289,12 +281,8 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
     lap("windows")
     stitched, merged = eliminate_common_subexpressions(stitched)
     lap("cse")
-    folded, _ = fold_constants(stitched, materialize=options.materialize_constants)
+    folded = session.finish(stitched)
     lap("export")
-    from onnxsat.pipeline import check_output
-
-    check_output(model, folded)
-    lap("check")
     report.cost_before, report.cost_after = parts.cost_before, parts.cost_after
     report.extractor = options.extractor
     report.saturation = _combined(parts.runs)

@@ -21,7 +21,8 @@ from onnxsat.base.errors import (
     VerificationError,
     one_line,
 )
-from onnxsat.base.modelio import check_model_as_original, check_model_full, serialized_size, weight_bytes
+from onnxsat.base.model_check import check_model_as_original, check_model_full
+from onnxsat.base.modelio import serialized_size, weight_bytes
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.egraph.exporter import to_onnx
@@ -301,18 +302,31 @@ class Session:
     def export(self, graph: ExtractedGraph | None = None) -> onnx.ModelProto:
         """The chosen program as an ONNX model, constants folded (stage ``export``) and checked by
         onnx's full checker (stage ``check``)."""
+        with self._stage("export"):
+            folded, _ = fold_constants(self.unfolded(graph), materialize=self.options.materialize_constants)
+        return self._checked(folded)
+
+    def unfolded(self, graph: ExtractedGraph | None = None) -> onnx.ModelProto:
+        """The chosen program as ONNX with its constants not folded: what ``export`` folds, and what
+        region-wise saturation stitches (so replaying a region is a renaming)."""
         graph = graph or self.extract()
         assert self.program is not None
-        options = self.options
+        return to_onnx(
+            self.program,
+            graph,
+            allow_contrib_ops=self.options.allow_contrib_ops,
+            upgrade_opset=self.options.upgrade_opset,
+            notes=self.report.warnings,
+        )
+
+    def finish(self, exported: onnx.ModelProto) -> onnx.ModelProto:
+        """``exported`` with its constants folded (stage ``export``), checked against what the original
+        passes (stage ``check``) and dumped: the model ``verify`` then compares."""
         with self._stage("export"):
-            exported = to_onnx(
-                self.program,
-                graph,
-                allow_contrib_ops=options.allow_contrib_ops,
-                upgrade_opset=options.upgrade_opset,
-                notes=self.report.warnings,
-            )
-            folded, _ = fold_constants(exported, materialize=options.materialize_constants)
+            folded, _ = fold_constants(exported, materialize=self.options.materialize_constants)
+        return self._checked(folded)
+
+    def _checked(self, folded: onnx.ModelProto) -> onnx.ModelProto:
         with self._stage("check"):
             check_output(self.model, folded)
         dump.exported(self, folded)

@@ -26,8 +26,6 @@ from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
     "MAX_PROTO_BYTES",
-    "check_model_full",
-    "check_model_as_original",
     "check_not_an_input",
     "check_output_path",
     "load_model",
@@ -559,30 +557,6 @@ def save_model_atomic(
                 os.unlink(tmp)
 
 
-def check_model_full(model: ModelProto) -> None:
-    """`onnx.checker` with full_check, also past protobuf's 2 GiB limit.
-
-    The checker's C++ side cannot take such a proto in memory, so a large model is checked from a
-    temporary external-data copy (written next to nothing the user owns). Lazy weights
-    (`onnxsat.base.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
-    values, and the real file was checked when the model was loaded.
-    """
-    if lazy_weights.lazy_initializers(model):
-        with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
-            shell = lazy_weights.placeholder_copy(model, Path(tmp))
-            if shell.ByteSize() <= MAX_PROTO_BYTES:
-                (Path(tmp) / "model.onnx").write_bytes(shell.SerializeToString())
-                onnx.checker.check_model(str(Path(tmp) / "model.onnx"), full_check=True)
-                return
-    elif serialized_size(model) <= MAX_PROTO_BYTES:
-        onnx.checker.check_model(model, full_check=True)
-        return
-    with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        save_model_atomic(model, path, external_data=True)
-        onnx.checker.check_model(str(path), full_check=True)
-
-
 SHAPE_OPERAND_ELEMENTS = 16
 """Integer tensors up to this many elements are shape operands (shapes, axes, pads, slice bounds),
 not weights: see `weight_bytes`."""
@@ -606,26 +580,6 @@ def weight_bytes(model: ModelProto) -> int:
             itemsize = 1
         total += count * itemsize
     return total
-
-
-def check_model_as_original(optimized: ModelProto, original: ModelProto) -> None:
-    """`check_model_full` on ``optimized``, held to what ``original`` passes: where the original
-    passes the plain checker but fails the full one (onnx's strict shape inference failing on the
-    body of a function op it ships, as for MeanVarianceNormalization at opset 13), the result must
-    pass the plain checker and fail the full one with the very same message, nothing new."""
-    try:
-        check_model_full(optimized)
-        return
-    except Exception as exc:
-        failure = exc
-    try:
-        check_model_full(original)
-    except Exception as original_exc:
-        if str(original_exc) == str(failure):
-            onnx.checker.check_model(original)  # a plain failure of the original is bad input
-            onnx.checker.check_model(optimized)
-            return
-    raise failure
 
 
 def serialized_size(model: ModelProto) -> int:

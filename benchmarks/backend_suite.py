@@ -187,7 +187,7 @@ def reason_of(message: str) -> str:
 
 def run_case(case: Case, budget_seconds: float, iterations: int = 6, minimize_seconds: float = 120.0) -> Outcome:
     from onnxsat.base.errors import OnnxsatError
-    from onnxsat.base.modelio import check_model_as_original
+    from onnxsat.base.model_check import check_model_as_original
     from onnxsat.base.options import Budgets, Options
     from onnxsat.pipeline import optimize
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -119,7 +118,7 @@ class Pool:
 
         self.jobs = jobs
         self.warnings: list[str] = []
-        self.started = time.perf_counter()
+        self._answered = 0
         context = multiprocessing.get_context(START_METHOD)
         self._executor: ProcessPoolExecutor | None = ProcessPoolExecutor(
             max_workers=jobs,
@@ -174,6 +173,7 @@ class Pool:
                 )
                 outcomes.append(fallback(k))
             else:
+                self._answered += 1
                 model = onnx.load_model_from_string(answer.model)
                 outcomes.append(
                     Outcome(
@@ -183,9 +183,15 @@ class Pool:
         return outcomes
 
     def _broken(self, exc: BaseException) -> None:
+        hint = (
+            "; a worker that dies before its first answer may be a script without the"
+            " `if __name__ == '__main__':` guard that spawned processes need"
+            if not self._answered
+            else ""
+        )
         self.warnings.append(
             f"a worker process of --jobs {self.jobs} died ({one_line(exc, 200) or type(exc).__name__}):"
-            " the remaining regions are solved in this process"
+            f" the remaining regions are solved in this process{hint}"
         )
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

@@ -30,6 +30,7 @@ from onnxsat.cli_args import (
     EXIT_USAGE,
     PROG,
     add_plugin_flags,
+    add_region_flags,
     existing_files,
     int_arg,
     plugin_cache_dir,
@@ -218,21 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the report as JSON on stdout instead of the table (no progress)",
     )
     out.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
-    out.add_argument(
-        "--region-nodes",
-        type=int,
-        metavar="N",
-        default=_DEFAULT_OPTIONS.region_nodes,
-        help="saturate graphs of more than N nodes region by region, identical regions once"
-        f" (default {_DEFAULT_OPTIONS.region_nodes}; 0: always the whole graph)",
-    )
-    out.add_argument(
-        "--region-size",
-        type=int,
-        metavar="N",
-        default=_DEFAULT_OPTIONS.region_size,
-        help=f"target nodes per region (default {_DEFAULT_OPTIONS.region_size})",
-    )
+    add_region_flags(out, _DEFAULT_OPTIONS.region_nodes, _DEFAULT_OPTIONS.region_size)
     out.add_argument(
         "--dump-dir",
         metavar="DIR",
@@ -460,6 +447,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         dump_dir=args.dump_dir,
         region_nodes=args.region_nodes,
         region_size=args.region_size,
+        region_replay=not args.no_region_replay,
+        jobs=args.jobs,
     )
 
 

@@ -87,3 +87,39 @@ def existing_files(paths: Sequence[str]) -> list[str]:
         if not Path(path).is_file():
             raise BadInputError(f"--rules {path}: no such file")
     return list(paths)
+
+
+def add_region_flags(group: Any, region_nodes: int, region_size: int) -> None:
+    """``--region-nodes``, ``--region-size``, ``--no-region-replay`` and ``--jobs``: how a large
+    graph is saturated (shared by every subcommand that optimizes)."""
+    group.add_argument(
+        "--region-nodes",
+        type=int,
+        metavar="N",
+        default=region_nodes,
+        help="saturate graphs of more than N nodes region by region, identical regions once"
+        f" (default {region_nodes}; 0: always the whole graph)",
+    )
+    group.add_argument(
+        "--region-size",
+        type=int,
+        metavar="N",
+        default=region_size,
+        help=f"target nodes per region (default {region_size})",
+    )
+    group.add_argument(
+        "--no-region-replay",
+        action="store_true",
+        help="saturate every region on its own instead of replaying the program of an identical one"
+        " (the same result, slower; for measuring)",
+    )
+    group.add_argument(
+        "--jobs",
+        type=int_arg(1),
+        metavar="N",
+        default=1,
+        help="saturate the distinct regions and windows of a region-wise run on N worker processes"
+        " (default 1: in this process); the output is byte-identical to --jobs 1 unless a region stops"
+        " on its time budget. It does not turn regions on: a graph saturated whole (at or below"
+        " --region-nodes, or --region-nodes 0, the default) runs in one process and the report says so",
+    )

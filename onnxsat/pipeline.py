@@ -357,6 +357,11 @@ class Session:
                 return rewrite_by_regions(self)
             except PartitionError as exc:
                 self.report.warnings.append(f"saturated whole, not by regions: {one_line(exc)}")
+        elif self.options.jobs > 1:
+            self.report.warnings.append(
+                f"--jobs {self.options.jobs} unused: the graph of {len(self.model.graph.node)} nodes is saturated"
+                " whole in one process (--jobs spreads region-wise saturation: see --region-nodes)"
+            )
         self.load()
         self.saturate()
         graph = self.extract()

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxsat.base import disk_cache
 
@@ -47,8 +48,24 @@ def model_digest(model: onnx.ModelProto) -> str:
     _digest_fields(h, model, "", skip="graph")
     _digest_fields(h, model.graph, "graph.", skip="initializer")
     for tensor in model.graph.initializer:
-        _digest_fields(h, tensor, "initializer.")
+        _digest_tensor(h, tensor)
     return h.hexdigest()
+
+
+def _digest_tensor(h: Any, tensor: onnx.TensorProto) -> None:
+    """A weight by name, type, dims and values, whatever field holds them (raw bytes or number
+    lists; a model saved with external data and loaded back has the same digest)."""
+    h.update(f"initializer|{tensor.name}|{tensor.data_type}|{list(tensor.dims)}|".encode())
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        data = b"".join(e.SerializeToString(deterministic=True) for e in tensor.external_data)
+    elif tensor.HasField("raw_data"):
+        data = tensor.raw_data
+    elif tensor.data_type == onnx.TensorProto.STRING:
+        data = b"\0".join(tensor.string_data)
+    else:
+        data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
+    h.update(len(data).to_bytes(8, "little"))
+    h.update(data)
 
 
 def _digest_fields(h: Any, message: Any, prefix: str, skip: str = "") -> None:

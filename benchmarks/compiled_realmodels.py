@@ -228,14 +228,14 @@ def render(rows: list[dict[str, Any]], header: dict[str, str]) -> str:
     lines += [
         "",
         "hash: model digest (artefact key); lower: lowering to kernel IR; llvm_ir: LLVM IR built per distinct kernel; "
-        "llvm_compile: optimization and code generation (parallel over the compile jobs; includes the GEMM "
-        "micro-kernel and native runner on a cold cache, compiled on first use); load: linking the objects; "
-        "setup: task tables, packed weights, arena.",
+        "llvm_compile: optimization and code generation of the distinct kernels (parallel over the compile jobs); "
+        "load: linking the objects; support: the GEMM micro-kernel and native runner (compiled once per machine "
+        "and cache, so only on a cold cache); setup: task tables, packed weights, arena.",
     ]
     return "\n".join(lines) + "\n"
 
 
-STAGES = ("hash", "lower", "llvm_ir", "llvm_compile", "load", "setup")
+STAGES = ("hash", "lower", "llvm_ir", "llvm_compile", "load", "support", "setup")
 
 
 def main(argv: list[str] | None = None) -> int:

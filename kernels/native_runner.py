@@ -337,7 +337,7 @@ class _Gen:
 
 
 @functools.cache
-def _runtime(cache_dir: Path | None) -> tuple[CompiledModule, dict[str, int]]:
+def runtime(cache_dir: Path | None) -> tuple[CompiledModule, dict[str, int]]:
     """The runner's functions (built once per process and cache directory)."""
     module = ir.Module(name="onnxsat_runner")
     gen = _Gen(module)
@@ -395,7 +395,7 @@ class NativeWorkers:
 
     def __init__(self, helpers: int, cache_dir: Path | None):
         """``cache_dir``: the object cache the runner's own code is compiled through (None: none)."""
-        _, addresses = _runtime(cache_dir)
+        _, addresses = runtime(cache_dir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         worker = ctypes.CFUNCTYPE(None, ptr, i64, i64)(addresses["onnxsat_worker"])
         stop = ctypes.CFUNCTYPE(None, ptr, i64)(addresses["onnxsat_shutdown"])
@@ -436,7 +436,7 @@ class TaskTable:
         self.widest = max((len(step) for step in steps), default=0)
         self.ctx, self._ctx_start = _aligned_ctx()
         """Run state for runs without helpers."""
-        _, addresses = _runtime(cache_dir)
+        _, addresses = runtime(cache_dir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._run = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, i64, i64, i64, i64)(addresses["onnxsat_run_graph"])
 

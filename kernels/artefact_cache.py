@@ -12,7 +12,6 @@ bytes, never a pickle.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import warnings
@@ -28,7 +27,7 @@ from onnx import numpy_helper
 from onnxsat.base import disk_cache
 
 from .compile_options import CompileOptions
-from .jit import host_target
+from .jit import code_fingerprint, host_target
 
 FORMAT = 1
 SUFFIX = ".artefact"
@@ -88,20 +87,6 @@ def _digest_fields(h: Any, message: Any, prefix: str, skip: str = "") -> None:
                 data = repr(item).encode()
             h.update(len(data).to_bytes(8, "little"))
             h.update(data)
-
-
-@functools.cache
-def code_fingerprint() -> str:
-    """sha256 of the lowering and kernels packages' sources (what turns a model into code)."""
-    h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    from onnxsat import lowering
-
-    for folder in (Path(lowering.__file__).resolve().parent, here):
-        for path in sorted(folder.rglob("*.py")):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 def signature_digest(shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray]) -> str:

@@ -111,7 +111,7 @@ def add_region_flags(group: Any, region_nodes: int, region_size: int) -> None:
         "--no-region-replay",
         action="store_true",
         help="saturate every region on its own instead of replaying the program of an identical one"
-        " (the same result, slower; for measuring)",
+        " (a result no worse, slower: for measuring)",
     )
     group.add_argument(
         "--jobs",

@@ -10,7 +10,6 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, replace
 
 import onnx
-from tqdm import tqdm
 
 from onnxsat import dump
 from onnxsat.base.errors import (
@@ -70,6 +69,9 @@ def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterato
     Yields a ``step()`` callback for stages with several steps (saturation iterations).
     """
     terminal = progress and sys.stderr.isatty()
+    if terminal:
+        from tqdm import tqdm  # progress bars only on a terminal: a log or --quiet does not import it
+
     bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if terminal else None
     start = time.perf_counter()
     try:

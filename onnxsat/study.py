@@ -14,7 +14,7 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ import onnx
 
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report
+from onnxsat.executors import ALL_CORES, Executor, SerialExecutor, Task
 from onnxsat.pipeline import optimize
 from onnxsat.rules.registry import RuleTable
 
@@ -30,6 +31,7 @@ __all__ = [
     "Run",
     "ablation",
     "extractor_records",
+    "extractor_sweep",
     "iteration_records",
     "rule_records",
     "rules_in_program",
@@ -191,6 +193,7 @@ def ablation(
     latency_rounds: int = 0,
     calls_per_round: int = 5,
     full: Run | None = None,
+    executor: Executor | None = None,
 ) -> list[Record]:
     """Re-run with each rule family disabled in turn; one record per family plus the ``(none)`` baseline.
 
@@ -199,31 +202,80 @@ def ablation(
     With ``latency_rounds`` > 0 each optimized model is also timed on onnxruntime against the
     full run's model (``onnxsat.latency``: interleaved rounds, bootstrap 95% CI; use >= 30 rounds
     for a claim). ``full``: a run of ``model`` with ``options`` already made (not repeated).
+
+    ``executor`` (``onnxsat.executors``: a process pool, Ray) runs the full run and then every
+    family's cell as its own task (default: one after the other in this process); the model and
+    the full run's optimized model are sent once. A cell that measures latency asks for a whole
+    node (``ALL_CORES``), so no other cell runs beside its timings. The records are the same on
+    every executor (latencies aside, which are measurements).
     """
     options = options or Options()
-    full = full or run(name, model, options)
+    executor = executor or SerialExecutor()
+    shared_model = executor.share(model)
+    if full is None:
+        full = _one_value(executor, Task("(full)", run, (name, shared_model, options)))
     chosen = list(full.rules().families) if families is None else list(families)
-    records = [_ablation_record(full, "(none)", full, latency_rounds, calls_per_round)]
-    for family in chosen:
-        if family in options.disable_rules:
-            continue
-        variant = dataclasses.replace(options, disable_rules=(*options.disable_rules, family))
-        records.append(
-            _ablation_record(run(name, model, variant), family, full, latency_rounds, calls_per_round)
+    cells = ["(none)"] + [f for f in chosen if f not in options.disable_rules]
+    shared_full = executor.share(full.optimized)
+    cpus = ALL_CORES if latency_rounds > 0 else None
+    tasks = [
+        Task(
+            family,
+            _ablation_cell,
+            (
+                name,
+                shared_model,
+                options,
+                family,
+                shared_full,
+                full.report if family == "(none)" else None,
+                full.report.cost_after,
+                latency_rounds,
+                calls_per_round,
+            ),
+            cpus=cpus,
         )
-    return records
+        for family in cells
+    ]
+    records: dict[str, Record] = {}
+    for done in executor.run(tasks):
+        if not done.ok:
+            raise RuntimeError(f"ablation of {name}, cell {done.key}: {done.error}")
+        records[done.key] = done.value
+    return [records[family] for family in cells]
 
 
-def _ablation_record(result: Run, family: str, full: Run, rounds: int, calls: int) -> Record:
-    report = result.report
+def _one_value(executor: Executor, task: Task) -> Any:
+    (done,) = list(executor.run([task]))
+    if not done.ok:
+        raise RuntimeError(f"{task.key}: {done.error}")
+    return done.value
+
+
+def _ablation_cell(
+    name: str,
+    model: onnx.ModelProto,
+    options: Options,
+    family: str,
+    full_optimized: onnx.ModelProto,
+    full_report: Report | None,
+    full_cost: float,
+    rounds: int,
+    calls: int,
+) -> Record:
+    """One ablation cell (a task): the run without ``family`` (the full run's own report for the
+    ``(none)`` baseline), its record, and with ``rounds`` its latency against the full run's model."""
+    if full_report is not None:
+        optimized, report = full_optimized, full_report
+    else:
+        variant = dataclasses.replace(options, disable_rules=(*options.disable_rules, family))
+        optimized, report = optimize(model, variant)
     record: Record = {
-        "model": result.name,
+        "model": name,
         "disabled": family,
         "cost_before": report.cost_before,
         "cost_after": report.cost_after,
-        "cost_increase": report.cost_after / full.report.cost_after
-        if full.report.cost_after
-        else float("nan"),
+        "cost_increase": report.cost_after / full_cost if full_cost else float("nan"),
         "nodes_after": report.total_after,
         "enodes": report.saturation.enodes_after,
     }
@@ -231,10 +283,8 @@ def _ablation_record(result: Run, family: str, full: Run, rounds: int, calls: in
         from onnxsat.latency import compare_models
         from onnxsat.verification import make_inputs
 
-        feeds = make_inputs(full.optimized, seed=0)
-        cmp = compare_models(
-            full.optimized, result.optimized, feeds, rounds=rounds, calls_per_round=calls, threads=1
-        )
+        feeds = make_inputs(full_optimized, seed=0)
+        cmp = compare_models(full_optimized, optimized, feeds, rounds=rounds, calls_per_round=calls, threads=1)
         record.update(
             latency_full_ms=cmp.baseline_ms,
             latency_ms=cmp.candidate_ms,
@@ -291,6 +341,26 @@ def extractor_records(
                 }
             )
     return records
+
+
+def extractor_sweep(
+    models: Mapping[str, onnx.ModelProto],
+    options: Options | None = None,
+    methods: Sequence[str] = ("tree", "greedy-dag", "ilp"),
+    *,
+    executor: Executor | None = None,
+) -> list[Record]:
+    """``extractor_records`` of every model, each model one task on ``executor`` (default: in this
+    process); records in the order of ``models``."""
+    executor = executor or SerialExecutor()
+    names = list(models)
+    tasks = [Task(n, extractor_records, (n, executor.share(models[n]), options, tuple(methods))) for n in names]
+    found: dict[str, list[Record]] = {}
+    for done in executor.run(tasks):
+        if not done.ok:
+            raise RuntimeError(f"extractor comparison of {done.key}: {done.error}")
+        found[done.key] = done.value
+    return [record for n in names for record in found[n]]
 
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

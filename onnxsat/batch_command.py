@@ -76,7 +76,7 @@ def add_parser(sub: Any) -> None:
         type=int_arg(1),
         default=None,
         help="models optimized in parallel on this machine (default: one per core, at most one per model;"
-        " 1: in this process)",
+        " 1: in this process); with --ray, the cores of the local Ray instance",
     )
     run.add_argument("--force", action="store_true", help="redo every model, even those a previous run did")
     run.add_argument("--ray", action="store_true", help="run each model as a task on a local Ray instance")

@@ -48,8 +48,10 @@ def private_dir(path: str | Path) -> Path | None:
     return None
 
 
-def read(path: Path) -> bytes | None:
-    """The payload of the entry at ``path``, or None when missing or damaged (a damaged one is removed)."""
+def read(path: Path, warn: bool = False) -> bytes | None:
+    """The payload of the entry at ``path``, or None when missing or damaged (a damaged one is
+    removed; with ``warn``, a warning says so, for caches whose entries are large enough that a
+    silent rebuild would look like a slow cache)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -62,6 +64,8 @@ def read(path: Path) -> bytes | None:
             return payload
     with contextlib.suppress(OSError):
         path.unlink()
+    if warn:
+        warnings.warn(f"cache entry {path} failed its checksum: removed, rebuilding it", stacklevel=2)
     return None
 
 

@@ -67,6 +67,16 @@ def mark_lazy(tensor: TensorProto, ref: ExternalRef) -> bool:
     return True
 
 
+def adopt_key(key: str) -> None:
+    """Use ``key`` (the parent's `BASE_KEY`, sent over the worker's own pipe) as this process's
+    marker: a worker process (``onnxsat.jobs``) then reads the lazy tensors of the parts it is
+    sent. A file still cannot carry it: the key is never written."""
+    global BASE_KEY
+    if not key.startswith("onnxsat-lazy-"):
+        raise ValueError("not a lazy-weight marker key")
+    BASE_KEY = key
+
+
 def is_lazy(tensor: TensorProto) -> bool:
     return tensor.data_location == TensorProto.EXTERNAL and any(
         e.key == BASE_KEY for e in tensor.external_data

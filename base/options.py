@@ -116,6 +116,14 @@ class Options:
     """Target nodes per region when saturating by regions."""
     region_window_hops: int = 3
     """How many edges either side of a cut the window saturated after stitching reaches (0: none)."""
+    region_replay: bool = True
+    """Replay a distinct region's program on its identical twins (same computation, other weights)
+    instead of saturating each twin again; off, every region is saturated on its own (the same
+    result, at the cost of saturating twins: for measuring, or when a key is in doubt)."""
+    jobs: int = 1
+    """Worker processes that saturate the distinct regions and windows of a region-wise run
+    (``onnxsat.jobs``); 1: in this process. The output is the same for every value whenever no
+    region stops on a time budget. It spreads region-wise work only: it does not turn regions on."""
     progress: bool = False
     dump_dir: str | None = None
     """A folder each stage of the run writes its artefact to (``onnxsat/dump.py``); None: nothing written."""

@@ -118,6 +118,10 @@ class RegionSummary:
     window_hops: int = 0
     merged_by_cse: int = 0
     """Nodes the common-subexpression pass merged after stitching."""
+    replay: bool = True
+    """Identical regions replayed one program (``Options.region_replay``); off, each saturated."""
+    jobs: int = 1
+    """Processes the distinct regions and windows were saturated on (``Options.jobs``)."""
     budgets: str = ""
     """The budgets each region and window was saturated under."""
     stop_reasons: dict[str, int] = field(default_factory=dict)
@@ -129,7 +133,8 @@ class RegionSummary:
     def describe(self) -> str:
         return (
             f"{self.regions} regions of ~{self.target_size} nodes (graph above {self.threshold:,}):"
-            f" {self.distinct} saturated, {self.replayed} replayed; {self.windows} windows"
+            f" {self.distinct} saturated, {self.replayed} replayed{'' if self.replay else ' (replay off)'}"
+            f"{f' on {self.jobs} worker processes' if self.jobs > 1 else ''}; {self.windows} windows"
             f" ({self.window_hops} hops): {self.windows_distinct} saturated, {self.windows_replayed} replayed;"
             f" {self.merged_by_cse} nodes merged by CSE; {self.budgets}; costs {self.costs}"
         )

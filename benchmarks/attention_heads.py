@@ -54,6 +54,7 @@ def models(seq: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.latency import compare_latency
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             "mask": np.where(rng.random((1, 1, 1, seq)) < 0.1, -1e4, 0.0).astype(np.float32),
         }
         for threads in args.threads:
-            batched, per_head = (CompiledModel(m, threads=threads) for m in models(seq))
+            batched, per_head = (CompiledModel(m, CompileOptions(threads=threads)) for m in models(seq))
             if not np.array_equal(batched(feeds)["y"], per_head(feeds)["y"]):
                 raise SystemExit(f"seq {seq}: the two schedules differ")
             arenas = [c.executable_for(feeds).plan.size / 2**20 for c in (batched, per_head)]

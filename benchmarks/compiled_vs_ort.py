@@ -151,6 +151,7 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 def run(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, object]:
     from onnxsat.kernels.blas import blas_info
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.latency import compare_latency, ort_session
 
@@ -158,7 +159,7 @@ def run(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, o
     feeds = _feeds(model)
     session = ort_session(model, level="all", threads=threads)
     start = time.perf_counter()
-    compiled = CompiledModel(model, threads=threads, gemm=gemm)
+    compiled = CompiledModel(model, CompileOptions(threads=threads, gemm=gemm))
     got = compiled(feeds)
     compile_s = time.perf_counter() - start
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
@@ -176,6 +177,7 @@ def run(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, o
 def scaling(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[str, tuple[float, float, float]]:
     """Each runtime's speed-up from one thread to ``threads`` (ratio of medians = one-thread time /
     ``threads`` time, bootstrap 95% interval), one-thread and ``threads`` calls interleaved."""
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.latency import compare_latency, ort_session
 
@@ -185,7 +187,7 @@ def scaling(name: str, rounds: int, threads: int, gemm: str = "llvm") -> dict[st
     ort = [ort_session(model, level="all", threads=t) for t in (1, threads)]
     cmp = compare_latency(lambda: ort[0].run(None, feeds), lambda: ort[1].run(None, feeds), rounds=rounds)
     found["onnxruntime"] = (cmp.ratio, cmp.ci_low, cmp.ci_high)
-    compiled = [CompiledModel(model, threads=t, gemm=gemm) for t in (1, threads)]
+    compiled = [CompiledModel(model, CompileOptions(threads=t, gemm=gemm)) for t in (1, threads)]
     cmp = compare_latency(lambda: compiled[0](feeds), lambda: compiled[1](feeds), rounds=rounds)
     found["compiled"] = (cmp.ratio, cmp.ci_low, cmp.ci_high)
     for c in compiled:

@@ -44,6 +44,7 @@ def _runner(model: Callable[[dict[str, np.ndarray]], object], feeds: dict[str, n
 
 def main(argv: list[str] | None = None) -> int:
     import onnxsat
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.lowering import conv_kernels
     from onnxsat.verification import make_inputs
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     decoder = onnx.load(str(ROOT / "examples" / "decoder_block.onnx"))
     feeds = make_inputs(decoder, seed=0)
     subpixel, _ = onnxsat.optimize(decoder)
-    via_subpixel = CompiledModel(subpixel, threads=args.threads, cache_dir=None)
-    via_col2im = CompiledModel(decoder, threads=args.threads, cache_dir=None)
+    via_subpixel = CompiledModel(subpixel, CompileOptions(threads=args.threads, cache=False))
+    via_col2im = CompiledModel(decoder, CompileOptions(threads=args.threads, cache=False))
     print(_pair("decoder_block: sub-pixel Conv -> GEMM + col2im", lambda: via_subpixel(feeds), lambda: via_col2im(feeds), feeds, args.rounds), flush=True)
 
     limit = conv_kernels.DIRECT_MAX_CHANNELS
@@ -69,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         feeds = make_inputs(model, seed=0)
         conv_kernels.DIRECT_MAX_CHANNELS = 0
         try:
-            gemm = CompiledModel(model, threads=args.threads, cache_dir=None)
+            gemm = CompiledModel(model, CompileOptions(threads=args.threads, cache=False))
         finally:
             conv_kernels.DIRECT_MAX_CHANNELS = limit
-        direct = CompiledModel(model, threads=args.threads, cache_dir=None)
+        direct = CompiledModel(model, CompileOptions(threads=args.threads, cache=False))
         print(_pair(f"{name}: im2col + GEMM -> direct conv", _runner(gemm, feeds), _runner(direct, feeds), feeds, args.rounds), flush=True)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0

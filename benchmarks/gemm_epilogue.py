@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compiled_vs_ort import MODELS, _feeds  # noqa: E402
 
+from onnxsat.kernels.compile_options import CompileOptions  # noqa: E402
 from onnxsat.kernels.compiled import CompiledModel  # noqa: E402
 from onnxsat.latency import compare_latency  # noqa: E402
 
@@ -34,8 +35,8 @@ def main() -> None:
     for name in args.only:
         model = MODELS[name]()
         feeds = _feeds(model)
-        separate = CompiledModel(model, threads=args.threads, gemm_epilogues=False)
-        fused = CompiledModel(model, threads=args.threads)
+        separate = CompiledModel(model, CompileOptions(threads=args.threads, epilogues=False))
+        fused = CompiledModel(model, CompileOptions(threads=args.threads))
         want, got = separate(feeds), fused(feeds)
         error = max(float(np.max(np.abs(want[k] - got[k]))) for k in want)
         kernels = (separate.executable_for(feeds).stats.kernels, fused.executable_for(feeds).stats.kernels)

@@ -84,12 +84,13 @@ def _kernel_call(compiled: object, feeds: dict[str, np.ndarray]) -> Callable[[],
 def _ordinary_stores(model: onnx.ModelProto, threads: int) -> object:
     """The model compiled with streaming stores switched off (for comparison only)."""
     from onnxsat.kernels import streaming
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
 
     saved = streaming.STREAM_MIN_BYTES
     streaming.STREAM_MIN_BYTES = 1 << 62
     try:
-        compiled = CompiledModel(model, threads=threads)
+        compiled = CompiledModel(model, CompileOptions(threads=threads))
         compiled.executable_for({i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32) for i in model.graph.input})
         return compiled
     finally:
@@ -98,6 +99,7 @@ def _ordinary_stores(model: onnx.ModelProto, threads: int) -> object:
 
 def elementwise(n: int, rounds: int, threads: int) -> list[str]:
     from onnxsat.kernels import streaming
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
 
     rng = np.random.default_rng(0)
@@ -117,7 +119,7 @@ def elementwise(n: int, rounds: int, threads: int) -> list[str]:
     for name, (nodes, ins, inits) in chains.items():
         model = _model(nodes, {k: [n] for k in ins}, "y", inits)
         feeds = {k: rng.standard_normal(n).astype(np.float32) for k in ins}
-        compiled = CompiledModel(model, threads=threads)
+        compiled = CompiledModel(model, CompileOptions(threads=threads))
         kernel = _kernel_call(compiled, feeds)
         moved = 4 * n * (len(ins) + 1)
         src = np.ones(moved // 8, np.float32)
@@ -140,6 +142,7 @@ def elementwise(n: int, rounds: int, threads: int) -> list[str]:
 
 def pools(rounds: int, threads: int) -> list[str]:
     """Compiled pooling models against onnxruntime, whole-model latency."""
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.latency import compare_latency, ort_session
 
@@ -158,7 +161,7 @@ def pools(rounds: int, threads: int) -> list[str]:
         outs = [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(len(pools_))]
         model = helper.make_model(helper.make_graph(nodes, "pools", ins, outs), opset_imports=[helper.make_opsetid("", 17)])
         x = rng.standard_normal((1, *chw)).astype(np.float32)
-        compiled = CompiledModel(model, threads=threads)
+        compiled = CompiledModel(model, CompileOptions(threads=threads))
         session = ort_session(model, threads=threads)
         got, want = compiled(x=x), session.run(None, {"x": x})
         err = max(float(np.max(np.abs(got[f"y{i}"] - w))) for i, w in enumerate(want))
@@ -168,13 +171,14 @@ def pools(rounds: int, threads: int) -> list[str]:
 
 
 def gemm(size: int, rounds: int, threads: int) -> tuple[str, str]:
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
 
     rng = np.random.default_rng(0)
     b = rng.standard_normal((size, size)).astype(np.float32)
     a = rng.standard_normal((size, size)).astype(np.float32)
     model = _model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": [size, size]}, "y", [numpy_helper.from_array(b, "b")])
-    compiled = CompiledModel(model, threads=threads)
+    compiled = CompiledModel(model, CompileOptions(threads=threads))
     kernel = _kernel_call(compiled, {"a": a})
     out = np.empty((size, size), np.float32)
     info = "threadpoolctl not installed"

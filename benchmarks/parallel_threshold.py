@@ -83,13 +83,14 @@ def _compiled(model: onnx.ModelProto, threads: int, split: bool, feeds: dict[str
     """A CompiledModel whose kernels are all split (or all serial), its kernels' total cost and
     the bytes they touch."""
     from onnxsat.kernels import parallel
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.lowering.program import KernelStep
 
     saved = parallel.PARALLEL_MIN_COST, parallel.PARALLEL_MIN_BYTES
     parallel.PARALLEL_MIN_COST = parallel.PARALLEL_MIN_BYTES = 0.0 if split else float("inf")
     try:
-        compiled = CompiledModel(model, threads=threads)
+        compiled = CompiledModel(model, CompileOptions(threads=threads))
         exe = compiled.executable_for(feeds)
     finally:
         parallel.PARALLEL_MIN_COST, parallel.PARALLEL_MIN_BYTES = saved

@@ -37,12 +37,13 @@ GEMM_OPS = {"MatMul", "Gemm", "FusedMatMul", "Conv"}
 def compiled_steps(name: str, threads: int, rounds: int, single: bool) -> list[tuple[str, bool, float, float | None]]:
     """(step name, is a GEMM, median ms in the step loop, median ms alone on one thread or None)."""
     from onnxsat.kernels.blas import restore_blas_threads, single_threaded_blas
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.compiled import CompiledModel
     from onnxsat.lowering.program import KernelStep, MatMulStep
 
     model = MODELS[name]()
     feeds = _feeds(model)
-    cm = CompiledModel(model, threads=threads)
+    cm = CompiledModel(model, CompileOptions(threads=threads))
     cm(feeds)
     exe = cm.executable_for(feeds)
     arrays = dict(exe.fixed)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 from onnxsat.base.lazy_weights import tensor_array
 from onnxsat.base.modelio import model_shell, weight_bytes
@@ -48,6 +47,9 @@ def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: lis
         [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
     )
     model = helper.make_model(graph, opset_imports=list(opset))
+    # onnx.reference takes ~0.1 s to import: only a model with a node to fold pays it.
+    from onnx.reference import ReferenceEvaluator
+
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 

@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 from ..base.errors import TimeLimitError
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import topological_nodes
+from . import const_eval
 from . import lang as L
 from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
@@ -147,6 +148,8 @@ class _Importer:
         self.weights: dict[str, onnx.TensorProto] = {}
         self.weight_digests: dict[tuple[int, tuple[int, ...], str], str] = {}
         self.int_values: dict[str, tuple[int, ...]] = {}
+        self.small_values: dict[str, np.ndarray] = {}
+        """Values of the small constants (``const_eval``): initializers, Constants and what it evaluated."""
         self.opaque: dict[int, OpaqueNode] = {}
         self.program_unknown: list[str] = []
         self.opaque_reasons: list[str] = []
@@ -200,6 +203,11 @@ class _Importer:
     # ------------------------------------------------------------ leaves
     def _add_weight(self, name: str, tensor: onnx.TensorProto) -> None:
         self.infos[name] = TensorInfo(tensor.data_type, tuple(tensor.dims))
+        if np.prod(tensor.dims) <= const_eval.MAX_ELEMENTS:
+            try:
+                self.small_values[name] = tensor_array(tensor)
+            except Exception:  # a type numpy cannot hold: not evaluated
+                pass
         if tensor.data_type == onnx.TensorProto.INT64 and len(tensor.dims) <= 1 and np.prod(tensor.dims) <= SMALL_INTS:
             values = tuple(int(v) for v in tensor_array(tensor).reshape(-1))
             self.int_values[name] = values
@@ -235,6 +243,8 @@ class _Importer:
         outputs = list(node.output)
         if outputs:
             self.node_meta[outputs[0]] = (node.op_type, node.name, node.doc_string)
+        if self._import_evaluated(node):
+            return
         if node.domain in ("", "ai.onnx"):
             try:
                 if self._import_special(node):
@@ -249,6 +259,18 @@ class _Importer:
         else:
             self.program_unknown.append(f"{node.domain}.{node.op_type}")
         self._import_opaque(index, node)
+
+    def _import_evaluated(self, node: onnx.NodeProto) -> bool:
+        """A shape computation on small constants (``const_eval``) becomes its values: True when done."""
+        if node.op_type not in const_eval.OPS or not all(not i or i in self.small_values for i in node.input):
+            return False
+        outs = const_eval.evaluate(node, [self.small_values[i] if i else None for i in node.input], self.opset)
+        if outs is None:
+            return False
+        for name, array in zip(node.output, outs, strict=True):
+            if name:
+                self._add_weight(name, numpy_helper.from_array(array, name))
+        return True
 
     def _used(self, name: str) -> bool:
         return name in self.used_names
@@ -265,11 +287,13 @@ class _Importer:
         if op == "ConstantOfShape":
             dims = self._const_ints(node.input[0]) if node.input else None
             if dims is not None and all(d >= 0 for d in dims):
-                value, dtype = 0.0, onnx.TensorProto.FLOAT
+                value, dtype, fill = 0.0, onnx.TensorProto.FLOAT, np.zeros(1, np.float32)
                 if node.attribute:
-                    array = numpy_helper.to_array(node.attribute[0].t)
-                    value, dtype = float(array.reshape(-1)[0]), node.attribute[0].t.data_type
+                    fill = numpy_helper.to_array(node.attribute[0].t).reshape(-1)
+                    value, dtype = float(fill[0]), node.attribute[0].t.data_type
                 self._bind(node.output[0], L.Tensor.splat(value, _dims_vec(tuple(dims)), dtype))
+                if np.prod(dims) <= const_eval.MAX_ELEMENTS:
+                    self.small_values[node.output[0]] = np.full(dims, fill[0], fill.dtype)
                 return True
             return False
         if op == "Dropout":

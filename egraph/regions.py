@@ -311,10 +311,26 @@ def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(np.asarray(value), node.output[0])
 
 
-def _dims(t: onnx.TypeProto) -> tuple[object, ...]:
+INVENTED_DIM = "unk__"
+"""The prefix of the symbols ONNX shape inference invents for sizes it cannot compute."""
+
+
+def _dims(t: onnx.TypeProto, invented: dict[str, str] | None = None) -> tuple[object, ...]:
+    """A type's dims for a key: sizes, symbols by name; with ``invented``, the symbols shape
+    inference invented (``unk__N``, numbered afresh in every layer of a repeated stack) by their
+    order of first use in the part instead, so twin layers key alike while which of their dims
+    are one symbol still counts."""
     if not t.tensor_type.HasField("shape"):
         return ("?",)
-    return tuple(d.dim_value if d.HasField("dim_value") else f"${d.dim_param}" for d in t.tensor_type.shape.dim)
+    dims: list[object] = []
+    for d in t.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        elif invented is not None and d.dim_param.startswith(INVENTED_DIM):
+            dims.append("$" + invented.setdefault(d.dim_param, f"{INVENTED_DIM}{len(invented)}"))
+        else:
+            dims.append(f"${d.dim_param}")
+    return tuple(dims)
 
 
 def _constant_role(tensor: onnx.TensorProto, digests: dict[bytes, str], cid: str) -> str:
@@ -345,11 +361,12 @@ def part_key(part: Part) -> tuple[str, list[str]]:
     ids: dict[str, str] = {"": ""}
     names: list[str] = []
     digests: dict[bytes, str] = {}
+    invented: dict[str, str] = {}
     lines = [",".join(f"{o.domain}:{o.version}" for o in sorted(model.opset_import, key=lambda o: o.domain))]
     for vi in graph.input:
         ids[vi.name] = f"i{len(names)}"
         names.append(vi.name)
-        lines.append(f"in {vi.type.tensor_type.elem_type} {_dims(vi.type)}")
+        lines.append(f"in {vi.type.tensor_type.elem_type} {_dims(vi.type, invented)}")
 
     def cid(name: str) -> str:
         if name not in ids:
@@ -371,10 +388,10 @@ def part_key(part: Part) -> tuple[str, list[str]]:
         attrs = b"".join(a.SerializeToString() for a in sorted(node.attribute, key=lambda a: a.name))
         lines.append(f"{node.domain}:{node.op_type} {ins} -> {outs} {hashlib.sha1(attrs).hexdigest()}")
     for vi in graph.output:
-        lines.append(f"out {ids[vi.name]} {vi.type.tensor_type.elem_type} {_dims(vi.type)}")
+        lines.append(f"out {ids[vi.name]} {vi.type.tensor_type.elem_type} {_dims(vi.type, invented)}")
     for name, t in types.items():
         if name in ids and name not in {vi.name for vi in graph.input}:
-            lines.append(f"type {ids[name]} {_dims(t)}")
+            lines.append(f"type {ids[name]} {_dims(t, invented)}")
     return hashlib.sha256("\n".join(lines).encode()).hexdigest(), names
 
 

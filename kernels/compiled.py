@@ -8,10 +8,9 @@ eagerly.
 
 from __future__ import annotations
 
-import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,43 +18,32 @@ import onnx
 
 from onnxsat.lowering.lower import LoweringError, lower, value_inputs
 
+from . import artefact_cache
+from .build import cache_directory, prestart_helpers
+from .compile_options import CompileOptions
 from .executable import Executable, ExecutableStats
-from .jit import default_cache_dir
 from .native_runner import NativeWorkers
 
 
 class CompiledModel:
     """Call with keyword arrays (``cm(x=...)``) or a dict (``cm({'x': ...})``); returns a dict."""
 
-    def __init__(
-        self,
-        model: onnx.ModelProto,
-        threads: int | None = None,
-        cache_dir: Path | str | None = "default",
-        opt_level: int = 3,
-        gemm: str = "llvm",
-        gemm_epilogues: bool = True,
-    ):
-        """``opt_level`` 0 skips LLVM's optimizations (much faster to compile, slower to run);
-        ``gemm``: ``llvm`` runs products with constant weights on onnxsat's packed micro-kernel,
-        ``blas`` sends every product to OpenBLAS; ``gemm_epilogues``: the micro-kernel adds a
-        MatMul's bias (+ ReLU) as it stores C (False: separate kernels, for comparison)."""
-        if gemm not in ("llvm", "blas"):
-            raise ValueError(f"gemm must be 'llvm' or 'blas', not {gemm!r}")
-        self.gemm = gemm
-        self.gemm_epilogues = gemm_epilogues and gemm == "llvm"
+    def __init__(self, model: onnx.ModelProto, options: CompileOptions | None = None):
+        """``options``: threads, optimization level, GEMM choice, epilogues, cache (defaults: all
+        cores, O3, the packed micro-kernel with epilogues, ``~/.cache/onnxsat/kernels``)."""
+        self.options = options if options is not None else CompileOptions()
         self.model = model
-        self.opt_level = opt_level
         inits = {t.name for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in inits]
         self.output_names = [o.name for o in model.graph.output]
         self.value_inputs = value_inputs(model)
-        self.threads = max(1, threads if threads is not None else (os.cpu_count() or 1))
+        self.threads = self.options.run_threads
+        self.cache_dir = cache_directory(self.options)
+        self._model_hash: str | None = None
         self.pool = ThreadPoolExecutor(self.threads - 1) if self.threads > 1 else None
         """Threads for programs that run step by step from Python (those with numpy fallbacks)."""
-        self.workers = NativeWorkers(self.threads - 1) if self.threads > 1 else None
+        self.workers = NativeWorkers(self.threads - 1, self.cache_dir) if self.threads > 1 else None
         """Helper threads for native runs, parked between calls; joined by ``close``."""
-        self.cache_dir = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
         self._executables: dict[Any, Executable] = {}
         self.optimize_report: Any = None
         """The ``onnxsat.optimize`` report when the model was optimized before compiling."""
@@ -64,6 +52,12 @@ class CompiledModel:
         static = self._static_shapes()
         if static is not None and not self.value_inputs:
             self._executable(static, {})
+
+    def artefact_key(self, shapes: dict[str, tuple[int, ...]], known: dict[str, np.ndarray]) -> str:
+        """The artefact-cache key of this model compiled for one signature."""
+        if self._model_hash is None:
+            self._model_hash = artefact_cache.model_digest(self.model)
+        return artefact_cache.artefact_key(self._model_hash, artefact_cache.signature_digest(shapes, known), self.options)
 
     def _static_shapes(self) -> dict[str, tuple[int, ...]] | None:
         shapes: dict[str, tuple[int, ...]] = {}
@@ -81,8 +75,16 @@ class CompiledModel:
         with self._lock:
             exe = self._executables.get(key)
             if exe is None:
-                program = lower(self.model, shapes, known, gemm_epilogues=self.gemm_epilogues)
-                exe = Executable(program, self.pool, self.threads, self.cache_dir, opt_level=self.opt_level, gemm=self.gemm, workers=self.workers)
+                start = time.perf_counter()
+                artefact = self.artefact_key(shapes, known) if self.cache_dir is not None else None
+                if artefact is None or not artefact_cache.exists(self.cache_dir, artefact):
+                    prestart_helpers(self.options)  # they boot while the model is lowered
+                hashed = time.perf_counter()
+                program = lower(self.model, shapes, known, gemm_epilogues=self.options.gemm_epilogues)
+                lowered = time.perf_counter()
+                exe = Executable(program, self.pool, self.options, workers=self.workers, artefact_key=artefact)
+                exe.stats.stage_seconds = {"hash": hashed - start, "lower": lowered - hashed, **exe.stats.stage_seconds}
+                exe.stats.compile_seconds += lowered - start
                 self._executables[key] = exe
         return exe
 

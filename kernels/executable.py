@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, canonical, render
+from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer
 from onnxsat.lowering.program import (
     PACKED_GEMM_MAX_ROWS,
     FallbackStep,
@@ -33,8 +32,10 @@ from onnxsat.lowering.program import (
 
 from .arena import ArenaPlan, plan_arena
 from .blas import gemm_function, matrix_layout, restore_blas_threads, single_threaded_blas
-from .codegen import build_module, kernel_signature
-from .jit import CompiledModule
+from .build import BuildStats, cache_directory, compile_kernels
+from .codegen import kernel_signature
+from .compile_options import CompileOptions
+from .jit import LoadedObjects
 from .native_runner import (
     KIND_DGEMM,
     KIND_KERNEL,
@@ -99,6 +100,10 @@ class ExecutableStats:
     native_ops: dict[str, int] = field(default_factory=dict)
     one_native_call: bool = False
     """Whether a run is a single native call over the task table (no Python step loop)."""
+    artefact_hit: bool = False
+    """Whether the whole compiled code came from the artefact cache (no LLVM IR built)."""
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    """Compile time by stage: lower, llvm_ir, llvm_compile, load, setup (task tables, packing)."""
 
 
 class Executable:
@@ -108,31 +113,33 @@ class Executable:
         self,
         program: KernelProgram,
         pool: ThreadPoolExecutor | None,
-        threads: int,
-        cache_dir: Path | None,
-        module: CompiledModule | None = None,
+        options: CompileOptions,
+        module: LoadedObjects | None = None,
         symbols: dict[str, str] | None = None,
-        opt_level: int = 3,
-        gemm: str = "llvm",
         workers: NativeWorkers | None = None,
+        artefact_key: str | None = None,
     ):
-        """``workers``: the owner's persistent helper threads for native runs (None: this thread
-        only). ``module``/``symbols``: an already compiled module holding this program's kernels and
-        each kernel's function name in it (programs can share one, see ``compile_together``); by
-        default the kernels are compiled here."""
+        """``options``: threads, GEMM choice, optimization level and cache. ``workers``: the owner's
+        persistent helper threads for native runs (None: this thread only). ``module``/``symbols``:
+        already compiled code holding this program's kernels and each kernel's function name in it
+        (programs can share one, see ``compile_together``); by default the kernels are compiled
+        here, found under ``artefact_key`` in the artefact cache when given."""
         start = time.perf_counter()
-        self.gemm = gemm
+        self.options = options
+        self.cache_dir = cache_directory(options)
+        self.gemm = options.gemm
         """``llvm``: the packed micro-kernel for products with constant weights; ``blas``: OpenBLAS only."""
         self._keep: list[Any] = []
         self._tasks: list[list[list[int]] | None] = []
         """Per step, its native task rows (None: the step needs Python)."""
         self.program = program
         self.pool = pool
-        self.threads = threads
+        self.threads = options.run_threads
         self.workers = workers
         kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
+        self.build = BuildStats()
         if module is None and kernels:
-            module, symbols = compile_kernels(kernels, cache_dir, opt_level)
+            module, symbols, self.build = compile_kernels(kernels, options, artefact_key)
         self.module = module
         self.symbols = symbols if symbols is not None else {k.name: k.name for k in kernels}
         proto = kernel_signature()
@@ -159,7 +166,7 @@ class Executable:
         self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
         self.native: TaskTable | None = None
         if self._tasks and all(t is not None for t in self._tasks):
-            self.native = TaskTable(self._phases([t for t in self._tasks if t is not None]))
+            self.native = TaskTable(self._phases([t for t in self._tasks if t is not None]), self.cache_dir)
         self.stats = ExecutableStats(
             kernels=len(kernels),
             blas_calls=sum(isinstance(s, MatMulStep) for s in program.steps),
@@ -168,11 +175,14 @@ class Executable:
             arena_naive_bytes=self.plan.naive_size,
             compile_seconds=0.0,
             cache_hit=bool(self.module and self.module.cache_hit),
+            artefact_hit=self.build.artefact_hit,
             fallbacks=dict(program.fallbacks),
             native_ops=dict(program.native_ops),
             one_native_call=self.native is not None,
         )
         self.stats.compile_seconds = time.perf_counter() - start
+        self.stats.stage_seconds = dict(self.build.seconds)
+        self.stats.stage_seconds["setup"] = self.stats.compile_seconds - sum(self.build.seconds.values())
 
     # ------------------------------------------------------------ per-step runners
     def _runner(self, step: Any) -> Callable[[dict[str, np.ndarray]], None]:
@@ -358,7 +368,7 @@ class Executable:
             return None
         bp = pack_b(b_matrix, bias)
         panels = bp.shape[0]
-        fn = sgemm_function("none" if bias is None else "bias_relu" if step.relu else "bias")
+        fn = sgemm_function("none" if bias is None else "bias_relu" if step.relu else "bias", self.cache_dir)
         lda = a.strides[-2]
         itemsize = 4
         a_name, out_name = a.buffer.name, step.out.name
@@ -482,38 +492,14 @@ def _strided(base: np.ndarray, buf: Buffer, op: StridedOperand) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(flat[op.offset :], shape=op.shape, strides=tuple(s * item for s in op.strides))
 
 
-def compile_kernels(
-    kernels: list[Kernel], cache_dir: Path | None, opt_level: int = 3
-) -> tuple[CompiledModule, dict[str, str]]:
-    """One module holding each distinct kernel once: kernels that differ only in their buffers
-    (repeated layers) share a function. Returns the module and kernel name -> function name."""
-    by_text: dict[str, str] = {}
-    unique: list[Kernel] = []
-    symbols: dict[str, str] = {}
-    for kernel in kernels:
-        canon = canonical(kernel)
-        text = render(canon)
-        if text not in by_text:
-            by_text[text] = f"k{len(unique)}"
-            unique.append(replace(canon, name=by_text[text]))
-        symbols[kernel.name] = by_text[text]
-    return CompiledModule(build_module(unique), cache_dir, opt_level), symbols
-
-
-def compile_together(
-    programs: list[KernelProgram],
-    pool: ThreadPoolExecutor | None,
-    threads: int,
-    cache_dir: Path | None,
-    opt_level: int = 3,
-) -> list[Executable]:
-    """Executables for several programs from one LLVM module (one optimization and codegen run)."""
+def compile_together(programs: list[KernelProgram], pool: ThreadPoolExecutor | None, options: CompileOptions) -> list[Executable]:
+    """Executables for several programs from one build (their kernels compiled together)."""
     renamed = [rename_kernels(p, f"m{i}_") for i, p in enumerate(programs)]
     kernels = [s.kernel for p in renamed for s in p.steps if isinstance(s, KernelStep)]
     if not kernels:
-        return [Executable(p, pool, threads, cache_dir) for p in renamed]
-    module, symbols = compile_kernels(kernels, cache_dir, opt_level)
-    return [Executable(p, pool, threads, cache_dir, module, symbols) for p in renamed]
+        return [Executable(p, pool, options) for p in renamed]
+    module, symbols, _ = compile_kernels(kernels, options)
+    return [Executable(p, pool, options, module, symbols) for p in renamed]
 
 
 def rename_kernels(program: KernelProgram, prefix: str) -> KernelProgram:

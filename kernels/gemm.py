@@ -22,6 +22,7 @@ task table calls.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
@@ -253,28 +254,27 @@ def _i64(value: int) -> ir.Constant:
 
 
 @functools.cache
-def _compiled() -> CompiledModule:
-    """Every variant of the micro-kernel in one module (built once per process; cached on disk
-    like other kernels)."""
-    from .jit import default_cache_dir
-
+def _compiled(cache_dir: Path | None) -> CompiledModule:
+    """Every variant of the micro-kernel in one module (built once per process and cache
+    directory; cached on disk like other kernels)."""
     module = ir.Module(name="onnxsat_gemm")
     for epilogue in EPILOGUES:
         _Gen(module, epilogue).build()
-    return CompiledModule(module, default_cache_dir())
+    return CompiledModule(module, cache_dir)
 
 
-def sgemm_address(epilogue: str = "none") -> tuple[CompiledModule, int]:
-    """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address."""
-    compiled = _compiled()
+def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None) -> tuple[CompiledModule, int]:
+    """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address; compiled
+    through the object cache in ``cache_dir`` (None: no disk cache)."""
+    compiled = _compiled(cache_dir)
     return compiled, compiled.address(EPILOGUES[epilogue])
 
 
-def sgemm_function(epilogue: str = "none"):  # type: ignore[no-untyped-def]
+def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None):  # type: ignore[no-untyped-def]
     """ctypes callable: (a, lda, bp, k, c, ldc, m, n, p_begin, p_end)."""
     import ctypes
 
-    _, address = sgemm_address(epilogue)
+    _, address = sgemm_address(epilogue, cache_dir)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     proto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64)
     return proto(address)

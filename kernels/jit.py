@@ -11,7 +11,6 @@ removed and rebuilt instead of crashing LLVM), fsync before rename.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,21 +61,14 @@ PIPELINE = "new-pm/o{level}+loop-vectorize+slp+unroll/v1"
 """Part of the cache key: change it when the optimization pipeline changes for the same IR."""
 
 
-def default_cache_dir() -> Path:
-    return Path(os.path.expanduser("~")) / ".cache" / "onnxsat" / "kernels"
-
-
 class CompiledModule:
     """A JIT-compiled LLVM module; ``address(name)`` gives a function's entry point."""
 
     def __init__(self, module: ir.Module, cache_dir: Path | None = None, opt_level: int = 3):
-        _init()
         host = host_target()
-        target = llvm.Target.from_triple(host.triple)
-        self.tm = target.create_target_machine(cpu=host.cpu, features=host.features, opt=opt_level, codemodel="jitdefault")
+        self.tm = target_machine(host, opt_level)
         text = str(module)
-        pipeline = PIPELINE.format(level=opt_level)
-        self.key = hashlib.sha256(f"{host.fingerprint}\n{pipeline}\n{text}".encode()).hexdigest()
+        self.key = object_key(text, host, opt_level)
         self.cache_hit = False
         directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
         cache_file = directory / f"{self.key}.o" if directory is not None else None
@@ -113,3 +105,89 @@ class CompiledModule:
 
     def assembly(self) -> str:
         return str(self.tm.emit_assembly(self._module))
+
+
+def target_machine(host: HostTarget, opt_level: int) -> llvm.TargetMachine:
+    """The MCJIT target machine for ``host`` at ``opt_level``."""
+    _init()
+    target = llvm.Target.from_triple(host.triple)
+    return target.create_target_machine(
+        cpu=host.cpu, features=host.features, opt=opt_level, codemodel="jitdefault"
+    )
+
+
+def _optimized(text: str, host: HostTarget, opt_level: int) -> tuple[llvm.TargetMachine, llvm.ModuleRef]:
+    tm = target_machine(host, opt_level)
+    llmod = llvm.parse_assembly(text)
+    llmod.triple = host.triple
+    llmod.data_layout = str(tm.target_data)
+    llmod.verify()
+    if opt_level > 0:
+        pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pto.loop_unrolling = True
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(llmod, pb)
+    return tm, llmod
+
+
+def emit_object(text: str, host: HostTarget, opt_level: int) -> bytes:
+    """Object code for one LLVM module given as text: parse, verify, run the optimization pipeline
+    (``PIPELINE``), emit. Pure in its arguments, so a compile process gives the same bytes as this one."""
+    tm, llmod = _optimized(text, host, opt_level)
+    return bytes(tm.emit_object(llmod))
+
+
+def optimized_ir(text: str, host: HostTarget, opt_level: int) -> str:
+    """The module as the optimization pipeline leaves it, before code generation (for tests and
+    debugging: what vectorized, which intrinsics remained)."""
+    return str(_optimized(text, host, opt_level)[1])
+
+
+def object_key(text: str, host: HostTarget, opt_level: int) -> str:
+    """The disk-cache key of ``emit_object(text, host, opt_level)``."""
+    pipeline = PIPELINE.format(level=opt_level)
+    return hashlib.sha256(f"{host.fingerprint}\n{pipeline}\n{text}".encode()).hexdigest()
+
+
+class LoadedObjects:
+    """Object files linked into one MCJIT engine; ``address(name)`` gives a function's entry point.
+
+    ``cache_hit`` says whether every object came from a cache (no LLVM compile in this process)."""
+
+    def __init__(
+        self,
+        objects: list[bytes],
+        host: HostTarget,
+        cache_hit: bool = False,
+        texts: list[str] | None = None,
+        opt_level: int = 3,
+    ):
+        """``texts``/``opt_level``: the modules the objects were compiled from, when known here
+        (``optimized_ir`` needs them)."""
+        tm = target_machine(host, 0)
+        empty = llvm.parse_assembly("")
+        empty.triple = host.triple
+        empty.data_layout = str(tm.target_data)
+        self.engine = llvm.create_mcjit_compiler(empty, tm)
+        for data in objects:
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(data))
+        self.engine.finalize_object()
+        self.cache_hit = cache_hit
+        self._tm = tm
+        self._host = host
+        self._texts = texts
+        self._opt_level = opt_level
+
+    def optimized_ir(self) -> str:
+        """Every module's optimized IR, recomputed from its text (not kept: it is large)."""
+        if self._texts is None:
+            raise ValueError("the module texts are not known (the code came from the artefact cache)")
+        return "\n".join(optimized_ir(t, self._host, self._opt_level) for t in self._texts)
+
+    def address(self, name: str) -> int:
+        address = int(self.engine.get_function_address(name))
+        if not address:
+            raise KeyError(f"no compiled function {name!r}")
+        return address

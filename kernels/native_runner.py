@@ -24,6 +24,7 @@ import functools
 import threading
 import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 from llvmlite import ir
@@ -336,15 +337,14 @@ class _Gen:
 
 
 @functools.cache
-def _runtime() -> tuple[CompiledModule, dict[str, int]]:
-    from .jit import default_cache_dir
-
+def _runtime(cache_dir: Path | None) -> tuple[CompiledModule, dict[str, int]]:
+    """The runner's functions (built once per process and cache directory)."""
     module = ir.Module(name="onnxsat_runner")
     gen = _Gen(module)
     gen.run_graph()
     gen.worker()
     gen.shutdown()
-    compiled = CompiledModule(module, default_cache_dir())
+    compiled = CompiledModule(module, cache_dir)
     names = ("onnxsat_run_graph", "onnxsat_worker", "onnxsat_shutdown")
     return compiled, {name: compiled.address(name) for name in names}
 
@@ -393,8 +393,9 @@ class NativeWorkers:
     """Helper threads that live as long as their owner (a compiled model): started once, parked
     in native code between runs, and joined by ``close`` (or when the owner is collected)."""
 
-    def __init__(self, helpers: int):
-        _, addresses = _runtime()
+    def __init__(self, helpers: int, cache_dir: Path | None):
+        """``cache_dir``: the object cache the runner's own code is compiled through (None: none)."""
+        _, addresses = _runtime(cache_dir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         worker = ctypes.CFUNCTYPE(None, ptr, i64, i64)(addresses["onnxsat_worker"])
         stop = ctypes.CFUNCTYPE(None, ptr, i64)(addresses["onnxsat_shutdown"])
@@ -424,7 +425,7 @@ class NativeWorkers:
 class TaskTable:
     """Steps as rows of ``TASK_WORDS`` words, and one call that runs them all natively."""
 
-    def __init__(self, steps: Sequence[Sequence[Sequence[int]]]):
+    def __init__(self, steps: Sequence[Sequence[Sequence[int]]], cache_dir: Path | None):
         rows = [list(task) for step in steps for task in step]
         if any(len(r) > TASK_WORDS for r in rows):
             raise ValueError("task row too long")
@@ -435,7 +436,7 @@ class TaskTable:
         self.widest = max((len(step) for step in steps), default=0)
         self.ctx, self._ctx_start = _aligned_ctx()
         """Run state for runs without helpers."""
-        _, addresses = _runtime()
+        _, addresses = _runtime(cache_dir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._run = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, i64, i64, i64, i64)(addresses["onnxsat_run_graph"])
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,10 @@ from onnxsat.egraph.regions import (
 )
 
 if TYPE_CHECKING:
+    from onnxsat.jobs import Pool
     from onnxsat.pipeline import Session
+    from onnxsat.rules.plugins import PluginLoad
+    from onnxsat.rules.registry import RuleTable
 
 
 @dataclass
@@ -74,7 +78,7 @@ def use_regions(model: onnx.ModelProto, options: Options) -> bool:
     return 0 < options.region_nodes < len(model.graph.node)
 
 
-def _part_options(options: Options, part: Part, upgrade: bool) -> Options:
+def part_options(options: Options, part: Part, upgrade: bool) -> Options:
     """The run's options for one part: not verified (the stitched model is), no dump, no progress,
     the pins of the graph inputs it reads; without ``upgrade`` no conversion to a newer opset (a
     window is written at the opset of the graph around it)."""
@@ -82,6 +86,7 @@ def _part_options(options: Options, part: Part, upgrade: bool) -> Options:
     return replace(
         options,
         region_nodes=0,
+        jobs=1,
         verify=False,
         dump_dir=None,
         progress=False,
@@ -91,8 +96,28 @@ def _part_options(options: Options, part: Part, upgrade: bool) -> Options:
     )
 
 
-def _solve(session: Session, part: Part, names: list[str], upgrade: bool) -> _Solved:
-    """Load, saturate, extract and export one part (unfolded, so a replay can rename its weights).
+@dataclass
+class Outcome:
+    """What saturating one part gives (``solve_part``): plain data, so a worker process can send it."""
+
+    model: onnx.ModelProto
+    """The part's optimized program (unfolded), or its own model when kept as it is."""
+    cost_before: float
+    cost_after: float
+    saturation: SaturationReport
+    warnings: list[str]
+
+
+def solve_part(
+    model: onnx.ModelProto,
+    nodes: int,
+    options: Options,
+    rules: list[str],
+    table: RuleTable,
+    loads: list[PluginLoad],
+) -> Outcome:
+    """Load, saturate, extract and export one part of ``nodes`` nodes under its run's ``options``
+    (``part_options``): in this process or in a worker (``onnxsat.jobs``), the same result.
 
     Two shapes meeting in one e-class: the part is imported again without the sizes ONNX
     inference invented (as a whole-graph run is); meeting again (a size invented for a tensor
@@ -100,41 +125,62 @@ def _solve(session: Session, part: Part, names: list[str], upgrade: bool) -> _So
     kept as it is, with a warning: no region is ever written from a run found inconsistent."""
     from onnxsat.rules.schedule import UnsoundRuleError
 
-    options = _part_options(session.options, part, upgrade)
+    warnings: list[str] = []
     try:
         try:
-            exported, before, after, saturation = _saturate_part(session, part, options)
+            exported, before, after, saturation = _saturate_part(
+                model, options, rules, table, loads, warnings
+            )
         except UnsoundRuleError:
             if not options.seed_invented_dims:
                 raise
-            exported, before, after, saturation = _saturate_part(
-                session, part, replace(options, seed_invented_dims=False)
-            )
+            again = replace(options, seed_invented_dims=False)
+            exported, before, after, saturation = _saturate_part(model, again, rules, table, loads, warnings)
     except UnsoundRuleError as exc:
-        session.report.warnings.append(
-            f"a region of {len(part.nodes)} nodes kept as it is: two shapes met in it ({one_line(exc, 200)})"
+        warnings.append(
+            f"a region of {nodes} nodes kept as it is: two shapes met in it ({one_line(exc, 200)})"
         )
-        exported, before, after = part.model, 0.0, 0.0
+        exported, before, after = model, 0.0, 0.0
         saturation = SaturationReport(stop_reason="kept: two shapes met")
-    if len(exported.graph.node) > len(part.model.graph.node) and after >= before:  # more nodes for nothing: keep the part
-        exported, after = part.model, before
+    if (
+        len(exported.graph.node) > len(model.graph.node) and after >= before
+    ):  # more nodes for nothing: keep the part
+        exported, after = model, before
+    return Outcome(exported, before, after, saturation, warnings)
+
+
+def _solved(part: Part, names: list[str], outcome: Outcome) -> _Solved:
     external = frozenset([*part.inputs, *part.constants])
+    exported = outcome.model
     replayable = all(
-        t.name in external or int(np.prod(t.dims)) <= SMALL_CONSTANT or _uniform(t) for t in exported.graph.initializer
+        t.name in external or int(np.prod(t.dims)) <= SMALL_CONSTANT or _uniform(t)
+        for t in exported.graph.initializer
     )
-    return _Solved(exported, names, external, before, after, saturation, replayable, frozenset(part.copies))
+    return _Solved(
+        exported,
+        names,
+        external,
+        outcome.cost_before,
+        outcome.cost_after,
+        outcome.saturation,
+        replayable,
+        frozenset(part.copies),
+    )
 
 
 def _saturate_part(
-    session: Session, part: Part, options: Options
+    model: onnx.ModelProto,
+    options: Options,
+    rules: list[str],
+    table: RuleTable,
+    loads: list[PluginLoad],
+    warnings: list[str],
 ) -> tuple[onnx.ModelProto, float, float, SaturationReport]:
     """One part through load, saturate, extract and export: its program and costs before/after."""
     from onnxsat.pipeline import Session
 
-    report = Report(model_name=part.model.graph.name)
-    with Session(
-        part.model, options, rules=list(session.rules), report=report, table=session.table, loads=session.loads
-    ) as inner:
+    report = Report(model_name=model.graph.name)
+    with Session(model, options, rules=list(rules), report=report, table=table, loads=loads) as inner:
         inner.load()
         saturation = inner.saturate()
         graph = inner.extract()
@@ -143,7 +189,7 @@ def _saturate_part(
             graph = inner.original
         exported = inner.unfolded(graph)
         before, after = inner.original.cost, graph.cost
-    session.report.warnings.extend(w for w in report.warnings if w not in session.report.warnings)
+    warnings.extend(w for w in report.warnings if w not in warnings)
     return exported, before, after, saturation
 
 
@@ -172,10 +218,12 @@ def _uniform(tensor: onnx.TensorProto) -> bool:
 
 
 class _Parts:
-    """Solves parts, one per key, and replays the solution on the others."""
+    """Solves parts, one per key, and replays the solution on the others; with a ``pool``, the
+    parts of one call are solved by its workers (the same solutions, gathered in part order)."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session: Session, pool: Pool | None = None):
         self.session = session
+        self.pool = pool
         self.solved: dict[str, _Solved] = {}
         self.runs: list[SaturationReport] = []
         self.cost_before = 0.0
@@ -185,33 +233,50 @@ class _Parts:
         self, model: onnx.ModelProto, parts: list[list[int]], tag: str, types: dict[str, onnx.TypeProto]
     ) -> tuple[onnx.ModelProto, list[int], int, int]:
         """``model`` with every part optimized (each a list of node indices), the new node count
-        of each part, how many distinct parts were saturated and how many replayed."""
-        planned: list[tuple[list[int], str, list[str]]] = []
-        distinct = replayed = 0
+        of each part, how many distinct parts were saturated and how many replayed.
+
+        The parts to saturate are found in two waves, each solved at once (on the pool when there
+        is one): the first part of every key not solved yet, then the twins of a solution that is
+        not replayable (its program reads values computed from its own weights)."""
         upgrade = sum(len(p) for p in parts) == len(model.graph.node)  # no node outside the parts
+        planned: list[tuple[list[int], Part, str, list[str]]] = []
         for k, nodes in enumerate(parts):
             part = part_model(model, nodes, types)
             key, names = part_key(part)
-            solved = self.solved.get(key)
-            if solved is not None and not solved.replayable:
-                key = f"{key}/{tag}{k}"  # its program reads values computed from its own weights
-                solved = None
-            if solved is None:
-                solved = self.solved[key] = _solve(self.session, part, names, upgrade)
-                self.runs.append(solved.saturation)
-                distinct += 1
-            else:
-                replayed += 1
-            planned.append((nodes, key, names))
+            if not self.session.options.region_replay:
+                key = f"{key}/{tag}{k}"  # every part saturated on its own
+            planned.append((nodes, part, key, names))
+        first: dict[str, int] = {}
+        for k, (_, _, key, _) in enumerate(planned):
+            if key not in self.solved and key not in first:
+                first[key] = k
+        fresh = self._solve(planned, sorted(first.values()), upgrade)
+        own = [
+            k
+            for k, (_, _, key, _) in enumerate(planned)
+            if first.get(key) != k and not self.solved[key].replayable
+        ]
+        for k in own:
+            nodes, part, key, names = planned[k]
+            planned[k] = (nodes, part, f"{key}/{tag}{k}", names)
+        fresh |= self._solve(planned, own, upgrade)
+        for k in sorted(fresh):  # in part order, as a serial run meets them
+            self.runs.append(self.solved[planned[k][2]].saturation)
+            for w in fresh[k]:
+                if w not in self.session.report.warnings:
+                    self.session.report.warnings.append(w)
+        distinct, replayed = len(fresh), len(planned) - len(fresh)
+        for _, _, key, _ in planned:
+            solved = self.solved[key]
             if tag == "r":
                 self.cost_before += solved.cost_before
             self.cost_after += solved.cost_after - (0.0 if tag == "r" else solved.cost_before)
-        opset = max(_opset(model), *(_opset(self.solved[key].model) for _, key, _ in planned))
-        for key in {key for _, key, _ in planned}:
+        opset = max(_opset(model), *(_opset(self.solved[key].model) for _, _, key, _ in planned))
+        for key in {key for _, _, key, _ in planned}:
             self.solved[key].model = _at_opset(self.solved[key].model, opset)
         replaced = []
         sizes = []
-        for k, (nodes, key, names) in enumerate(planned):
+        for k, (nodes, _, key, names) in enumerate(planned):
             solved = self.solved[key]
             mapping = {a: b for a, b in zip(solved.names, names, strict=True) if a not in solved.copies}
             new_nodes, new_weights = rename_part(solved.model, mapping, f"{tag}{k}_", solved.external)
@@ -225,6 +290,38 @@ class _Parts:
         del stitched.opset_import[:]
         stitched.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in sorted(domains.items()))
         return stitched, sizes, distinct, replayed
+
+    def _solve(
+        self, planned: list[tuple[list[int], Part, str, list[str]]], chosen: list[int], upgrade: bool
+    ) -> dict[int, list[str]]:
+        """Solve the parts ``chosen`` (indices into ``planned``) into ``self.solved``; returns
+        each one's warnings."""
+        session = self.session
+        options = [part_options(session.options, planned[k][1], upgrade) for k in chosen]
+
+        def here(i: int) -> Outcome:
+            part = planned[chosen[i]][1]
+            return solve_part(
+                part.model, len(part.nodes), options[i], list(session.rules), session.table, session.loads
+            )
+
+        if self.pool is not None and self.pool.alive and chosen:
+            from onnxsat.jobs import Task
+
+            rules = tuple(session.rules)
+            tasks = [
+                Task(planned[k][1].model.SerializeToString(), len(planned[k][1].nodes), options[i], rules)
+                for i, k in enumerate(chosen)
+            ]
+            outcomes = self.pool.map(tasks, here)
+        else:
+            outcomes = [here(i) for i in range(len(chosen))]
+        warnings = {}
+        for k, outcome in zip(chosen, outcomes, strict=True):
+            _, part, key, names = planned[k]
+            self.solved[key] = _solved(part, names, outcome)
+            warnings[k] = outcome.warnings
+        return warnings
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -246,7 +343,6 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
     """The session's model optimized region by region (see the module docstring); fills the
     session's report (costs, the combined saturation report, ``report.regions``, stage times)."""
     options, report = session.options, session.report
-    model = session.model
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -257,10 +353,28 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
         report.stage_seconds[f"regions-{name}"] = seconds[name]
         clock = now
 
+    pool = None
+    if options.jobs > 1:
+        from onnxsat.jobs import Pool
+
+        pool = Pool(options.jobs, options)  # its workers start while the graph is partitioned
+    try:
+        return _by_regions(session, pool, lap, seconds)
+    finally:
+        if pool is not None:
+            pool.close()
+            session.report.warnings.extend(w for w in pool.warnings if w not in session.report.warnings)
+
+
+def _by_regions(
+    session: Session, pool: Pool | None, lap: Callable[[str], None], seconds: dict[str, float]
+) -> onnx.ModelProto:
+    options, report = session.options, session.report
+    model = session.model
     types = value_types(model)
     ranges = partition(model, options.region_size)
     lap("partition")
-    parts = _Parts(session)
+    parts = _Parts(session, pool)
     stitched, sizes, distinct, replayed = parts.optimize(model, [list(r) for r in ranges], "r", types)
     lap("saturate")
     cuts = list(np.cumsum(sizes)[:-1])
@@ -300,6 +414,8 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
         windows_replayed=w_replayed,
         window_hops=hops,
         merged_by_cse=merged,
+        replay=options.region_replay,
+        jobs=options.jobs,
         budgets=f"per region: {budgets.iterations} iterations, {budgets.enodes:,} e-nodes, {budgets.seconds:g} s",
         stop_reasons=dict(Counter(str(r.stop_reason) for r in parts.runs)),
         seconds=seconds,

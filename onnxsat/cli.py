@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 from onnxsat.cli_args import (
@@ -25,14 +24,11 @@ from onnxsat.cli_args import (
     PROG,
     add_model_output_flags,
     add_optimize_flags,
+    int_arg,
     options_from_args,
     parse_input_shape,
     parse_phase_budget,
 )
-
-if TYPE_CHECKING:
-    pass
-
 
 __all__ = ["EXTRACTORS", "build_parser", "main", "options_from_args", "parse_input_shape", "parse_phase_budget"]
 
@@ -145,6 +141,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="show the full traceback of internal errors instead of one line",
     )
     add_model_output_flags(out)
+    out.add_argument(
+        "--jobs",
+        dest="region_jobs",
+        type=int_arg(1),
+        metavar="N",
+        default=1,
+        help="saturate the distinct regions and windows of a region-wise run on N worker processes"
+        " (default 1: in this process); the output is byte-identical to --jobs 1 unless a region stops"
+        " on its time budget. It does not turn regions on: a graph saturated whole (at or below"
+        " --region-nodes, or --region-nodes 0, the default) runs in one process and the report says so",
+    )
 
     add_optimize_flags(opt)
     from onnxsat import batch_command, calibrate_command, compile_command, rules_command

@@ -162,19 +162,9 @@ def _phase_budget_arg(text: str) -> tuple[str, PhaseBudget]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_model_output_flags(group: Any) -> None:
-    """What the written model looks like and how it is checked: shared by ``optimize`` and ``batch``."""
-    group.add_argument(
-        "--external-data",
-        action="store_true",
-        help="store weights in a sidecar file OUTPUT.data next to OUTPUT (automatic past 2 GiB)",
-    )
-    group.add_argument(
-        "--materialize-constants",
-        action="store_true",
-        help="fold weight-only subgraphs even where the result makes the weights larger (a transposed copy of a weight still read elsewhere); by default folding never does",
-    )
-    group.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
+def add_region_flags(group: Any) -> None:
+    """``--region-nodes``, ``--region-size`` and ``--no-region-replay``: how a large graph is
+    saturated (``optimize`` adds ``--jobs`` for its regions; ``batch``'s ``--jobs`` is models)."""
     group.add_argument(
         "--region-nodes",
         type=int,
@@ -190,6 +180,28 @@ def add_model_output_flags(group: Any) -> None:
         default=_DEFAULT_OPTIONS.region_size,
         help=f"target nodes per region (default {_DEFAULT_OPTIONS.region_size})",
     )
+    group.add_argument(
+        "--no-region-replay",
+        action="store_true",
+        help="saturate every region on its own instead of replaying the program of an identical one"
+        " (the same result, slower; for measuring)",
+    )
+
+
+def add_model_output_flags(group: Any) -> None:
+    """What the written model looks like and how it is checked: shared by ``optimize`` and ``batch``."""
+    group.add_argument(
+        "--external-data",
+        action="store_true",
+        help="store weights in a sidecar file OUTPUT.data next to OUTPUT (automatic past 2 GiB)",
+    )
+    group.add_argument(
+        "--materialize-constants",
+        action="store_true",
+        help="fold weight-only subgraphs even where the result makes the weights larger (a transposed copy of a weight still read elsewhere); by default folding never does",
+    )
+    group.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
+    add_region_flags(group)
     group.add_argument(
         "--verify-inputs",
         metavar="FILE.npz",
@@ -351,7 +363,9 @@ def _flatten(groups: Sequence[Sequence[str]]) -> tuple[str, ...]:
 
 
 def options_from_args(args: argparse.Namespace) -> Options:
-    """Map parsed ``optimize`` (or ``batch``) flags onto ``Options``; flags not given keep the dataclass defaults."""
+    """Map parsed ``optimize`` (or ``batch``) flags onto ``Options``; flags not given keep the dataclass
+    defaults. ``Options.jobs`` (one model's regions on workers) is ``optimize --jobs``; ``batch --jobs``
+    counts models, each optimized with one."""
     budget_changes: dict[str, Any] = {}
     for flag, field_name in (
         ("max_iterations", "iterations"),
@@ -403,4 +417,6 @@ def options_from_args(args: argparse.Namespace) -> Options:
         dump_dir=getattr(args, "dump_dir", None),  # optimize only
         region_nodes=args.region_nodes,
         region_size=args.region_size,
+        region_replay=not args.no_region_replay,
+        jobs=getattr(args, "region_jobs", 1),
     )

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from onnxsat.base.errors import BadInputError, VerificationError
+from onnxsat.kernels.compile_options import COST_TARGETS, CompileOptions
 
 RTOL, ATOL = 1e-3, 1e-4
 
@@ -36,6 +37,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bench", action="store_true", help="time the compiled model against onnxruntime")
     p.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds for --bench (default: 30)")
     p.add_argument("--threads", type=int, default=None, help="threads for both sides (default: all cores)")
+    p.add_argument("--opt-level", type=int, default=3, choices=[0, 1, 2, 3], help="LLVM optimization level (default: 3)")
+    p.add_argument("--gemm", default="llvm", choices=["llvm", "blas"], help="products with constant weights: onnxsat's micro-kernel (llvm, default) or OpenBLAS")
+    p.add_argument("--no-epilogues", action="store_true", help="no bias (+ ReLU) epilogues in the GEMM micro-kernel (separate kernels)")
+    p.add_argument("--jobs", type=int, default=None, help="processes compiling kernels in parallel (default: the cores, at most 8)")
+    p.add_argument("--cache-dir", default=None, help="compiled-code cache directory (default: ~/.cache/onnxsat/kernels)")
+    p.add_argument("--no-cache", action="store_true", help="compile everything, read and write no compiled-code cache")
+    p.add_argument("--cost-target", default=None, choices=list(COST_TARGETS), help="cost model the optimizer extracts under (default: ort-cpu)")
     p.add_argument("--no-optimize", action="store_true", help="lower the model as given (skip onnxsat optimize)")
     p.add_argument(
         "--input-shape",
@@ -77,6 +85,23 @@ def pin_input_shapes(model: Any, shapes: dict[str, tuple[int, ...]]) -> Any:
     return pinned
 
 
+def compile_options(args: argparse.Namespace) -> CompileOptions:
+    """The ``CompileOptions`` the command-line flags ask for."""
+    try:
+        return CompileOptions(
+            threads=args.threads or os.cpu_count() or 1,
+            opt_level=args.opt_level,
+            gemm=args.gemm,
+            epilogues=not args.no_epilogues,
+            cache=not args.no_cache,
+            cache_dir=args.cache_dir,
+            jobs=args.jobs,
+            cost_target=args.cost_target,
+        )
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     from onnxsat.base.modelio import load_model
     from onnxsat.base.options import Options
@@ -92,8 +117,9 @@ def run(args: argparse.Namespace) -> int:
     if args.emit_ptx or args.emit_check:
         raise BadInputError("--emit-ptx/--emit-check need --target cuda")
     model = pin_input_shapes(load_model(args.input), parse_input_shapes(args.input_shape))
-    threads = args.threads or os.cpu_count() or 1
-    compiled = compile_model(model, args.target, Options(), optimize=not args.no_optimize, threads=threads)
+    options = compile_options(args)
+    threads = options.run_threads
+    compiled = compile_model(model, args.target, Options(), options, optimize=not args.no_optimize)
     feeds = make_inputs(model, seed=0)
     session = ort_session(model, level="all", threads=threads)
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
@@ -116,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         "fallbacks": stats.fallbacks,
         "arena_bytes": stats.arena_bytes,
         "compile_seconds": round(stats.compile_seconds, 3),
+        "compile_stage_seconds": {k: round(v, 3) for k, v in stats.stage_seconds.items()},
+        "artefact_cache_hit": stats.artefact_hit,
+        "one_native_call": stats.one_native_call,
         "max_abs_error": errors,
     }
     if args.bench:
@@ -126,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"compiled {args.input} for {args.target}: {stats.kernels} kernels, {stats.blas_calls} BLAS calls, arena {stats.arena_bytes} bytes")
         print(f"numpy fallbacks: {stats.fallbacks or 'none'}")
+        stages = ", ".join(f"{k} {v:.2f} s" for k, v in stats.stage_seconds.items())
+        cached = " (compiled artefact from the cache)" if stats.artefact_hit else ""
+        print(f"compile stage {stats.compile_seconds:.2f} s{cached}: {stages}")
         print("matches onnxruntime: " + ", ".join(f"{k} (max abs err {v:.2e})" for k, v in errors.items()))
         if args.bench:
             print(f"latency vs onnxruntime (ORT_ENABLE_ALL, {threads} threads): {cmp}")

@@ -6,13 +6,14 @@ the kernels layer below only compiles and runs an already optimized model.
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import onnx
 
-from onnxsat.base.errors import OnnxsatError
+from onnxsat.base.errors import BadInputError, OnnxsatError
 from onnxsat.base.options import Options
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 
 
@@ -24,26 +25,39 @@ def compile_model(
     model: onnx.ModelProto,
     target: str = "cpu",
     options: Options | None = None,
+    compile_options: CompileOptions | None = None,
     *,
     optimize: bool = True,
-    threads: int | None = None,
-    cache_dir: Path | str | None = "default",
 ) -> CompiledModel:
     """Optimize ``model`` (unless ``optimize=False``) and compile it to native kernels.
 
     The optimized model is verified against the original by ``onnxsat.optimize`` before it is
-    lowered; ``CompiledModel.optimize_report`` keeps that report.
+    lowered; ``CompiledModel.optimize_report`` keeps that report. ``compile_options`` holds every
+    compile setting (threads, optimization level, GEMM, epilogues, cache, cost target).
     """
     if target != "cpu":
         raise UnsupportedTargetError(f"target {target!r} is not available (only 'cpu' is built)")
+    compile_options = compile_options if compile_options is not None else CompileOptions()
     report = None
     if optimize:
         from onnxsat.pipeline import optimize as run_optimize
 
-        model, report = run_optimize(model, options)
-    compiled = CompiledModel(model, threads=threads, cache_dir=cache_dir)
+        model, report = run_optimize(model, optimize_options(options, compile_options))
+    compiled = CompiledModel(model, compile_options)
     compiled.optimize_report = report
     return compiled
+
+
+def optimize_options(options: Options | None, compile_options: CompileOptions) -> Options:
+    """``options`` with the cost target of ``compile_options`` (when it sets one); a different
+    target set in both is an error rather than a silent choice."""
+    options = options if options is not None else Options()
+    wanted = compile_options.cost_target
+    if wanted is None or wanted == options.target:
+        return options
+    if options.target != Options().target:
+        raise BadInputError(f"cost target {wanted!r} (compile options) differs from {options.target!r} (optimize options)")
+    return replace(options, target=wanted)
 
 
 def compile_cuda(model: onnx.ModelProto, options: Any = None, *, optimize: bool = True) -> Any:

@@ -10,7 +10,6 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, replace
 
 import onnx
-from tqdm import tqdm
 
 from onnxsat import dump
 from onnxsat.base.errors import (
@@ -70,6 +69,9 @@ def _stage(report: Report, name: str, progress: bool, total: int = 1) -> Iterato
     Yields a ``step()`` callback for stages with several steps (saturation iterations).
     """
     terminal = progress and sys.stderr.isatty()
+    if terminal:
+        from tqdm import tqdm  # progress bars only on a terminal: a log or --quiet does not import it
+
     bar = tqdm(total=total, desc=f"onnxsat {name:<11}", bar_format=_BAR, file=sys.stderr) if terminal else None
     start = time.perf_counter()
     try:
@@ -355,6 +357,11 @@ class Session:
                 return rewrite_by_regions(self)
             except PartitionError as exc:
                 self.report.warnings.append(f"saturated whole, not by regions: {one_line(exc)}")
+        elif self.options.jobs > 1:
+            self.report.warnings.append(
+                f"--jobs {self.options.jobs} unused: the graph of {len(self.model.graph.node)} nodes is saturated"
+                " whole in one process (--jobs spreads region-wise saturation: see --region-nodes)"
+            )
         self.load()
         self.saturate()
         graph = self.extract()

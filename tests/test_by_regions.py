@@ -235,3 +235,28 @@ def test_identities_between_parts_are_dropped() -> None:
     model, merged = eliminate_common_subexpressions(helper.make_model(graph))
     assert merged == 1
     assert [(n.op_type, list(n.input)) for n in model.graph.node] == [("Relu", ["x"]), ("Identity", ["b"])]
+
+
+def test_symbols_shape_inference_invented_key_by_their_place_not_their_number() -> None:
+    """Twin layers of a TorchScript export get fresh ``unk__N`` symbols from ONNX inference in every
+    layer: they key alike, while which dims are one symbol still counts."""
+    nodes = [helper.make_node("Tanh", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "invented",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+    def key(a: str, y: str) -> str:
+        types = {
+            "x": helper.make_tensor_type_proto(TensorProto.FLOAT, [a, 4]),
+            "a": helper.make_tensor_type_proto(TensorProto.FLOAT, [a, 4]),
+            "y": helper.make_tensor_type_proto(TensorProto.FLOAT, [y, 4]),
+        }
+        return part_key(part_model(model, [0, 1], types))[0]
+
+    assert key("unk__1", "unk__1") == key("unk__9", "unk__9")
+    assert key("unk__1", "unk__1") != key("unk__1", "unk__2")  # one symbol or two: other keys
+    assert key("batch", "batch") != key("rows", "rows")  # named symbols still by name

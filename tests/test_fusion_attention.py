@@ -223,9 +223,13 @@ def test_probes_find_the_kernels_onnxruntime_has() -> None:
 
 
 # ---------------------------------------------------------------- SDPA blocks as exporters write them
-def _sdpa_model(mode: str, opset: int = 17, heads: int = 4, kv_heads: int = 4) -> onnx.ModelProto:
+def _sdpa_model(
+    mode: str, opset: int = 17, heads: int = 4, kv_heads: int = 4, expand_batch: int = -1
+) -> onnx.ModelProto:
     """q, k, v [1, heads, 8, 16] inputs (k, v repeated from kv_heads as Llama's repeat_kv does),
-    torch's SDPA decomposition with the given mask form: none, a boolean mask made float."""
+    torch's SDPA decomposition with the given mask form: none, a boolean mask made float (mask),
+    or a [1, 1, 1, 8] boolean mask expanded as TorchScript writes ``m.expand(expand_batch, -1, 8, 8)``
+    (ts-mask: the target is ``Where(Equal(c, -1 * ones), ones, c)``, which only the import evaluates)."""
     b, t, d = 1, 8, 16
     inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", d**-0.25), ("zero", 0.0), ("ninf", -np.inf))]
     nodes = []
@@ -256,13 +260,32 @@ def _sdpa_model(mode: str, opset: int = 17, heads: int = 4, kv_heads: int = 4) -
         inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, t, t]))
         nodes += [helper.make_node("Where", ["keep", "zero", "ninf"], ["bias"]), helper.make_node("Add", ["scores", "bias"], ["masked"])]
         logits = "masked"
+    if mode == "ts-mask":
+        inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, 1, t]))
+        inits += [
+            numpy_helper.from_array(np.array([expand_batch, -1, t, t], np.int64), "c"),
+            numpy_helper.from_array(np.array([4], np.int64), "n4"),
+            numpy_helper.from_array(np.array(-1, np.int64), "minus"),
+        ]
+        one = helper.make_tensor("one", TensorProto.INT64, [1], [1])
+        nodes += [
+            helper.make_node("ConstantOfShape", ["n4"], ["ones"], value=one),
+            helper.make_node("Mul", ["ones", "minus"], ["neg"]),
+            helper.make_node("Equal", ["c", "neg"], ["eq"]),
+            helper.make_node("Where", ["eq", "ones", "c"], ["target"]),
+            helper.make_node("Expand", ["keep", "target"], ["keepx"]),
+            helper.make_node("Where", ["keepx", "zero", "ninf"], ["bias"]),
+            helper.make_node("Add", ["scores", "bias"], ["masked"]),
+        ]
+        logits = "masked"
     nodes += [
         helper.make_node("Softmax", [logits], ["p"], axis=-1),
         helper.make_node("IsNaN", ["p"], ["nan"]),
         helper.make_node("Where", ["nan", "zero", "p"], ["pz"]),
         helper.make_node("MatMul", ["pz", v], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "sdpa", inputs, [helper.make_tensor_value_info("y", F, [b, heads, t, d])], inits)
+    out_batch = max(b, expand_batch) if mode == "ts-mask" else b
+    graph = helper.make_graph(nodes, "sdpa", inputs, [helper.make_tensor_value_info("y", F, [out_batch, heads, t, d])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
@@ -273,7 +296,7 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
         if vi.type.tensor_type.elem_type == TensorProto.BOOL:
             keep = rng.random(shape) < 0.7
-            keep[..., 2, :] = False  # a fully masked query row
+            keep[..., min(2, shape[-2] - 1), :] = False  # a fully masked query row
             feeds[vi.name] = keep
         else:
             feeds[vi.name] = rng.standard_normal(shape).astype(np.float32)
@@ -305,6 +328,24 @@ def test_grouped_query_attention_takes_the_repeated_heads() -> None:
     assert ops["Attention"] == 1 and ops["Softmax"] == 0, ops
 
 
+def test_torchscript_expanded_mask_fuses() -> None:
+    """TorchScript's ``mask.expand(-1, ...)`` target is computed by Equal and Where on constants:
+    the import evaluates it, so the mask's shape is known and the fusion fires."""
+    ops = _ops(_optimize(_sdpa_model("ts-mask")))
+    assert ops["Attention"] == 1 and ops["Softmax"] == 0 and ops["Equal"] == 0, ops
+
+
+def test_torchscript_mask_that_grows_the_scores_is_not_fused() -> None:
+    """The same form expanding the mask to batch 2 over batch-1 scores grows them: Attention (whose
+    output has q's batch) must not take it; the chain stays and still matches."""
+    model = _sdpa_model("ts-mask", expand_batch=2)
+    optimized = _optimize(model)
+    ops = _ops(optimized)
+    assert ops["Attention"] == 0 and ops["Softmax"] == 1, ops
+    dims = [d.dim_value for d in optimized.graph.output[0].type.tensor_type.shape.dim]
+    assert dims == [2, 4, 8, 16]
+
+
 def test_keep_opset_writes_the_chain() -> None:
     ops = _ops(_optimize(_sdpa_model("mask"), upgrade_opset=None))
     assert ops["Attention"] == 0 and ops["Softmax"] == 1, ops
@@ -316,6 +357,7 @@ FUSED_EXPORTS = {
     "qwen2-dynamo-static": 2,
     "qwen2-decode-dynamo-static": 2,  # a KV-cache step: k and v are Concat(past, new)
     "llama-decode-dynamo-dynamic": 2,  # dynamic batch and sequence
+    "llama-ts-static": 2,  # TorchScript: the mask's Expand target is Where(Equal(...)) on constants
 }
 """Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""
 

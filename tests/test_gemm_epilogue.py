@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.kernels.gemm import KC, pack_b, sgemm_function
 from onnxsat.lowering.program import MatMulStep
@@ -80,7 +81,7 @@ def test_matmul_bias_relu_epilogue(case: str) -> None:
     inits["wt"] = np.ascontiguousarray(inits["w"].T)
     model = _model(nodes, x_shape, outputs, inits)
     feeds = {"x": np.random.default_rng(5).standard_normal(x_shape).astype(np.float32)}
-    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
     got = compiled(feeds)
     steps = [s for s in compiled.executable_for(feeds).program.steps if isinstance(s, MatMulStep)]
     assert [(s.bias is not None, s.relu) for s in steps] == expected

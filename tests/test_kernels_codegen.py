@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxsat.kernels.arena import lifetimes, plan_arena
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.kernels.executable import compile_together
 from onnxsat.lowering.interpret import interpret
@@ -88,7 +89,7 @@ def test_llvm_kernels_agree_with_the_interpreter(name: str) -> None:
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs.items()}
     program = lower(model, {n: tuple(s) for n, s in inputs.items()})
-    (exe,) = compile_together([program], None, 1, None)
+    (exe,) = compile_together([program], None, CompileOptions(threads=1, cache=False))
     native = exe.run(feeds)
     arrays = {**{b.name: np.array(v) for b, v in ((b, exe.fixed[b.name]) for b in program.buffers().values() if b.name in exe.fixed)}}
     for tensor, buf in program.inputs:
@@ -122,7 +123,7 @@ def test_math_library_accuracy(op: str) -> None:
     dst = Buffer("y", "f32", x.shape)
     p = Var("p")
     kernel = Kernel("k", (src, dst), ("y",), "p", x.size, (Store(dst, p, Unary(op, Load(src, p))),))
-    program_free = compile_together([_one_kernel_program(kernel)], None, 1, None)[0]
+    program_free = compile_together([_one_kernel_program(kernel)], None, CompileOptions(threads=1, cache=False))[0]
     got = program_free.run({"x": x})["y"]
     x64 = x.astype(np.float64)
     ref = {
@@ -200,10 +201,11 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path: Path) -> None:
     nodes, inputs = FUSION_CASES["tanh-sigmoid-exp"]
     model = _model(nodes, inputs, ["y"])
     feeds = {"x": np.random.default_rng(0).standard_normal((7, 9)).astype(np.float32)}
-    first = CompiledModel(model, threads=1, cache_dir=tmp_path)
-    second = CompiledModel(model, threads=1, cache_dir=tmp_path)
+    first = CompiledModel(model, CompileOptions(threads=1, cache_dir=str(tmp_path)))
+    second = CompiledModel(model, CompileOptions(threads=1, cache_dir=str(tmp_path)))
     assert not first.stats(feeds).cache_hit and second.stats(feeds).cache_hit
-    assert len(list(tmp_path.glob("*.o"))) == 1
+    assert len(list(tmp_path.glob("*.o"))) == 2  # the one kernel, and the native runner's code
+    assert len(list(tmp_path.glob("*.artefact"))) == 1 and second.stats(feeds).artefact_hit
     np.testing.assert_array_equal(first(feeds)["y"], second(feeds)["y"])
 
 
@@ -213,7 +215,7 @@ def test_inputs_are_not_modified_and_outputs_are_fresh() -> None:
     rng = np.random.default_rng(0)
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in inputs.items()}
     before = {k: v.copy() for k, v in feeds.items()}
-    compiled = CompiledModel(model, threads=1, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(threads=1, cache=False))
     y1 = compiled(feeds)["y"]
     y2 = compiled(feeds)["y"]
     assert y1 is not y2 and np.array_equal(y1, y2)
@@ -232,13 +234,13 @@ def test_max_reductions_vectorize_and_propagate_nan() -> None:
     rng = np.random.default_rng(0)
     x, z = rng.standard_normal((4, 1000)).astype(np.float32), rng.standard_normal((4, 1000)).astype(np.float32)
     x[1, 5], z[2, 7] = np.nan, np.nan
-    compiled = CompiledModel(model, threads=1, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(threads=1, cache=False))
     got = compiled(x=x, z=z)
     np.testing.assert_array_equal(got["r"], np.max(x))  # no axes: over everything, so NaN
     np.testing.assert_array_equal(got["m"], np.maximum(x, z))
     module = compiled.executable_for({"x": x, "z": z}).module
-    assert module is not None and module.optimized_ir is not None
-    assert "llvm.vector.reduce.fmaximum" in module.optimized_ir
+    assert module is not None
+    assert "llvm.vector.reduce.fmaximum" in module.optimized_ir()
 
 
 @pytest.mark.parametrize(
@@ -266,8 +268,8 @@ def test_llvm_and_blas_gemm_paths_agree() -> None:
     w = np.random.default_rng(1).standard_normal((40, 70)).astype(np.float32)
     model.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
     feeds = {"x": np.random.default_rng(2).standard_normal((2, 9, 40)).astype(np.float32)}
-    llvm = CompiledModel(model, threads=2, cache_dir=None, gemm="llvm")(feeds)["y"]
-    blas = CompiledModel(model, threads=2, cache_dir=None, gemm="blas")(feeds)["y"]
+    llvm = CompiledModel(model, CompileOptions(threads=2, cache=False, gemm="llvm"))(feeds)["y"]
+    blas = CompiledModel(model, CompileOptions(threads=2, cache=False, gemm="blas"))(feeds)["y"]
     np.testing.assert_allclose(llvm, blas, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(llvm, np.maximum(feeds["x"] @ w, 0), rtol=1e-5, atol=1e-5)
 
@@ -285,7 +287,7 @@ def test_blas_product_with_few_rows_is_split_by_columns() -> None:
         (plain, {"x": x, "y": y}, x @ y),
         (gemm, {"x": x, "yt": np.ascontiguousarray(y.T), "c": c}, x @ y + 0.5 * c),
     ):
-        compiled = CompiledModel(model, threads=2, cache_dir=None)
+        compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
         native = compiled.executable_for(feeds).native
         assert native is not None and len(native.tasks) > 2  # one call (plus Gemm's bias fill) without the split
         np.testing.assert_allclose(compiled(feeds)["z"], want, rtol=1e-4, atol=1e-3)
@@ -295,6 +297,6 @@ def test_wrong_input_dtype_is_a_clear_error() -> None:
     from onnxsat.base.errors import BadInputError
 
     nodes, inputs = FUSION_CASES["tanh-sigmoid-exp"]
-    compiled = CompiledModel(_model(nodes, inputs, ["y"]), threads=1, cache_dir=None)
+    compiled = CompiledModel(_model(nodes, inputs, ["y"]), CompileOptions(threads=1, cache=False))
     with pytest.raises(BadInputError, match="dtype float64"):
         compiled(x=np.zeros((7, 9)))

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxsat.kernels.build import compile_kernels
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
-from onnxsat.kernels.executable import compile_kernels
 from onnxsat.kernels.native_runner import KIND_KERNEL, NativeWorkers, TaskTable
 from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
 
@@ -26,7 +27,7 @@ def test_steps_run_in_order_and_each_task_once_on_two_threads() -> None:
     n, parts = 1 << 14, 64
     x, y, z, w = (Buffer(name, "f32", (n,)) for name in "xyzw")
     kernels = [_add_one("first", x, y), _add_one("second", y, z), _add_one("third", z, w)]
-    module, symbols = compile_kernels(kernels, None)
+    module, symbols, _ = compile_kernels(kernels, CompileOptions(cache=False))
     arrays = {b.name: np.zeros(n, np.float32) for b in (x, y, z, w)}
     arrays["x"][:] = np.arange(n, dtype=np.float32)
     keep = []
@@ -37,8 +38,8 @@ def test_steps_run_in_order_and_each_task_once_on_two_threads() -> None:
         address = module.address(symbols[kernel.name])
         size = n // parts
         steps.append([[KIND_KERNEL, address, ctypes.addressof(args), i * size, (i + 1) * size] for i in range(parts)])
-    table = TaskTable(steps)
-    workers = NativeWorkers(1)
+    table = TaskTable(steps, None)
+    workers = NativeWorkers(1, None)
     for _ in range(20):
         for b in "yzw":
             arrays[b][:] = -1.0
@@ -69,7 +70,7 @@ def test_a_program_without_fallbacks_is_one_native_call_and_matches_numpy() -> N
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}  # type: ignore[attr-defined]
     want = np.maximum(feeds["x"] @ inits["w1"] + inits["b1"], 0) @ inits["w2"]
     for threads in (1, 2):
-        compiled = CompiledModel(model, threads=threads, cache_dir=None)  # type: ignore[arg-type]
+        compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))  # type: ignore[arg-type]
         assert compiled.stats(feeds).one_native_call
         first = compiled(feeds)["y"]
         second = compiled(feeds)["y"]
@@ -87,7 +88,7 @@ def test_a_program_with_a_fallback_runs_step_by_step() -> None:
 
     model = onnx.load(str(Path(__file__).resolve().parent.parent / "examples" / "control_flow.onnx"))
     feeds = make_inputs(model, seed=0)
-    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
     got = compiled(feeds)
     stats = compiled.stats(feeds)
     assert stats.fallbacks and not stats.one_native_call
@@ -109,7 +110,7 @@ def test_independent_steps_share_a_phase_and_dependent_ones_do_not() -> None:
         opset_imports=[helper.make_opsetid("", 17)],
     )
     feeds = {"x": rng.standard_normal((24, 32)).astype(np.float32)}
-    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
     got = compiled(feeds)["y"]
     exe = compiled.executable_for(feeds)
     assert exe.native is not None and len(exe.program.steps) == 3
@@ -127,7 +128,7 @@ def test_running_a_model_leaves_the_callers_blas_threads_alone() -> None:
         before = [d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"]
         model, feeds = _mlp(512)  # big enough to split over helper threads
         for threads in (1, 2):
-            compiled = CompiledModel(model, threads=threads, cache_dir=None)  # type: ignore[arg-type]
+            compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))  # type: ignore[arg-type]
             for _ in range(3):
                 compiled(feeds)
             compiled.close()
@@ -148,12 +149,12 @@ def test_helper_threads_start_once_and_are_joined_on_close_and_collection() -> N
 
     model, feeds = _mlp(256)
     before = set(_native_threads())
-    single = CompiledModel(model, threads=1, cache_dir=None)  # type: ignore[arg-type]
+    single = CompiledModel(model, CompileOptions(threads=1, cache=False))  # type: ignore[arg-type]
     assert set(_native_threads()) == before
     want = single(feeds)["y"]
     batch = model.graph.input[0].type.tensor_type.shape.dim[0]  # type: ignore[attr-defined]
     batch.dim_param = "batch"  # two signatures: two task tables served by the same helpers
-    compiled = CompiledModel(model, threads=3, cache_dir=None)  # type: ignore[arg-type]
+    compiled = CompiledModel(model, CompileOptions(threads=3, cache=False))  # type: ignore[arg-type]
     started = set(_native_threads()) - before
     assert len(started) == 2
     small = {"x": feeds["x"][:200]}
@@ -166,7 +167,7 @@ def test_helper_threads_start_once_and_are_joined_on_close_and_collection() -> N
     compiled.close()
     compiled.close()  # idempotent
     assert not any(t.is_alive() for t in started)  # type: ignore[attr-defined]
-    dropped = CompiledModel(model, threads=2, cache_dir=None)  # type: ignore[arg-type]
+    dropped = CompiledModel(model, CompileOptions(threads=2, cache=False))  # type: ignore[arg-type]
     dropped(feeds)
     (helper_thread,) = set(_native_threads()) - before
     del dropped

@@ -7,6 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.kernels import parallel
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
 
@@ -55,7 +56,7 @@ def test_split_kernels_compute_what_serial_ones_do(monkeypatch: pytest.MonkeyPat
     for threshold in (float("inf"), 0.0):
         monkeypatch.setattr(parallel, "PARALLEL_MIN_COST", threshold)
         monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", threshold)
-        compiled = CompiledModel(model, threads=2, cache_dir=None)
+        compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
         results.append(compiled(feeds)["y"])
         tasks.append(len(compiled.executable_for(feeds).native.tasks))
         compiled.close()

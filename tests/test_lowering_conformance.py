@@ -48,6 +48,7 @@ def _close(actual: np.ndarray, expected: np.ndarray, rtol: float, atol: float) -
 
 def evaluate(cases: list[Any], opt_level: int) -> dict[str, tuple[bool, str]]:
     """Case name -> (passed, detail), with all cases compiled in one LLVM module."""
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.executable import compile_together
 
     results: dict[str, tuple[bool, str]] = {}
@@ -66,7 +67,7 @@ def evaluate(cases: list[Any], opt_level: int) -> dict[str, tuple[bool, str]]:
             results[case.name] = (False, f"fallback: {dict(program.fallbacks)}")
             continue
         lowered.append((case, program))
-    executables = compile_together([p for _, p in lowered], None, 1, None, opt_level)
+    executables = compile_together([p for _, p in lowered], None, CompileOptions(threads=1, cache=False, opt_level=opt_level))
     for (case, _), exe in zip(lowered, executables, strict=True):
         ok, detail = True, "ok"
         for inputs, expected in case.data_sets:

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.lowering.conv_kernels import DIRECT_MAX_CHANNELS
 from onnxsat.lowering.lower import lower
@@ -76,7 +77,7 @@ def test_convolutions_match_onnxruntime() -> None:
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in INPUTS.items()}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
-    compiled = CompiledModel(model, threads=2, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
     got = compiled(feeds)
     assert not compiled.stats(feeds).fallbacks
     for name, expected in want.items():

@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.executable import compile_together
 from onnxsat.lowering.kernel_ir import Binary, Expr, Kernel, Loop, Stmt, Var, dtype_of, walk_exprs
 from onnxsat.lowering.lower import lower
@@ -199,7 +200,7 @@ def compiled() -> dict[str, tuple[object, object]]:
     programs = {}
     for name, (nodes, inputs, inits, _) in CASES.items():
         programs[name] = lower(_model(nodes, inputs, inits), {k: tuple(v) for k, v in inputs.items()})
-    exes = compile_together(list(programs.values()), None, 1, None)
+    exes = compile_together(list(programs.values()), None, CompileOptions(threads=1, cache=False))
     return {name: (programs[name], exe) for name, exe in zip(programs, exes, strict=True)}
 
 

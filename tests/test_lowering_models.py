@@ -14,6 +14,7 @@ import onnxruntime as ort
 import pytest
 
 import onnxsat
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from tests.models import EXAMPLES, LIGHT_MODELS, expose_pre_softmax, load_light, randomize_weights
 from tests.test_examples_models import RUNNABLE, _random_feeds
@@ -44,7 +45,7 @@ def test_light_model_matches_onnxruntime(name: str) -> None:
     model = expose_pre_softmax(randomize_weights(load_light(name)))
     feeds = make_inputs(model, seed=0)
     # O0 compiles the small models fastest; the heavy ones spend longer running than compiling
-    compiled = CompiledModel(model, threads=1, cache_dir=None, opt_level=0 if name in CHEAP_LIGHT else 3)
+    compiled = CompiledModel(model, CompileOptions(threads=1, cache=False, opt_level=0 if name in CHEAP_LIGHT else 3))
     _assert_matches(compiled(feeds), _ort(model, feeds))
     assert not compiled.stats(feeds).fallbacks, "every op of the light models has a native lowering"
 
@@ -52,7 +53,7 @@ def test_light_model_matches_onnxruntime(name: str) -> None:
 @pytest.mark.parametrize("name", RUNNABLE)
 def test_example_matches_onnxruntime(name: str) -> None:
     model = onnx.load(str(EXAMPLES / f"{name}.onnx"))
-    compiled = CompiledModel(model, cache_dir=None)
+    compiled = CompiledModel(model, CompileOptions(cache=False))
     rng = np.random.default_rng(0)
     for _ in range(3):  # control_flow takes both branches
         feeds = _random_feeds(model, rng)

@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.lowering.kernel_ir import Loop, Store, loads_in
 from onnxsat.lowering.lower import lower
@@ -44,7 +45,7 @@ def test_pools_match_onnxruntime(pools: dict[str, onnx.NodeProto], shape: list[i
     model = _model(pools, shape)
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     want = dict(zip(pools, ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x}), strict=True))
-    got = CompiledModel(model, threads=2, cache_dir=None)(x=x)
+    got = CompiledModel(model, CompileOptions(threads=2, cache=False))(x=x)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -68,7 +68,38 @@ def test_a_planted_file_builds_nothing_but_declarations(tmp_path: Path, name: st
     from onnxsat.base import disk_cache
 
     marker = tmp_path / "ran"
-    planted = {"nodes": [{"c": name, "a": [f"touch {marker}"]}], "root": {"r": 0}}
+    planted = {
+        "format": C.FORMAT,
+        "key": C.listing_key(),
+        "modules": {},
+        "analysis": [[0, [], []]],
+        "classes": [name],
+        "nodes": [[3, 0, f"touch {marker}"]],
+    }
     disk_cache.write(tmp_path / C.TABLE_FILE, json.dumps(planted).encode())
     assert C.load(tmp_path) is None  # not an egglog declaration class: refused
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        [[0, 1], [0]],  # a node names a later one (a cycle, or past the end)
+        [[3, 5]],  # a class index past the list
+        [[7, 0]],  # an unknown node kind
+        [[0, [1, 2]]],  # a malformed literal
+    ],
+)
+def test_a_file_with_malformed_nodes_is_refused_at_load(tmp_path: Path, nodes: list) -> None:
+    from onnxsat.base import disk_cache
+
+    planted = {
+        "format": C.FORMAT,
+        "key": C.listing_key(),
+        "modules": {},
+        "analysis": [[0, [], []]],
+        "classes": ["LitDecl"],
+        "nodes": nodes,
+    }
+    disk_cache.write(tmp_path / C.TABLE_FILE, json.dumps(planted).encode())
+    assert C.load(tmp_path) is None  # refused before any rule is built, not when a run builds one

@@ -178,6 +178,7 @@ def cpu_arrays(cp: CudaProgram, feeds: Mapping[str, np.ndarray]) -> dict[str, np
 
 def cpu_step_runners(program: KernelProgram) -> list[Any]:
     """The CPU backend's runner for each step (each takes the buffer-name -> array dict)."""
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.executable import Executable
 
-    return list(Executable(program, None, 1, None).runners)
+    return list(Executable(program, None, CompileOptions(threads=1, cache=False)).runners)

@@ -87,11 +87,12 @@ def _spec(arg: Any) -> dict[str, Any]:
 def _host_runners(program: KernelProgram, steps: list[Any]) -> list[Any]:
     from dataclasses import replace
 
+    from onnxsat.kernels.compile_options import CompileOptions
     from onnxsat.kernels.executable import Executable
 
     if not steps:
         return []
-    return list(Executable(replace(program, steps=list(steps)), None, 1, None).runners)
+    return list(Executable(replace(program, steps=list(steps)), None, CompileOptions(threads=1, cache=False)).runners)
 
 
 class CudaModel:

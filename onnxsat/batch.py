@@ -391,10 +391,7 @@ def _optimize_file(job: ModelJob, source: str, stack: contextlib.ExitStack) -> d
 def _one_process(options: Options) -> Options:
     """Per-model options: no progress bars (the batch has its own), and the model's own work in the
     worker's one process (``Options.jobs`` parallelizes regions; the batch parallelizes models)."""
-    changes: dict[str, Any] = {"progress": False}
-    if any(f.name == "jobs" for f in dataclasses.fields(options)):
-        changes["jobs"] = 1
-    return dataclasses.replace(options, **changes)
+    return dataclasses.replace(options, progress=False, jobs=1)
 
 
 # ---------------------------------------------------------------------------------------------

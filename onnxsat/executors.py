@@ -57,7 +57,8 @@ class Task:
 @dataclass(frozen=True)
 class Done:
     """A task's outcome: ``value`` when it returned, else ``error`` (one line); ``attempts`` counts
-    the runs it took (2 after a worker died under the first)."""
+    the runs it took as far as the executor sees them (2 after a worker died under the first; Ray
+    retries inside its scheduler, so a Ray task that succeeded on its retry shows 1)."""
 
     key: Any
     value: Any = None

@@ -128,6 +128,15 @@ def test_ablation_cells_on_ray_match_the_serial_records(
     assert [r["disabled"] for r in timed] == ["(none)", "core"]
     assert all(r["latency_ms"] > 0 for r in timed)
     assert ray_executor.node_cpus() == 2  # what each timed cell asked for (ALL_CORES: the whole node)
+    models = {"layout_algebra": model, "small_cnn": onnx.load(str(EXAMPLES / "small_cnn.onnx"))}
+    methods = ("tree", "greedy-dag")
+
+    def untimed(records: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+    sweep = study.extractor_sweep(models, options, methods, executor=ray_executor)
+    assert untimed(sweep) == untimed(study.extractor_sweep(models, options, methods))
+    assert [(r["model"], r["extractor"]) for r in sweep] == [(m, e) for m in models for e in methods]
 
 
 def test_ray_flag_without_ray_is_a_one_line_error(tmp_path: Path) -> None:

@@ -127,10 +127,17 @@ def batch_main(argv: list[str]) -> int:
     return 0 if same else 1
 
 
+def _vm_hwm_mib() -> float:
+    """This process's peak resident set (Linux VmHWM: of this address space only, unlike
+    ``ru_maxrss``, which a spawned child inherits from the parent that forked it)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def _peak_rss(path: str, iterations: int) -> dict[str, Any]:
     """In a fresh process: optimize one model as a batch task does; its peak RSS and weight bytes."""
-    import resource
-
     import onnx
 
     from onnxsat.base.modelio import weight_bytes
@@ -145,7 +152,7 @@ def _peak_rss(path: str, iterations: int) -> dict[str, Any]:
         "status": result["status"],
         "weight_mib": round(weight_bytes(onnx.load(path)) / 2**20, 2),
         "file_mib": round(os.path.getsize(path) / 2**20, 2),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": _vm_hwm_mib(),
     }
 
 

@@ -466,9 +466,11 @@ def run_batch(
             on_result(r)
 
     own_executor = executor is None
-    workers = jobs if jobs is not None else default_jobs(len(todo))
     if executor is None:
+        workers = jobs if jobs is not None else default_jobs(len(todo))
         executor = SerialExecutor() if workers <= 1 else ProcessExecutor(workers)
+    else:  # the caller's executor: its own pool size (0 where it has none, as on Ray)
+        workers = getattr(executor, "jobs", 0)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out)) if shared_fs else None
     summary = BatchSummary(
         [], str(out), type(executor).__name__, workers, fingerprint, summary_path=str(summary_file)

@@ -15,6 +15,7 @@ forked after they started can deadlock. Each worker runs egglog on one thread
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -97,6 +98,8 @@ def _error_line(exc: BaseException) -> str:
 
 class SerialExecutor:
     """Every task in this process, one after the other (``--jobs 1``)."""
+
+    jobs = 1
 
     def share(self, value: Any) -> Any:
         return value
@@ -243,6 +246,7 @@ class RayExecutor:
             kwargs: dict[str, Any] = {
                 "include_dashboard": False,
                 "log_to_driver": False,
+                "logging_level": logging.ERROR,  # the batch's progress line is the only chatter
                 "runtime_env": {"env_vars": dict(WORKER_ENV)},
             }
             if address is None:

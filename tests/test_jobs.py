@@ -33,10 +33,10 @@ def regions(jobs: int = 1, size: int = LAYER, **changes: object) -> onnxsat.Opti
 
 
 def test_two_jobs_write_the_bytes_of_one() -> None:
-    model = residual_stack(random_gammas(3))
+    model = residual_stack(random_gammas(2))
     serial, _ = onnxsat.optimize(model, regions(1, region_replay=False))
     parallel, report = onnxsat.optimize(model, regions(2, region_replay=False))
-    assert report.regions is not None and (report.regions.distinct, report.regions.jobs) == (3, 2)
+    assert report.regions is not None and (report.regions.distinct, report.regions.jobs) == (2, 2)
     assert not [w for w in report.warnings if "worker" in w]
     assert parallel.SerializeToString() == serial.SerializeToString()
 
@@ -94,8 +94,7 @@ def failed(task: jobs.Task) -> jobs.Answer:
 def test_a_worker_that_dies_or_fails_costs_time_not_the_output(
     monkeypatch: pytest.MonkeyPatch, task: object, warning: str
 ) -> None:
-    gammas = random_gammas(3)
-    model = residual_stack(gammas)
+    model = residual_stack(random_gammas(2))
     serial, _ = onnxsat.optimize(model, regions(1, region_replay=False))
     monkeypatch.setattr(jobs, "solve", task)
     parallel, report = onnxsat.optimize(model, replace(regions(2, region_replay=False), verify=True))

@@ -36,7 +36,9 @@ from .realmodels_feeds import feeds_for
 
 F, F16, D = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 Q, K, V, M = (L.Tensor.input(n) for n in ("q", "k", "v", "m"))
-SHAPES = {"q": (1, 2, 3, 4), "k": (1, 2, 5, 4), "v": (1, 2, 5, 6), "m": (1, 1, 3, 5), "mq": (1, 1, 1, 5)}
+SHAPES = {"q": (1, 2, 3, 4), "k": (1, 2, 5, 4), "v": (1, 2, 5, 6), "m": (1, 1, 3, 5), "mq": (1, 1, 1, 5), "keep": (1, 1, 3, 5)}
+KEEP = L.Tensor.input("keep")
+BOOL_INPUTS = {"keep": TensorProto.BOOL}
 PERM = L.ivec([0, 1, 3, 2])
 
 
@@ -82,11 +84,27 @@ def fused(mask: L.Tensor = L.Tensor.none(), scale: float = 0.25, dt: int = F) ->
     return L.fused_attention(Q, K, V, mask, scale, dt)
 
 
+def bool_mask(masked: float, kept: float = 0.0) -> L.Tensor:
+    """A boolean mask made float as the exporters write it: Where(keep, 0, -inf or finfo.min)."""
+    return L.where(KEEP, c(kept), c(masked))
+
+
 PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
     "attention-fusion": (sdpa(guard=False), fused(), SHAPES),
     "attention-fusion/nan-guard": (sdpa(), fused(), SHAPES),
     "attention-fusion/div": (L.matmul(L.softmax(L.div(L.matmul(Q, L.transpose(K, PERM)), c(2.0)), 3), V), fused(scale=0.5), SHAPES),
-    "attention-mask-fusion": (sdpa(mask=M), fused(M), SHAPES),
+    "attention-mask-fusion": (sdpa(mask=bool_mask(-np.inf)), fused(bool_mask(-np.inf)), SHAPES),
+    # finfo.min (dynamo's masks) would zero a fully masked row in onnxruntime: the next float up.
+    "attention-mask-fusion/lowest": (
+        sdpa(mask=bool_mask(attention.F32_LOWEST)),
+        fused(bool_mask(attention.F32_NEXT)),
+        SHAPES,
+    ),
+    "attention-mask-fusion/lowest-first": (
+        sdpa(mask=bool_mask(0.0, attention.F32_LOWEST)),
+        fused(bool_mask(0.0, attention.F32_NEXT)),
+        SHAPES,
+    ),
     "attention-key-transpose-cancel": (
         L.fused_attention(Q, L.transpose(L.transpose(K, PERM), PERM), V, M, 0.5, F),
         L.fused_attention(Q, K, V, M, 0.5, F),
@@ -98,7 +116,7 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
 @pytest.mark.parametrize("case", list(PROOFS))
 def test_prove(case: str) -> None:
     start, goal, shapes = PROOFS[case]
-    with _loaded([start, goal], shapes) as egraph:
+    with _loaded([start, goal], shapes, BOOL_INPUTS) as egraph:
         egraph.check(eq(start).to(goal))
 
 
@@ -110,9 +128,23 @@ REFUTATIONS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]], dic
     # Attention's softmax runs over the keys (the last axis) only.
     "softmax-axis-2": (sdpa(axis=2, guard=False), fused(), SHAPES, None),
     # A plain softmax makes a fully masked (-inf) row NaN; Attention makes it zero: no guard, no fusion.
-    "mask-without-nan-guard": (sdpa(mask=M, guard=False), fused(M), SHAPES, None),
+    "mask-without-nan-guard": (sdpa(mask=bool_mask(-np.inf), guard=False), fused(bool_mask(-np.inf)), SHAPES, BOOL_INPUTS),
+    # onnxruntime zeroes a row whose mask entries all equal the float's lowest value; a softmax
+    # makes it uniform: a float mask input (it may hold finfo.min) is not taken, nor finfo.min kept.
+    "float-mask-input": (sdpa(mask=M), fused(M), SHAPES, None),
+    "mask-lowest-kept": (
+        sdpa(mask=bool_mask(attention.F32_LOWEST)),
+        fused(bool_mask(attention.F32_LOWEST)),
+        SHAPES,
+        BOOL_INPUTS,
+    ),
     # onnxruntime broadcasts only the mask's leading dims: a mask over keys only ([1, 1, 1, S]) is left.
-    "mask-broadcast-over-queries": (sdpa(mask=L.Tensor.input("mq")), fused(L.Tensor.input("mq")), SHAPES, None),
+    "mask-broadcast-over-queries": (
+        sdpa(mask=L.where(L.Tensor.input("kq"), c(0.0), c(-np.inf))),
+        fused(L.where(L.Tensor.input("kq"), c(0.0), c(-np.inf))),
+        {**SHAPES, "kq": (1, 1, 1, 5)},
+        {"kq": TensorProto.BOOL},
+    ),
     # float16 chains are left alone (as every fusion does).
     "float16": (sdpa(dt=F16), fused(dt=F16), SHAPES, {n: F16 for n in ("q", "k", "v")}),
 }
@@ -227,11 +259,13 @@ def _sdpa_model(
     mode: str, opset: int = 17, heads: int = 4, kv_heads: int = 4, expand_batch: int = -1
 ) -> onnx.ModelProto:
     """q, k, v [1, heads, 8, 16] inputs (k, v repeated from kv_heads as Llama's repeat_kv does),
-    torch's SDPA decomposition with the given mask form: none, a boolean mask made float (mask),
+    torch's SDPA decomposition with the given mask form: none, a boolean mask made float (mask:
+    masked entries -inf, as TorchScript writes it; min-mask: float32's lowest, as dynamo does),
     or a [1, 1, 1, 8] boolean mask expanded as TorchScript writes ``m.expand(expand_batch, -1, 8, 8)``
     (ts-mask: the target is ``Where(Equal(c, -1 * ones), ones, c)``, which only the import evaluates)."""
     b, t, d = 1, 8, 16
-    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("s", d**-0.25), ("zero", 0.0), ("ninf", -np.inf))]
+    consts = (("s", d**-0.25), ("zero", 0.0), ("ninf", -np.inf), ("fmin", np.finfo(np.float32).min))
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in consts]
     nodes = []
     k, v = "k", "v"
     if kv_heads != heads:
@@ -256,9 +290,10 @@ def _sdpa_model(
     inputs = [helper.make_tensor_value_info("q", F, [b, heads, t, d])]
     inputs += [helper.make_tensor_value_info(n, F, [b, kv_heads, t, d]) for n in ("k", "v")]
     logits = "scores"
-    if mode == "mask":
+    if mode in ("mask", "min-mask"):
         inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, t, t]))
-        nodes += [helper.make_node("Where", ["keep", "zero", "ninf"], ["bias"]), helper.make_node("Add", ["scores", "bias"], ["masked"])]
+        fill = "ninf" if mode == "mask" else "fmin"
+        nodes += [helper.make_node("Where", ["keep", "zero", fill], ["bias"]), helper.make_node("Add", ["scores", "bias"], ["masked"])]
         logits = "masked"
     if mode == "ts-mask":
         inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, 1, t]))
@@ -314,7 +349,7 @@ def _optimize(model: onnx.ModelProto, **options: Any) -> onnx.ModelProto:
     return optimized
 
 
-@pytest.mark.parametrize("mode", ["none", "mask"])
+@pytest.mark.parametrize("mode", ["none", "mask", "min-mask"])
 def test_sdpa_becomes_one_attention(mode: str) -> None:
     ops = _ops(_optimize(_sdpa_model(mode)))
     assert ops["Attention"] == 1, ops
@@ -358,6 +393,7 @@ FUSED_EXPORTS = {
     "qwen2-decode-dynamo-static": 2,  # a KV-cache step: k and v are Concat(past, new)
     "llama-decode-dynamo-dynamic": 2,  # dynamic batch and sequence
     "llama-ts-static": 2,  # TorchScript: the mask's Expand target is Where(Equal(...)) on constants
+    "gpt2-dynamo-dynamic": 2,  # a finfo.min mask: its constant becomes the next float up
 }
 """Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""
 
@@ -373,8 +409,13 @@ def test_transformer_exports_get_one_attention_per_layer(name: str) -> None:
     ops = _ops(optimized)
     assert ops["Attention"] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
     feeds = feeds_for(record["inputs"], seed=7)
-    for got, ref in zip(run_ort(optimized, feeds), run_ort(original, feeds), strict=True):
-        bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
-        assert float(np.max(np.abs(got.astype(np.float64) - ref))) <= bound
+    padded = {n: a.copy() for n, a in feeds.items()}
+    if "attention_mask" in padded:  # left padding: the first queries' rows are fully masked
+        padded["attention_mask"][...] = 1
+        padded["attention_mask"][:, :3] = 0
+    for inputs in (feeds, padded):
+        for got, ref in zip(run_ort(optimized, inputs), run_ort(original, inputs), strict=True):
+            bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
+            assert float(np.max(np.abs(got.astype(np.float64) - ref))) <= bound
     symbolic = [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in original.graph.input]
     assert [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in optimized.graph.input] == symbolic

@@ -20,6 +20,7 @@ sin of x's [1, 1, seq, head]) on its random instances.
 
 from __future__ import annotations
 
+import numpy as np
 from egglog import Vec, f64, i64, vars_
 from egglog.egraph import FactLike
 
@@ -87,6 +88,30 @@ _SCORES: list[tuple[str, L.Tensor, f64, tuple[FactLike, ...]]] = [
     ("unscaled", _qk, f64(1.0), ()),
 ]
 _k = L.transpose(kt, _TRANSPOSE_LAST)
+
+(_keep,) = vars_("keep", L.Tensor)
+ca_m, cb_m = vars_("ca_m cb_m", f64)
+sma, smb = vars_("sma smb", Vec[i64])
+F32_LOWEST = float(np.finfo(np.float32).min)
+F32_NEXT = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
+F64_LOWEST = float(np.finfo(np.float64).min)
+
+
+def _not_lowest(c: f64) -> tuple[FactLike, ...]:
+    """A mask constant onnxruntime's Attention treats as an ordinary value (float32 or float64)."""
+    return (c != f64(F32_LOWEST), c != f64(F64_LOWEST))
+
+
+def _is_f32_lowest(c: f64) -> tuple[FactLike, ...]:
+    return (c >= f64(F32_LOWEST), c <= f64(F32_LOWEST))  # an equality the rule verifier's sampler reads
+
+
+_MASK_BRANCHES: list[tuple[str, f64, f64, tuple[FactLike, ...]]] = [
+    ("where-mask", ca_m, cb_m, (*_not_lowest(ca_m), *_not_lowest(cb_m))),
+    ("where-mask-lowest", ca_m, f64(F32_NEXT), (*_not_lowest(ca_m), *_is_f32_lowest(cb_m))),
+    ("where-mask-lowest-first", f64(F32_NEXT), cb_m, (*_is_f32_lowest(ca_m), *_not_lowest(cb_m))),
+]
+"""Mask branches (variant, the fused mask's two constants, guards): kept, or float32's lowest moved up."""
 _GUARDED = ("sdpa", "unscaled")
 _LAST = i64(3)  # the softmax axis: import counts a negative axis from the front where the rank is known
 for _name, _scores, _scale, _guards in _SCORES:
@@ -111,24 +136,31 @@ for _name, _scores, _scale, _guards in _SCORES:
     if _name not in _GUARDED:
         continue
     # softmax(q k^T * s + mask) with the exporters' zeroed fully masked rows => Attention with the
-    # float mask (boolean masks reach here as Where(mask, 0, -inf), already float).
-    _pm = L.softmax(L.add(_scores, m), _LAST)
-    _zeroed_m = L.where(L.isnan(_pm), _scalar(f64(0.0), sv, dt), _pm)
-    FAMILY.rewrite(
-        "attention-mask-fusion",
-        L.matmul(_zeroed_m, v),
-        L.fused_attention(q, _k, v, m, _scale, dt),
-        *_common,
-        L.shape(_zeroed_m) == _scores_shape,
-        L.shape(m) == sm,
-        sm.length() == i64(4),
-        sm[2] == sq[2],
-        sm[3] == _s_len,
-        L.shape(L.add(_scores, m)) == _scores_shape,  # the mask does not grow the scores
-        L.dtype(m) == dt,
-        variant=_name,
-        rtol=FLOAT32_RTOL,
-    )
+    # float mask, where the mask is a boolean one made float (Where(keep, a, b) of two constants):
+    # onnxruntime's Attention takes a mask entry equal to the float's lowest value for -inf (its
+    # row is zero when fully masked) while the softmax keeps it finite (the row is uniform), so a
+    # mask that may hold that value (a float input, torch's finfo.min) is not taken as it is; a
+    # constant branch at float32's lowest (what dynamo exports write) becomes the next float up,
+    # which masks an entry as well (exp underflows to 0) and is not special to onnxruntime.
+    for _kind, _ma, _mb, _guards_m in _MASK_BRANCHES:
+        _m = L.where(_keep, _scalar(ca_m, sma, dt), _scalar(cb_m, smb, dt))
+        _pm = L.softmax(L.add(_scores, _m), _LAST)
+        _zeroed_m = L.where(L.isnan(_pm), _scalar(f64(0.0), sv, dt), _pm)
+        FAMILY.rewrite(
+            "attention-mask-fusion",
+            L.matmul(_zeroed_m, v),
+            L.fused_attention(q, _k, v, L.where(_keep, _scalar(_ma, sma, dt), _scalar(_mb, smb, dt)), _scale, dt),
+            *_common,
+            *_guards_m,
+            L.shape(_zeroed_m) == _scores_shape,
+            L.shape(_m) == sm,
+            sm.length() == i64(4),
+            sm[2] == sq[2],
+            sm[3] == _s_len,
+            L.shape(L.add(_scores, _m)) == _scores_shape,  # the mask does not grow the scores
+            variant=f"{_name}-{_kind}",
+            rtol=FLOAT32_RTOL,
+        )
 
 # Attention(q, (k^T)^T) => Attention(q, k): the fused node takes k untransposed, and the exporters'
 # k^T is a Transpose of k (this phase runs after the layout rules that would cancel the pair).

@@ -118,8 +118,8 @@ class Options:
     """How many edges either side of a cut the window saturated after stitching reaches (0: none)."""
     region_replay: bool = True
     """Replay a distinct region's program on its identical twins (same computation, other weights)
-    instead of saturating each twin again; off, every region is saturated on its own (the same
-    result, at the cost of saturating twins: for measuring, or when a key is in doubt)."""
+    instead of saturating each twin again; off, every region is saturated on its own (a result
+    no worse, at the cost of saturating the twins: for measuring, or when a key is in doubt)."""
     jobs: int = 1
     """Worker processes that saturate the distinct regions and windows of a region-wise run
     (``onnxsat.jobs``); 1: in this process. The output is the same for every value whenever no

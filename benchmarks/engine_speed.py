@@ -369,7 +369,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per tool per model")
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, help="write the results as markdown")
+    parser.add_argument(
+        "--render", type=Path, nargs="+", metavar="JSON", help="measure nothing: render earlier --json files as one table"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        parts = [json.loads(path.read_text()) for path in args.render]
+        header = {f"{k} ({i + 1})": v for i, part in enumerate(parts) for k, v in part["header"].items()}
+        peers = [t for t in PEERS if any(t in row for part in parts for row in part["corpus"])]
+        text = render(
+            [r for part in parts for r in part["corpus"]], [r for part in parts for r in part["decoders"]], peers, header
+        )
+        if args.markdown:
+            args.markdown.write_text(text)
+        print(text)
+        return 0
     layers = [int(x) for x in args.layers.split(",")]
     if args.export_decoders:
         return export_decoders(args.export_decoders, layers)

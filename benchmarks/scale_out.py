@@ -127,10 +127,17 @@ def batch_main(argv: list[str]) -> int:
     return 0 if same else 1
 
 
+def _vm_hwm_mib() -> float:
+    """This process's peak resident set (Linux VmHWM: of this address space only, unlike
+    ``ru_maxrss``, which a spawned child inherits from the parent that forked it)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
 def _peak_rss(path: str, iterations: int) -> dict[str, Any]:
     """In a fresh process: optimize one model as a batch task does; its peak RSS and weight bytes."""
-    import resource
-
     import onnx
 
     from onnxsat.base.modelio import weight_bytes
@@ -145,8 +152,41 @@ def _peak_rss(path: str, iterations: int) -> dict[str, Any]:
         "status": result["status"],
         "weight_mib": round(weight_bytes(onnx.load(path)) / 2**20, 2),
         "file_mib": round(os.path.getsize(path) / 2**20, 2),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mib": _vm_hwm_mib(),
     }
+
+
+def synthetic_mlp(path: Path, weight_mib: int, hidden: int = 1024) -> Path:
+    """An MLP (MatMul -> Add -> Relu layers, float32, seeded weights inline) of about ``weight_mib``
+    MiB of weights: the corpus's weights are too small to show how memory grows with them."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    layers = max(1, round(weight_mib * 2**20 / (4 * hidden * hidden)))
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = rng.standard_normal((hidden, hidden), dtype=np.float32) / np.float32(np.sqrt(hidden))
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(np.zeros(hidden, np.float32), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
+        ]
+        x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, hidden])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, hidden])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
 
 
 def memory_main(argv: list[str]) -> int:
@@ -158,9 +198,17 @@ def memory_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="scale_out.py memory", description=memory_main.__doc__)
     parser.add_argument("--models", type=int, default=None, help="the N smallest models (default: all)")
     parser.add_argument("--max-iterations", type=int, default=4)
+    parser.add_argument(
+        "--synthetic-mib",
+        default="",
+        help="also MLPs of these weight sizes in MiB, comma-separated (e.g. 64,256)",
+    )
     args = parser.parse_args(argv)
     rows = []
-    for path in corpus(args.models):
+    tmp = Path(tempfile.mkdtemp(prefix="scale-out-mlp-"))
+    sizes = [int(s) for s in args.synthetic_mib.split(",") if s.strip()]
+    paths = corpus(args.models) + [synthetic_mlp(tmp / f"mlp-{mib}mib.onnx", mib) for mib in sizes]
+    for path in paths:
         with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             row = pool.submit(_peak_rss, str(path), args.max_iterations).result()
         rows.append(row)

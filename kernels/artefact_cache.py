@@ -12,7 +12,6 @@ bytes, never a pickle.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import warnings
@@ -23,11 +22,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxsat.base import disk_cache
 
 from .compile_options import CompileOptions
-from .jit import host_target
+from .jit import code_fingerprint, host_target
 
 FORMAT = 1
 SUFFIX = ".artefact"
@@ -47,8 +47,24 @@ def model_digest(model: onnx.ModelProto) -> str:
     _digest_fields(h, model, "", skip="graph")
     _digest_fields(h, model.graph, "graph.", skip="initializer")
     for tensor in model.graph.initializer:
-        _digest_fields(h, tensor, "initializer.")
+        _digest_tensor(h, tensor)
     return h.hexdigest()
+
+
+def _digest_tensor(h: Any, tensor: onnx.TensorProto) -> None:
+    """A weight by name, type, dims and values, whatever field holds them (raw bytes or number
+    lists; a model saved with external data and loaded back has the same digest)."""
+    h.update(f"initializer|{tensor.name}|{tensor.data_type}|{list(tensor.dims)}|".encode())
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        data = b"".join(e.SerializeToString(deterministic=True) for e in tensor.external_data)
+    elif tensor.HasField("raw_data"):
+        data = tensor.raw_data
+    elif tensor.data_type == onnx.TensorProto.STRING:
+        data = b"\0".join(tensor.string_data)
+    else:
+        data = np.ascontiguousarray(numpy_helper.to_array(tensor)).tobytes()
+    h.update(len(data).to_bytes(8, "little"))
+    h.update(data)
 
 
 def _digest_fields(h: Any, message: Any, prefix: str, skip: str = "") -> None:
@@ -71,20 +87,6 @@ def _digest_fields(h: Any, message: Any, prefix: str, skip: str = "") -> None:
                 data = repr(item).encode()
             h.update(len(data).to_bytes(8, "little"))
             h.update(data)
-
-
-@functools.cache
-def code_fingerprint() -> str:
-    """sha256 of the lowering and kernels packages' sources (what turns a model into code)."""
-    h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
-    from onnxsat import lowering
-
-    for folder in (Path(lowering.__file__).resolve().parent, here):
-        for path in sorted(folder.rglob("*.py")):
-            h.update(path.name.encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 def signature_digest(shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray]) -> str:

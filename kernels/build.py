@@ -33,6 +33,7 @@ class BuildStats:
     """Where a build's time went (seconds) and what the caches gave."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    """llvm_ir, llvm_compile, load (and support: the shared runner and GEMM code, set by ``Executable``)."""
     kernels: int = 0
     """Distinct kernels (functions)."""
     compiled: int = 0

@@ -2,7 +2,7 @@
 
 llvmlite serializes every call into LLVM behind one process-wide lock (``llvmlite.binding.ffi``),
 so threads compile one module at a time; separate processes do not share it. The helpers are
-plain subprocesses (``python -m onnxsat.kernels.compile_pool``) that read modules as text on
+plain subprocesses (``serve``, on this process's import path) that read modules as text on
 stdin and write object code on stdout: nothing is pickled, no ``__main__`` is re-imported (a
 script without a main guard works), and nothing is forked from a process where egglog's threads
 run (the child execs at once). They start on first use, are reused by later compiles in the
@@ -46,9 +46,14 @@ def _read_frame(stream: object) -> bytes:
     return payload
 
 
+_HELPER_CODE = "import json, sys; sys.path[:] = json.loads(sys.argv[1]); from onnxsat.kernels.compile_pool import serve; serve()"
+"""A helper's program: this process's import path exactly (``-I``: no current directory, user site
+or PYTHONPATH of its own), so it runs this checkout's compiler even when started from another."""
+
+
 def _start_helper() -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "onnxsat.kernels.compile_pool"],
+        [sys.executable, "-I", "-c", _HELPER_CODE, json.dumps(sys.path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -154,7 +159,7 @@ def compile_objects(texts: Sequence[str], host: HostTarget, opt_level: int, jobs
     return [results[i] for i in range(len(texts))]
 
 
-def _serve() -> None:
+def serve() -> None:
     """A helper's loop: one request frame in, a header frame and one frame per object out."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
@@ -174,4 +179,4 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    serve()

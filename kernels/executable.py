@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,7 +104,8 @@ class ExecutableStats:
     artefact_hit: bool = False
     """Whether the whole compiled code came from the artefact cache (no LLVM IR built)."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    """Compile time by stage: lower, llvm_ir, llvm_compile, load, setup (task tables, packing)."""
+    """Compile time by stage: hash (artefact key), lower, llvm_ir, llvm_compile, load, support (the
+    shared runner and GEMM code: compiled on a cold cache only), setup (task tables, packing)."""
 
 
 class Executable:
@@ -141,6 +143,9 @@ class Executable:
         if module is None and kernels:
             module, symbols, self.build = compile_kernels(kernels, options, artefact_key)
         self.module = module
+        mark = time.perf_counter()
+        _support_code(program, options, self.cache_dir)
+        self.build.seconds["support"] = time.perf_counter() - mark
         self.symbols = symbols if symbols is not None else {k.name: k.name for k in kernels}
         proto = kernel_signature()
         addresses = {sym: module.address(sym) for sym in set(self.symbols.values())} if module else {}
@@ -465,6 +470,17 @@ class Executable:
                 source = given[buf.name] if buf.name in given else self.fixed[buf.name]
             outputs[name] = np.array(source, copy=True).reshape(buf.shape)
         return outputs
+
+
+def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Path | None) -> None:
+    """Load (compile on a cold cache, once per process) the code every program shares: the native
+    runner, and the GEMM micro-kernel when a product may run on it; timed apart from setup."""
+    from .gemm import sgemm_address
+    from .native_runner import runtime
+
+    runtime(cache_dir)
+    if options.gemm == "llvm" and any(isinstance(s, MatMulStep) for s in program.steps):
+        sgemm_address("none", cache_dir)
 
 
 def _overlap(ranges: list[tuple[int, int]], others: list[tuple[int, int]]) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from llvmlite import ir
 
-from .jit import CompiledModule
+from .jit import LoadedObjects, support_code
 from .llvm_loops import for_range
 
 NR = 48
@@ -254,16 +254,20 @@ def _i64(value: int) -> ir.Constant:
 
 
 @functools.cache
-def _compiled(cache_dir: Path | None) -> CompiledModule:
-    """Every variant of the micro-kernel in one module (built once per process and cache
-    directory; cached on disk like other kernels)."""
-    module = ir.Module(name="onnxsat_gemm")
-    for epilogue in EPILOGUES:
-        _Gen(module, epilogue).build()
-    return CompiledModule(module, cache_dir)
+def _compiled(cache_dir: Path | None) -> LoadedObjects:
+    """Every variant of the micro-kernel in one module (loaded once per process and cache
+    directory; its object cached on disk under the sources' fingerprint)."""
+
+    def build() -> ir.Module:
+        module = ir.Module(name="onnxsat_gemm")
+        for epilogue in EPILOGUES:
+            _Gen(module, epilogue).build()
+        return module
+
+    return support_code("gemm", build, cache_dir)
 
 
-def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None) -> tuple[CompiledModule, int]:
+def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None) -> tuple[LoadedObjects, int]:
     """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address; compiled
     through the object cache in ``cache_dir`` (None: no disk cache)."""
     compiled = _compiled(cache_dir)

@@ -5,13 +5,17 @@ with loop and SLP vectorization. Compiled objects are cached on disk under a key
 IR, the target triple, the CPU name and features, the LLVM version and the onnxsat version, so
 code built for one CPU is never replayed on another. Entries go through `onnxsat.base.disk_cache`:
 a private directory (0700, this user's), a checksum per object (a truncated or altered one is
-removed and rebuilt instead of crashing LLVM), fsync before rename.
+removed and rebuilt instead of crashing LLVM), fsync before rename. Code built from this
+package's sources alone (``support_code``: the GEMM micro-kernel, the native runner) is keyed by
+the sources' fingerprint instead, so a hit needs no IR at all.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,3 +195,38 @@ class LoadedObjects:
         if not address:
             raise KeyError(f"no compiled function {name!r}")
         return address
+
+
+@functools.cache
+def code_fingerprint() -> str:
+    """sha256 of the lowering and kernels packages' sources (what turns a model into code)."""
+    from onnxsat import lowering
+
+    h = hashlib.sha256()
+    for folder in (Path(lowering.__file__).resolve().parent, Path(__file__).resolve().parent):
+        for path in sorted(folder.rglob("*.py")):
+            h.update(path.name.encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def support_code(
+    name: str, build: Callable[[], ir.Module], cache_dir: Path | None, opt_level: int = 3
+) -> LoadedObjects:
+    """Code this package builds from its own sources alone (the GEMM micro-kernel, the native
+    runner): its IR is a function of those sources, so the cache key is their fingerprint and a hit
+    loads the object without building or parsing any IR (that took ~0.3 s per process)."""
+    host = host_target()
+    key = hashlib.sha256(
+        f"support|{name}|{code_fingerprint()}|{host.fingerprint}|{PIPELINE.format(level=opt_level)}".encode()
+    ).hexdigest()
+    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
+    entry = directory / f"{key}.o" if directory is not None else None
+    cached = disk_cache.read(entry) if entry is not None else None
+    if cached is not None:
+        return LoadedObjects([cached], host, cache_hit=True)
+    text = str(build())
+    obj = emit_object(text, host, opt_level)
+    if entry is not None:
+        disk_cache.write(entry, obj)
+    return LoadedObjects([obj], host, texts=[text], opt_level=opt_level)

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from llvmlite import ir
 
-from .jit import CompiledModule
+from .jit import LoadedObjects, support_code
 from .llvm_loops import for_range, spin_while
 
 TASK_WORDS = 16
@@ -337,14 +337,19 @@ class _Gen:
 
 
 @functools.cache
-def _runtime(cache_dir: Path | None) -> tuple[CompiledModule, dict[str, int]]:
-    """The runner's functions (built once per process and cache directory)."""
-    module = ir.Module(name="onnxsat_runner")
-    gen = _Gen(module)
-    gen.run_graph()
-    gen.worker()
-    gen.shutdown()
-    compiled = CompiledModule(module, cache_dir)
+def runtime(cache_dir: Path | None) -> tuple[LoadedObjects, dict[str, int]]:
+    """The runner's functions (loaded once per process and cache directory; the object cached on
+    disk under the sources' fingerprint)."""
+
+    def build() -> ir.Module:
+        module = ir.Module(name="onnxsat_runner")
+        gen = _Gen(module)
+        gen.run_graph()
+        gen.worker()
+        gen.shutdown()
+        return module
+
+    compiled = support_code("runner", build, cache_dir)
     names = ("onnxsat_run_graph", "onnxsat_worker", "onnxsat_shutdown")
     return compiled, {name: compiled.address(name) for name in names}
 
@@ -395,7 +400,7 @@ class NativeWorkers:
 
     def __init__(self, helpers: int, cache_dir: Path | None):
         """``cache_dir``: the object cache the runner's own code is compiled through (None: none)."""
-        _, addresses = _runtime(cache_dir)
+        _, addresses = runtime(cache_dir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         worker = ctypes.CFUNCTYPE(None, ptr, i64, i64)(addresses["onnxsat_worker"])
         stop = ctypes.CFUNCTYPE(None, ptr, i64)(addresses["onnxsat_shutdown"])
@@ -436,7 +441,7 @@ class TaskTable:
         self.widest = max((len(step) for step in steps), default=0)
         self.ctx, self._ctx_start = _aligned_ctx()
         """Run state for runs without helpers."""
-        _, addresses = _runtime(cache_dir)
+        _, addresses = runtime(cache_dir)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._run = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, i64, i64, i64, i64)(addresses["onnxsat_run_graph"])
 

@@ -391,10 +391,7 @@ def _optimize_file(job: ModelJob, source: str, stack: contextlib.ExitStack) -> d
 def _one_process(options: Options) -> Options:
     """Per-model options: no progress bars (the batch has its own), and the model's own work in the
     worker's one process (``Options.jobs`` parallelizes regions; the batch parallelizes models)."""
-    changes: dict[str, Any] = {"progress": False}
-    if any(f.name == "jobs" for f in dataclasses.fields(options)):
-        changes["jobs"] = 1
-    return dataclasses.replace(options, **changes)
+    return dataclasses.replace(options, progress=False, jobs=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,9 +466,11 @@ def run_batch(
             on_result(r)
 
     own_executor = executor is None
-    workers = jobs if jobs is not None else default_jobs(len(todo))
     if executor is None:
+        workers = jobs if jobs is not None else default_jobs(len(todo))
         executor = SerialExecutor() if workers <= 1 else ProcessExecutor(workers)
+    else:  # the caller's executor: its own pool size (0 where it has none, as on Ray)
+        workers = getattr(executor, "jobs", 0)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out)) if shared_fs else None
     summary = BatchSummary(
         [], str(out), type(executor).__name__, workers, fingerprint, summary_path=str(summary_file)

@@ -13,6 +13,7 @@ from typing import Any
 from onnxsat.base.errors import BadInputError
 from onnxsat.cli_args import (
     EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_UNVERIFIED,
     PROG,
@@ -76,7 +77,7 @@ def add_parser(sub: Any) -> None:
         type=int_arg(1),
         default=None,
         help="models optimized in parallel on this machine (default: one per core, at most one per model;"
-        " 1: in this process)",
+        " 1: in this process); with --ray, the cores of the local Ray instance",
     )
     run.add_argument("--force", action="store_true", help="redo every model, even those a previous run did")
     run.add_argument("--ray", action="store_true", help="run each model as a task on a local Ray instance")
@@ -107,7 +108,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``onnxsat batch``; returns the exit status."""
-    from onnxsat.batch import ModelResult, run_batch
+    from onnxsat.batch import BatchSummary, ModelResult, run_batch
     from onnxsat.executors import Executor, RayExecutor
 
     options = options_from_args(args)
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"{result.status}: {result.input[-40:]}", refresh=False)
             bar.update(1)
 
+    summary: BatchSummary
     try:
         summary = run_batch(
             args.inputs,
@@ -153,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
             on_result=on_result,
             on_plan=on_plan,
         )
+    except KeyboardInterrupt:
+        summary_path = args.summary or f"{args.outdir}/summary.json"
+        print(f"{PROG}: interrupted; {summary_path} lists the models done", file=sys.stderr)
+        return EXIT_INTERRUPTED
     finally:
         if bar is not None:
             bar.close()

@@ -11,6 +11,12 @@ rewrite spanning a cut is lost, a common-subexpression pass merges what regions 
 the whole model is folded and checked as ``Session.export`` does. The session's ``verify`` then
 checks the stitched model against the original like any result.
 
+With ``Options.jobs`` above 1 the distinct regions, and then the distinct windows, are solved on
+a pool of worker processes (``onnxsat.jobs``) started while the graph is partitioned; a part's
+program depends only on the part, and the programs are stitched in part order, so the model is
+the one a serial run writes. ``Options.region_replay`` off saturates every region and window on
+its own (no replay): a result no worse, at the cost of saturating the twins.
+
 The report's estimated costs are summed over the regions (each priced as a model of its own,
 before and after), a window adding what it saved: importing the whole graph only to price it
 would cost as much as importing it to saturate. A region's price can exceed its share of the

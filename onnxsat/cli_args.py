@@ -184,7 +184,7 @@ def add_region_flags(group: Any) -> None:
         "--no-region-replay",
         action="store_true",
         help="saturate every region on its own instead of replaying the program of an identical one"
-        " (the same result, slower; for measuring)",
+        " (a result no worse, slower: for measuring)",
     )
 
 

@@ -15,6 +15,7 @@ forked after they started can deadlock. Each worker runs egglog on one thread
 from __future__ import annotations
 
 import concurrent.futures as cf
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -57,7 +58,8 @@ class Task:
 @dataclass(frozen=True)
 class Done:
     """A task's outcome: ``value`` when it returned, else ``error`` (one line); ``attempts`` counts
-    the runs it took (2 after a worker died under the first)."""
+    the runs it took as far as the executor sees them (2 after a worker died under the first; Ray
+    retries inside its scheduler, so a Ray task that succeeded on its retry shows 1)."""
 
     key: Any
     value: Any = None
@@ -96,6 +98,8 @@ def _error_line(exc: BaseException) -> str:
 
 class SerialExecutor:
     """Every task in this process, one after the other (``--jobs 1``)."""
+
+    jobs = 1
 
     def share(self, value: Any) -> Any:
         return value
@@ -242,6 +246,7 @@ class RayExecutor:
             kwargs: dict[str, Any] = {
                 "include_dashboard": False,
                 "log_to_driver": False,
+                "logging_level": logging.ERROR,  # the batch's progress line is the only chatter
                 "runtime_env": {"env_vars": dict(WORKER_ENV)},
             }
             if address is None:

@@ -151,10 +151,12 @@ class Pool:
 
         from onnxsat.by_regions import Outcome
 
-        futures: list[Future[Answer]] | None = None
+        futures: dict[int, Future[Answer]] | None = None
         if self._executor is not None:
+            # Largest parts first (fewer idle workers at the end); the answers are still taken in task order.
+            order = sorted(range(len(tasks)), key=lambda k: (-tasks[k].nodes, k))
             try:
-                futures = [self._executor.submit(_solver(), task) for task in tasks]
+                futures = {k: self._executor.submit(_solver(), tasks[k]) for k in order}
             except BrokenProcessPool as exc:
                 self._broken(exc)
         outcomes: list[Outcome] = []

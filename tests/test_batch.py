@@ -3,6 +3,7 @@ a rerun redoes exactly the models whose input, options or version changed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -37,9 +38,11 @@ def outputs_of(outdir: Path) -> dict[str, bytes]:
 def serial(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, onnxsat.Options]:
     """The three models optimized in this process: what every executor must reproduce."""
     out = tmp_path_factory.mktemp("serial")
-    summary = run_batch(MODELS, out, OPTIONS, jobs=1)
+    # A rule-table cache (a private folder): the pool's fresh workers load the built rules.
+    options = dataclasses.replace(OPTIONS, plugin_cache_dir=str(tmp_path_factory.mktemp("cache")))
+    summary = run_batch(MODELS, out, options, jobs=1)
     assert [m.status for m in summary.models] == ["written", "written", "written"], summary.to_json()
-    return out, OPTIONS
+    return out, options
 
 
 @pytest.mark.slow
@@ -197,3 +200,31 @@ def test_a_task_that_kills_every_worker_is_reported_not_lost() -> None:
     finally:
         executor.close()
     assert not done.ok and done.error == "worker process died" and done.attempts == 2
+
+
+def test_batch_takes_optimize_flags_and_refuses_bad_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["batch", "--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--jobs",
+        "--force",
+        "--summary",
+        "--ray",
+        "--ray-address",
+        "--max-iterations",
+        "--rules-only",
+    ):
+        assert flag in text
+    for flag in ("--cost-target", "--no-verify", "--external-data", "--phase-budget", "--input-shape"):
+        assert flag in text  # the same flags as optimize, from cli_args
+    assert cli.main(["batch", str(MODELS[0]), "-o", str(tmp_path / "o"), "--no-shared-fs"]) == 2
+    assert "--no-shared-fs needs --ray" in capsys.readouterr().err
+    assert (
+        cli.main(["batch", str(tmp_path / "empty"), "-o", str(tmp_path / "o2")]) == 1
+    )  # a missing path: one entry
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    assert cli.main(["batch", str(empty), "-o", str(tmp_path / "o3")]) == 2
+    assert "no models found" in capsys.readouterr().err

@@ -4,6 +4,7 @@ batch completes, and without Ray ``--ray`` is a one-line error (exit 2)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -48,9 +49,16 @@ def ray_executor() -> Iterator[RayExecutor]:
 
 
 @pytest.fixture(scope="module")
-def serial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def options(tmp_path_factory: pytest.TempPathFactory) -> onnxsat.Options:
+    """``OPTIONS`` with a rule-table cache (a private folder), so each Ray worker loads the built
+    rules instead of building them: the fixed cost every fresh worker process pays."""
+    return dataclasses.replace(OPTIONS, plugin_cache_dir=str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory: pytest.TempPathFactory, options: onnxsat.Options) -> Path:
     out = tmp_path_factory.mktemp("serial")
-    summary = run_batch(MODELS, out, OPTIONS, jobs=1)
+    summary = run_batch(MODELS, out, options, jobs=1)
     assert all(m.status == "written" for m in summary.models), summary.to_json()
     return out
 
@@ -62,26 +70,26 @@ def outputs_of(outdir: Path) -> dict[str, bytes]:
 @pytest.mark.slow
 @needs_ray
 def test_batch_on_ray_writes_the_serial_bytes(
-    ray_executor: RayExecutor, serial: Path, tmp_path: Path
+    ray_executor: RayExecutor, serial: Path, options: onnxsat.Options, tmp_path: Path
 ) -> None:
     shared = tmp_path / "shared"
-    summary = run_batch(MODELS, shared, OPTIONS, executor=ray_executor)
+    summary = run_batch(MODELS, shared, options, executor=ray_executor)
     assert summary.executor == "RayExecutor"
     assert [m.status for m in summary.models] == ["written"] * 3
     assert outputs_of(shared) == outputs_of(serial)
     shipped = tmp_path / "shipped"  # no shared filesystem: bytes through the object store both ways
-    summary = run_batch(MODELS[1:2], shipped, OPTIONS, executor=ray_executor, shared_fs=False)
+    summary = run_batch(MODELS[1:2], shipped, options, executor=ray_executor, shared_fs=False)
     assert [m.status for m in summary.models] == ["written"]
     assert outputs_of(shipped) == {MODELS[1].name: (serial / MODELS[1].name).read_bytes()}
 
 
 @needs_ray
 def test_a_killed_ray_task_is_retried_and_the_batch_completes(
-    ray_executor: RayExecutor, serial: Path, tmp_path: Path
+    ray_executor: RayExecutor, serial: Path, options: onnxsat.Options, tmp_path: Path
 ) -> None:
     marker = tmp_path / "first-attempt"
     out = tmp_path / "out"
-    summary = run_batch(MODELS[:1], out, OPTIONS, executor=ray_executor, crash_once_marker=str(marker))
+    summary = run_batch(MODELS[:1], out, options, executor=ray_executor, crash_once_marker=str(marker))
     assert marker.exists()  # the first attempt ran and its worker process exited
     assert [m.status for m in summary.models] == ["written"]
     assert outputs_of(out) == {MODELS[0].name: (serial / MODELS[0].name).read_bytes()}
@@ -101,13 +109,15 @@ def test_a_task_whose_worker_always_dies_is_reported(ray_executor: RayExecutor) 
 
 @pytest.mark.slow
 @needs_ray
-def test_ablation_cells_on_ray_match_the_serial_records(ray_executor: RayExecutor) -> None:
+def test_ablation_cells_on_ray_match_the_serial_records(
+    ray_executor: RayExecutor, options: onnxsat.Options
+) -> None:
     model = onnx.load(str(EXAMPLES / "layout_algebra.onnx"))
-    serial = study.ablation("layout_algebra", model, OPTIONS, families=["core"])
+    serial = study.ablation("layout_algebra", model, options, families=["core"])
     timed = study.ablation(
         "layout_algebra",
         model,
-        OPTIONS,
+        options,
         families=["core"],
         latency_rounds=2,
         calls_per_round=1,
@@ -118,6 +128,15 @@ def test_ablation_cells_on_ray_match_the_serial_records(ray_executor: RayExecuto
     assert [r["disabled"] for r in timed] == ["(none)", "core"]
     assert all(r["latency_ms"] > 0 for r in timed)
     assert ray_executor.node_cpus() == 2  # what each timed cell asked for (ALL_CORES: the whole node)
+    models = {"layout_algebra": model, "small_cnn": onnx.load(str(EXAMPLES / "small_cnn.onnx"))}
+    methods = ("tree", "greedy-dag")
+
+    def untimed(records: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in records]
+
+    sweep = study.extractor_sweep(models, options, methods, executor=ray_executor)
+    assert untimed(sweep) == untimed(study.extractor_sweep(models, options, methods))
+    assert [(r["model"], r["extractor"]) for r in sweep] == [(m, e) for m in models for e in methods]
 
 
 def test_ray_flag_without_ray_is_a_one_line_error(tmp_path: Path) -> None:

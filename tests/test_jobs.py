@@ -26,17 +26,33 @@ ITERATIONS_ONLY = Budgets(iterations=2, seconds=1e9)
 """No time budget is ever reached: the result depends on the rules, the model and counts only."""
 
 
+CACHE: str | None = None
+"""The rule-table cache the workers read (their start-up: the table read, not built again)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rule_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global CACHE
+    CACHE = str(tmp_path_factory.mktemp("rule-cache"))
+
+
 def regions(jobs: int = 1, size: int = LAYER, **changes: object) -> onnxsat.Options:
     return onnxsat.Options(
-        region_nodes=1, region_size=size, jobs=jobs, budgets=ITERATIONS_ONLY, verify=False, **changes
+        region_nodes=1,
+        region_size=size,
+        jobs=jobs,
+        budgets=ITERATIONS_ONLY,
+        verify=False,
+        plugin_cache_dir=CACHE,
+        **changes,
     )
 
 
 def test_two_jobs_write_the_bytes_of_one() -> None:
-    model = residual_stack(random_gammas(3))
+    model = residual_stack(random_gammas(2))
     serial, _ = onnxsat.optimize(model, regions(1, region_replay=False))
     parallel, report = onnxsat.optimize(model, regions(2, region_replay=False))
-    assert report.regions is not None and (report.regions.distinct, report.regions.jobs) == (3, 2)
+    assert report.regions is not None and (report.regions.distinct, report.regions.jobs) == (2, 2)
     assert not [w for w in report.warnings if "worker" in w]
     assert parallel.SerializeToString() == serial.SerializeToString()
 
@@ -94,8 +110,7 @@ def failed(task: jobs.Task) -> jobs.Answer:
 def test_a_worker_that_dies_or_fails_costs_time_not_the_output(
     monkeypatch: pytest.MonkeyPatch, task: object, warning: str
 ) -> None:
-    gammas = random_gammas(3)
-    model = residual_stack(gammas)
+    model = residual_stack(random_gammas(2))
     serial, _ = onnxsat.optimize(model, regions(1, region_replay=False))
     monkeypatch.setattr(jobs, "solve", task)
     parallel, report = onnxsat.optimize(model, replace(regions(2, region_replay=False), verify=True))

@@ -241,61 +241,70 @@ FAMILY.rewrite(
 )
 
 # ---------------------------------------------------------------- Conv weight algebra
-for _n in (1, 2, 3):
-    _one = [i64(1)] * (_n + 1)
-    _conv_consts = (L.shape(w) == ws, ws.length() == i64(_n + 2), L.is_const(w))
-    # Conv followed by a per-channel constant scale [C,1,...] or [1,C,1,...] folds into W and b.
-    for _variant, _scale_shape in (
-        ("c11", Vec(ws[0], *[i64(1)] * _n)),
-        ("1c11", Vec(i64(1), ws[0], *[i64(1)] * _n)),
-    ):
-        per_out = L.reshape(a, L.Tensor.ints(Vec(ws[0], *_one), i64(1)), i64(0))
-        per_bias = L.reshape(a, L.Tensor.ints(Vec(ws[0]), i64(1)), i64(0))
-        FAMILY.rewrite(
-            "conv-mul-fold",
-            L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
-            L.conv(x, L.mul(w, per_out), L.mul(b, per_bias), strides, pads, dil, group),
-            ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
-            *_conv_consts,
-            L.is_const(a),
-            L.shape(a) == _scale_shape,
-            L.shape(b) == sb,
-            L.is_const(b),
-            variant=f"{_variant}-{_n}",
-        )
-        FAMILY.rewrite(
-            "conv-mul-fold",
-            L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
-            L.conv(x, L.mul(w, per_out), L.Tensor.none(), strides, pads, dil, group),
-            ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
-            *_conv_consts,
-            L.is_const(a),
-            L.shape(a) == _scale_shape,
-            variant=f"{_variant}-nobias-{_n}",
-        )
-        # Conv followed by a per-channel constant shift folds into the bias.
-        FAMILY.rewrite(
-            "conv-add-fold",
-            L.add(L.conv(x, w, b, strides, pads, dil, group), a),
-            L.conv(x, w, L.add(b, per_bias), strides, pads, dil, group),
-            ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
-            *_conv_consts,
-            L.is_const(a),
-            L.shape(a) == _scale_shape,
-            L.shape(b) == sb,
-            L.is_const(b),
-            variant=f"{_variant}-{_n}",
-        )
-        FAMILY.rewrite(
-            "conv-add-fold",
-            L.add(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
-            L.conv(x, w, per_bias, strides, pads, dil, group),
-            ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
-            *_conv_consts,
-            L.is_const(a),
-            L.shape(a) == _scale_shape,
-            variant=f"{_variant}-nobias-{_n}",
-        )
+# Conv of any spatial rank 1-3 (weights [O, I, k...] of rank 3-5) in one rule per scale layout: the
+# scale's shape sa is [O, 1, ...] or [1, O, 1, ...] of the matching rank (sa padded with 1s, so the
+# entries past its rank compare as 1).
+_conv_consts = (L.shape(w) == ws, ws.length() >= i64(3), ws.length() <= i64(5), L.is_const(w))
+_ONES = Vec(*[i64(1)] * 4)
+_SCALE_LAYOUTS = (
+    # ([O, 1, ...] of rank ws - 1, the scale as [O, 1, ...] of rank ws)
+    ("c11", (sa.length() + 1 == ws.length(), sa[0] == ws[0], *[sa.append(_ONES)[i] == i64(1) for i in range(1, 4)]), sa.push(i64(1))),
+    # ([1, O, 1, ...] of rank ws, the same with the first two axes swapped)
+    ("1c11", (sa.length() == ws.length(), sa[0] == i64(1), sa[1] == ws[0], *[sa.append(_ONES)[i] == i64(1) for i in range(2, 5)]), sa.set(i64(0), ws[0]).set(i64(1), i64(1))),
+)  # fmt: skip
+for _variant, _scale_shape, _per_out_dims in _SCALE_LAYOUTS:
+    # Conv followed by a per-channel constant scale folds into W and b.
+    per_out = L.reshape(a, L.Tensor.ints(_per_out_dims, i64(1)), i64(0))
+    per_bias = L.reshape(a, L.Tensor.ints(Vec(ws[0]), i64(1)), i64(0))
+    FAMILY.rewrite(
+        "conv-mul-fold",
+        L.mul(L.conv(x, w, b, strides, pads, dil, group), a),
+        L.conv(x, L.mul(w, per_out), L.mul(b, per_bias), strides, pads, dil, group),
+        ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
+        *_conv_consts,
+        L.is_const(a),
+        L.shape(a) == sa,
+        *_scale_shape,
+        L.shape(b) == sb,
+        L.is_const(b),
+        variant=_variant,
+    )
+    FAMILY.rewrite(
+        "conv-mul-fold",
+        L.mul(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
+        L.conv(x, L.mul(w, per_out), L.Tensor.none(), strides, pads, dil, group),
+        ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
+        *_conv_consts,
+        L.is_const(a),
+        L.shape(a) == sa,
+        *_scale_shape,
+        variant=f"{_variant}-nobias",
+    )
+    # Conv followed by a per-channel constant shift folds into the bias.
+    FAMILY.rewrite(
+        "conv-add-fold",
+        L.add(L.conv(x, w, b, strides, pads, dil, group), a),
+        L.conv(x, w, L.add(b, per_bias), strides, pads, dil, group),
+        ne(t).to(L.conv(x, w, b, strides, pads, dil, group)),
+        *_conv_consts,
+        L.is_const(a),
+        L.shape(a) == sa,
+        *_scale_shape,
+        L.shape(b) == sb,
+        L.is_const(b),
+        variant=_variant,
+    )
+    FAMILY.rewrite(
+        "conv-add-fold",
+        L.add(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group), a),
+        L.conv(x, w, per_bias, strides, pads, dil, group),
+        ne(t).to(L.conv(x, w, L.Tensor.none(), strides, pads, dil, group)),
+        *_conv_consts,
+        L.is_const(a),
+        L.shape(a) == sa,
+        *_scale_shape,
+        variant=f"{_variant}-nobias",
+    )
 
 # Conv followed by a constant scalar scale folds into W and b (TASO's conv bilinearity with smul).
 FAMILY.rewrite(

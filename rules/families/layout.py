@@ -120,23 +120,28 @@ def _views(tag: str) -> dict[str, Callable[[L.Tensor], L.Tensor]]:
 
 VIEWS = _views("")
 _INNER = _views("_inner")
-VIEW_CHAIN_RANKS = range(5)
-"""Output ranks of view-view-to-reshape (15 egglog rules per rank; views.py covers any rank whose
-Reshape target is literal)."""
-for _r in VIEW_CHAIN_RANKS:
-    _known = (L.shape(t) == sa, sa.length() == i64(_r), *[sa[i] >= i64(0) for i in range(_r)])
-    for _outer, _v2 in VIEWS.items():
-        for _inner, _v1 in _INNER.items():
-            if _outer == _inner == "reshape":
-                continue  # core's reshape-reshape
-            # Two view ops are one Reshape to the final shape (then it may vanish, see below).
-            FAMILY.rewrite(
-                "view-view-to-reshape",
-                _v2(_v1(x)),
-                L.reshape(x, L.Tensor.ints(sa, i64(1)), i64(0)),
-                *_known,
-                variant=f"{_outer}-{_inner}-{_r}",
-            )
+VIEW_CHAIN_MAX_RANK = 4
+"""Output ranks up to which view-view-to-reshape applies (views.py covers any rank whose Reshape
+target is literal)."""
+# Every dim of the result known, at any rank up to the maximum in one rule: the shape padded with
+# known dims (0s) to the maximum rank, each entry of that at least 0.
+_all_known = (
+    L.shape(t) == sa,
+    sa.length() <= i64(VIEW_CHAIN_MAX_RANK),
+    *[sa.append(Vec(*[i64(0)] * (VIEW_CHAIN_MAX_RANK + 1)))[i] >= i64(0) for i in range(VIEW_CHAIN_MAX_RANK)],
+)
+for _outer, _v2 in VIEWS.items():
+    for _inner, _v1 in _INNER.items():
+        if _outer == _inner == "reshape":
+            continue  # core's reshape-reshape
+        # Two view ops are one Reshape to the final shape (then it may vanish, see below).
+        FAMILY.rewrite(
+            "view-view-to-reshape",
+            _v2(_v1(x)),
+            L.reshape(x, L.Tensor.ints(sa, i64(1)), i64(0)),
+            *_all_known,
+            variant=f"{_outer}-{_inner}",
+        )
 for _name, _v in VIEWS.items():
     if _name in ("reshape", "unsqueeze"):
         continue  # core's reshape-noop; an Unsqueeze always adds dims

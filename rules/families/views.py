@@ -92,20 +92,22 @@ for _name, _v in _inner_views().items():
         vb.not_contains(i64(0)),
         variant=f"{_name}-literal",
     )
-    # A 0 entry copies the view's dim at that position: fine when x has the same dim there.
-    for _n in range(1, 5):
-        _kept = [is_zero(vb[i]) * (i64(1) - is_zero(sv[i] - _padded(sx)[i])) == i64(0) for i in range(_n)]
-        LAYOUT_FAMILY.rewrite(
-            "reshape-absorbs-view",
-            L.reshape(_v(x), _ints(vb), i64(0)),
-            L.reshape(x, _ints(vb), i64(0)),
-            vb.length() == i64(_n),
-            L.shape(_v(x)) == sv,
-            L.shape(x) == sx,
-            sv.length() >= i64(_n),
-            *_kept,
-            variant=f"{_name}-copies-{_n}",
-        )
+    # A 0 entry copies the view's dim at that position: fine when x has the same dim there. One rule
+    # for targets of 1 to 4 entries: the target padded with 1s (entries that copy nothing).
+    _target = vb.append(Vec(*[i64(1)] * 4))
+    _kept = [is_zero(_target[i]) * (i64(1) - is_zero(_padded(sv)[i] - _padded(sx)[i])) == i64(0) for i in range(4)]
+    LAYOUT_FAMILY.rewrite(
+        "reshape-absorbs-view",
+        L.reshape(_v(x), _ints(vb), i64(0)),
+        L.reshape(x, _ints(vb), i64(0)),
+        vb.length() >= i64(1),
+        vb.length() <= i64(4),
+        L.shape(_v(x)) == sv,
+        L.shape(x) == sx,
+        sv.length() >= vb.length(),
+        *_kept,
+        variant=f"{_name}-copies",
+    )
     # With allowzero=1 the target is always literal.
     LAYOUT_FAMILY.rewrite("reshape-absorbs-view", L.reshape(_v(x), target, i64(1)), L.reshape(x, target, i64(1)), variant=f"{_name}-allowzero")
 

@@ -89,6 +89,15 @@ def bool_mask(masked: float, kept: float = 0.0) -> L.Tensor:
     return L.where(KEEP, c(kept), c(masked))
 
 
+KQ = L.Tensor.input("kq")
+KEYS_ONLY = {**SHAPES, "kq": (1, 1, 1, 5)}
+
+
+def over_queries(mask: L.Tensor) -> L.Tensor:
+    """A keys-only [.., 1, S] mask expanded to q's query dim (3), as onnxruntime's Attention needs it."""
+    return L.expand(mask, ints(SHAPES["q"][2], 1))
+
+
 PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
     "attention-fusion": (sdpa(guard=False), fused(), SHAPES),
     "attention-fusion/nan-guard": (sdpa(), fused(), SHAPES),
@@ -105,6 +114,17 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
         fused(bool_mask(0.0, attention.F32_NEXT)),
         SHAPES,
     ),
+    # TorchScript's decode steps: a mask over the keys only, expanded to the scores' query dim.
+    "attention-mask-fusion/keys-only": (
+        sdpa(mask=L.where(KQ, c(0.0), c(-np.inf))),
+        fused(over_queries(L.where(KQ, c(0.0), c(-np.inf)))),
+        KEYS_ONLY,
+    ),
+    "attention-mask-fusion/keys-only-lowest": (
+        sdpa(mask=L.where(KQ, c(0.0), c(attention.F32_LOWEST))),
+        fused(over_queries(L.where(KQ, c(0.0), c(attention.F32_NEXT)))),
+        KEYS_ONLY,
+    ),
     "attention-key-transpose-cancel": (
         L.fused_attention(Q, L.transpose(L.transpose(K, PERM), PERM), V, M, 0.5, F),
         L.fused_attention(Q, K, V, M, 0.5, F),
@@ -116,7 +136,7 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
 @pytest.mark.parametrize("case", list(PROOFS))
 def test_prove(case: str) -> None:
     start, goal, shapes = PROOFS[case]
-    with _loaded([start, goal], shapes, BOOL_INPUTS) as egraph:
+    with _loaded([start, goal], shapes, {**BOOL_INPUTS, "kq": TensorProto.BOOL}) as egraph:
         egraph.check(eq(start).to(goal))
 
 
@@ -138,11 +158,19 @@ REFUTATIONS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]], dic
         SHAPES,
         BOOL_INPUTS,
     ),
-    # onnxruntime broadcasts only the mask's leading dims: a mask over keys only ([1, 1, 1, S]) is left.
+    # onnxruntime broadcasts only the mask's leading dims: a mask over keys only ([1, 1, 1, S]) is
+    # not taken as it is (it is expanded to the queries), and a float one (it may hold finfo.min) not at all.
     "mask-broadcast-over-queries": (
-        sdpa(mask=L.where(L.Tensor.input("kq"), c(0.0), c(-np.inf))),
-        fused(L.where(L.Tensor.input("kq"), c(0.0), c(-np.inf))),
-        {**SHAPES, "kq": (1, 1, 1, 5)},
+        sdpa(mask=L.where(KQ, c(0.0), c(-np.inf))),
+        fused(L.where(KQ, c(0.0), c(-np.inf))),
+        KEYS_ONLY,
+        {"kq": TensorProto.BOOL},
+    ),
+    "keys-only-float-mask-input": (sdpa(mask=L.Tensor.input("mq")), fused(over_queries(L.Tensor.input("mq"))), SHAPES, None),
+    "keys-only-mask-lowest-kept": (
+        sdpa(mask=L.where(KQ, c(0.0), c(attention.F32_LOWEST))),
+        fused(over_queries(L.where(KQ, c(0.0), c(attention.F32_LOWEST)))),
+        KEYS_ONLY,
         {"kq": TensorProto.BOOL},
     ),
     # float16 chains are left alone (as every fusion does).
@@ -261,7 +289,7 @@ def _sdpa_model(
     """q, k, v [1, heads, 8, 16] inputs (k, v repeated from kv_heads as Llama's repeat_kv does),
     torch's SDPA decomposition with the given mask form: none, a boolean mask made float (mask:
     masked entries -inf, as TorchScript writes it; min-mask: float32's lowest, as dynamo does),
-    or a [1, 1, 1, 8] boolean mask expanded as TorchScript writes ``m.expand(expand_batch, -1, 8, 8)``
+    keys-mask: one over the keys only, [1, 1, 1, 8]; or a [1, 1, 1, 8] boolean mask expanded as TorchScript writes ``m.expand(expand_batch, -1, 8, 8)``
     (ts-mask: the target is ``Where(Equal(c, -1 * ones), ones, c)``, which only the import evaluates)."""
     b, t, d = 1, 8, 16
     consts = (("s", d**-0.25), ("zero", 0.0), ("ninf", -np.inf), ("fmin", np.finfo(np.float32).min))
@@ -290,8 +318,8 @@ def _sdpa_model(
     inputs = [helper.make_tensor_value_info("q", F, [b, heads, t, d])]
     inputs += [helper.make_tensor_value_info(n, F, [b, kv_heads, t, d]) for n in ("k", "v")]
     logits = "scores"
-    if mode in ("mask", "min-mask"):
-        inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, t, t]))
+    if mode in ("mask", "min-mask", "keys-mask"):
+        inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, 1 if mode == "keys-mask" else t, t]))
         fill = "ninf" if mode == "mask" else "fmin"
         nodes += [helper.make_node("Where", ["keep", "zero", fill], ["bias"]), helper.make_node("Add", ["scores", "bias"], ["masked"])]
         logits = "masked"
@@ -357,6 +385,13 @@ def test_sdpa_becomes_one_attention(mode: str) -> None:
         assert ops[gone] == 0, (gone, ops)
 
 
+def test_keys_only_mask_is_expanded_to_the_queries() -> None:
+    """A [1, 1, 1, S] mask over 8 queries (every row fully masked where a key row is): one Attention
+    whose mask is expanded to [1, 1, 8, S], matching the chain on onnxruntime."""
+    ops = _ops(_optimize(_sdpa_model("keys-mask")))
+    assert ops["Attention"] == 1 and ops["Expand"] == 1 and ops["Softmax"] == 0, ops
+
+
 def test_grouped_query_attention_takes_the_repeated_heads() -> None:
     """k and v repeated from 2 heads to 4 (Unsqueeze, Expand, Reshape): one Attention over them."""
     ops = _ops(_optimize(_sdpa_model("mask", kv_heads=2)))
@@ -393,6 +428,7 @@ FUSED_EXPORTS = {
     "qwen2-decode-dynamo-static": 2,  # a KV-cache step: k and v are Concat(past, new)
     "llama-decode-dynamo-dynamic": 2,  # dynamic batch and sequence
     "llama-ts-static": 2,  # TorchScript: the mask's Expand target is Where(Equal(...)) on constants
+    "llama-decode-ts-static": 2,  # a [1, 1, 1, S] mask over q folded to [B, Hkv, n_rep * T, D]: expanded
     "gpt2-dynamo-dynamic": 2,  # a finfo.min mask: its constant becomes the next float up
 }
 """Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""

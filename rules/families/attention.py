@@ -8,8 +8,8 @@ matmul). Grouped-query exports repeat k and v to q's heads before the matmul: th
 takes the repeated k and v. A float mask is taken only in the form whose fully masked rows the
 exporters zero (``Where(IsNaN(p), 0, p)``): that is what Attention does for a row whose every score
 is -inf (its errata, measured on onnxruntime 1.32), while a plain softmax makes such a row NaN.
-The mask must keep the scores' shape, with the scores' last two dims (onnxruntime broadcasts only
-its leading ones). Scale folding is exact up to rounding: (q * a) @ (k * b) is (q @ k) * (a * b) in
+The mask must not grow the scores and must end in the keys' dim; one over the keys only
+([.., 1, S]) is expanded to the scores' query dim (onnxruntime broadcasts only its leading dims). Scale folding is exact up to rounding: (q * a) @ (k * b) is (q @ k) * (a * b) in
 real arithmetic, and Attention stores its scale as float32.
 
 Rotary embedding (``fused_rotary``, written as RotaryEmbedding where its cos and sin are constants
@@ -142,25 +142,43 @@ for _name, _scores, _scale, _guards in _SCORES:
     # mask that may hold that value (a float input, torch's finfo.min) is not taken as it is; a
     # constant branch at float32's lowest (what dynamo exports write) becomes the next float up,
     # which masks an entry as well (exp underflows to 0) and is not special to onnxruntime.
+    # A mask over the keys only ([.., 1, S], TorchScript's decode steps, and its grouped-query
+    # queries folded into [B, Hkv, n_rep * T, D]) is written expanded to the scores' [T, S]:
+    # onnxruntime's Attention broadcasts only the mask's leading dims. The Expand target is [T, 1]
+    # (T known: a symbolic T would need Concat(Shape(q)[2:3], [1]), which this phase does not fold).
     for _kind, _ma, _mb, _guards_m in _MASK_BRANCHES:
         _m = L.where(_keep, _scalar(ca_m, sma, dt), _scalar(cb_m, smb, dt))
         _pm = L.softmax(L.add(_scores, _m), _LAST)
         _zeroed_m = L.where(L.isnan(_pm), _scalar(f64(0.0), sv, dt), _pm)
-        FAMILY.rewrite(
-            "attention-mask-fusion",
-            L.matmul(_zeroed_m, v),
-            L.fused_attention(q, _k, v, L.where(_keep, _scalar(_ma, sma, dt), _scalar(_mb, smb, dt)), _scale, dt),
+        _fused_m = L.where(_keep, _scalar(_ma, sma, dt), _scalar(_mb, smb, dt))
+        _mask_guards = (
             *_common,
             *_guards_m,
             L.shape(_zeroed_m) == _scores_shape,
             L.shape(_m) == sm,
             sm.length() == i64(4),
-            sm[2] == sq[2],
             sm[3] == _s_len,
             L.shape(L.add(_scores, _m)) == _scores_shape,  # the mask does not grow the scores
-            variant=f"{_name}-{_kind}",
-            rtol=FLOAT32_RTOL,
         )
+        _keys_only = (sm[2] == i64(1), sq[2] != i64(1))
+        for _rule, _over, _mask, _query_guard in (
+            ("attention-mask-fusion", "", _fused_m, (sm[2] == sq[2],)),
+            (
+                "attention-mask-fusion",
+                "-keys-only",
+                L.expand(_fused_m, L.Tensor.ints(Vec(sq[2], i64(1)), i64(1))),
+                (*_keys_only, sq[2] >= i64(0)),
+            ),
+        ):
+            FAMILY.rewrite(
+                _rule,
+                L.matmul(_zeroed_m, v),
+                L.fused_attention(q, _k, v, _mask, _scale, dt),
+                *_mask_guards,
+                *_query_guard,
+                variant=f"{_name}-{_kind}{_over}",
+                rtol=FLOAT32_RTOL,
+            )
 
 # Attention(q, (k^T)^T) => Attention(q, k): the fused node takes k untransposed, and the exporters'
 # k^T is a Transpose of k (this phase runs after the layout rules that would cancel the pair).

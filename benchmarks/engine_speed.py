@@ -290,7 +290,8 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
             "onnxsat: whole process (imports, verification included) / without verification (wall less the"
             " report's verification stages) / verification / nodes / peak RSS / CPU. Peers: their optimize"
             " call (process wall) / nodes / peak RSS. Ratio: onnxsat without verification over the best"
-            " peer's optimize call.",
+            " peer's optimize call; CPU ratio: onnxsat's whole process (verification included) over the"
+            " best peer's whole process, the figure least changed by load.",
             "",
         ]
         head = "| model | nodes | MB | load | onnxsat wall | no verify | verify | nodes | RSS MB | CPU s |"
@@ -298,7 +299,7 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
         for tool in peers:
             head += f" {tool} s (wall) | nodes | RSS MB |"
             rule += "---|---|---|"
-        lines += [head + " ratio |", rule + "---|"]
+        lines += [head + " ratio | CPU ratio |", rule + "---|---|"]
         for row in corpus_rows:
             o = row["onnxsat"]
             cells = [
@@ -313,7 +314,7 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
                 f"{o['rss_mb']:.0f}",
                 f"{o['cpu']:.1f}",
             ]
-            best = None
+            best = best_cpu = None
             for tool in peers:
                 p = row[tool]
                 ok = p["status"] == "ok"
@@ -324,8 +325,11 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
                 ]
                 if ok and p.get("seconds") is not None:
                     best = p["seconds"] if best is None else min(best, p["seconds"])
+                if ok:
+                    best_cpu = p["cpu"] if best_cpu is None else min(best_cpu, p["cpu"])
             ratio = o.get("seconds") / best if best and o.get("seconds") is not None else None
             cells.append("-" if ratio is None else f"{ratio:.1f}x")
+            cells.append(f"{o['cpu'] / best_cpu:.1f}x" if best_cpu else "-")
             lines.append("| " + " | ".join(cells) + " |")
     if decoder_rows:
         lines += [

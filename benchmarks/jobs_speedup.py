@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scale_out_jobs.md"
 EXPORT_PYTHON = "/work/venv-export/bin/python"
 HIDDEN, HEADS, FFN, VOCAB, SEQUENCE = 256, 4, 688, 32000, 128
+SCALING = "\n## Region-wise scaling"
+"""The results file's section written by hand (depth scaling), kept when the tables are rewritten."""
 
 
 def export_decoder(path: Path, layers: int, vary_ffn: bool) -> None:
@@ -197,7 +199,8 @@ def _write(rows: list[dict[str, Any]], args: argparse.Namespace, model: Path, co
         ]
     text = "\n".join(lines)
     if args.write:
-        RESULTS.write_text(text)
+        kept = RESULTS.read_text().split(SCALING, 1) if RESULTS.exists() else []
+        RESULTS.write_text(text + (SCALING + kept[1] if len(kept) == 2 else ""))  # the scaling notes stay
     return text
 
 

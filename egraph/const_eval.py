@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 MAX_ELEMENTS = 64
 """Inputs and outputs of an evaluated node have at most this many elements each."""
@@ -77,6 +76,8 @@ def evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int) 
         [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
         [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
     )
+    from onnx.reference import ReferenceEvaluator  # ~0.1 s to import: only a model with such a node pays it
+
     try:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         results = ReferenceEvaluator(model).run(None, feeds)

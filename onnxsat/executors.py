@@ -15,9 +15,11 @@ forked after they started can deadlock. Each worker runs egglog on one thread
 from __future__ import annotations
 
 import concurrent.futures as cf
+import importlib.util
 import logging
 import multiprocessing
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -199,12 +201,10 @@ class ProcessExecutor:
 
 
 def ray_available() -> bool:
-    """Whether ``import ray`` works here (``pip install 'onnxsat[ray]'``)."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether Ray is installed here (``pip install 'onnxsat[ray]'``), without importing it (seconds)."""
+    if "ray" in sys.modules:  # imported already, or blocked (None)
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
 
 
 def _import_ray() -> Any:

@@ -46,6 +46,7 @@ def serial(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, onnxsat.Opti
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("batch-serial")
 def test_process_pool_writes_the_serial_bytes(serial: tuple[Path, onnxsat.Options], tmp_path: Path) -> None:
     serial_out, options = serial
     summary = run_batch(MODELS, tmp_path, options, jobs=2)
@@ -56,6 +57,7 @@ def test_process_pool_writes_the_serial_bytes(serial: tuple[Path, onnxsat.Option
     assert not list(tmp_path.glob(".onnxsat-staging-*"))  # the staging folder is gone
 
 
+@pytest.mark.xdist_group("batch-serial")  # with the others on `serial`: the fixture runs once
 def test_one_bad_model_is_one_entry_and_the_rest_complete(
     serial: tuple[Path, onnxsat.Options], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -83,6 +85,7 @@ def test_one_bad_model_is_one_entry_and_the_rest_complete(
     assert "failed: " in err and "broken.onnx" in err
 
 
+@pytest.mark.slow
 def test_resume_skips_done_models_and_redoes_changed_ones(tmp_path: Path) -> None:
     model = tmp_path / "in" / "m.onnx"
     model.parent.mkdir()
@@ -228,3 +231,25 @@ def test_batch_takes_optimize_flags_and_refuses_bad_ones(
     empty.mkdir()
     assert cli.main(["batch", str(empty), "-o", str(tmp_path / "o3")]) == 2
     assert "no models found" in capsys.readouterr().err
+
+
+@pytest.mark.xdist_group("batch-serial")
+def test_external_data_outputs_are_moved_in_with_their_weights(
+    serial: tuple[Path, onnxsat.Options], tmp_path: Path
+) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    serial_out, options = serial
+    summary = run_batch([MODELS[1]], tmp_path, options, jobs=1, external_data=True)
+    assert [m.status for m in summary.models] == ["written"]
+    assert (tmp_path / "small_cnn.onnx.data").is_file()
+    got = onnx.load(str(tmp_path / "small_cnn.onnx"))
+    want = onnx.load(str(serial_out / "small_cnn.onnx"))
+    assert [n.op_type for n in got.graph.node] == [n.op_type for n in want.graph.node]
+    for a, b in zip(got.graph.initializer, want.graph.initializer, strict=True):
+        assert a.name == b.name and numpy_helper.to_array(a).tobytes() == numpy_helper.to_array(b).tobytes()
+    rerun = run_batch([MODELS[1]], tmp_path, options, jobs=1, external_data=True)
+    assert [m.status for m in rerun.models] == ["skipped"]
+    again = run_batch([MODELS[1]], tmp_path, options, jobs=1)  # inline now: another fingerprint
+    assert [m.status for m in again.models] == ["written"]

@@ -26,9 +26,25 @@ ITERATIONS_ONLY = Budgets(iterations=2, seconds=1e9)
 """No time budget is ever reached: the result depends on the rules, the model and counts only."""
 
 
+CACHE: str | None = None
+"""The rule-table cache the workers read (their start-up: the table read, not built again)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rule_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    global CACHE
+    CACHE = str(tmp_path_factory.mktemp("rule-cache"))
+
+
 def regions(jobs: int = 1, size: int = LAYER, **changes: object) -> onnxsat.Options:
     return onnxsat.Options(
-        region_nodes=1, region_size=size, jobs=jobs, budgets=ITERATIONS_ONLY, verify=False, **changes
+        region_nodes=1,
+        region_size=size,
+        jobs=jobs,
+        budgets=ITERATIONS_ONLY,
+        verify=False,
+        plugin_cache_dir=CACHE,
+        **changes,
     )
 
 

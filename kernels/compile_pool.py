@@ -62,11 +62,18 @@ def _start_helper() -> subprocess.Popen[bytes]:
 
 
 def prestart(helpers: int) -> None:
-    """Start ``helpers`` helper processes now (they boot while the caller lowers the model)."""
+    """Start ``helpers`` helper processes now (they boot while the caller lowers the model). One
+    that cannot start costs a warning: its share is compiled in this process."""
     with _LOCK:
         _HELPERS[:] = [h for h in _HELPERS if h.poll() is None]
         while len(_HELPERS) < helpers:
-            _HELPERS.append(_start_helper())
+            try:
+                _HELPERS.append(_start_helper())
+            except OSError as exc:
+                warnings.warn(
+                    f"kernel compile helper could not start ({exc}); compiling in this process", stacklevel=2
+                )
+                return
 
 
 def _take_helpers(count: int) -> list[subprocess.Popen[bytes]]:
@@ -132,7 +139,7 @@ def compile_objects(texts: Sequence[str], host: HostTarget, opt_level: int, jobs
         return [emit_object(t, host, opt_level) for t in texts]
     helpers = _take_helpers(len(groups) - 1)
     results: dict[int, bytes] = {}
-    failed: list[int] = []
+    failed: list[int] = [i for g in groups[1 + len(helpers) :] for i in g]  # no helper for these
 
     def remote(helper: subprocess.Popen[bytes], group: list[int]) -> None:
         try:
@@ -147,8 +154,8 @@ def compile_objects(texts: Sequence[str], host: HostTarget, opt_level: int, jobs
             helper.kill()
             failed.extend(group)
 
-    with ThreadPoolExecutor(len(helpers)) as pool:
-        futures = [pool.submit(remote, h, g) for h, g in zip(helpers, groups[1:], strict=True)]
+    with ThreadPoolExecutor(max(len(helpers), 1)) as pool:
+        futures = [pool.submit(remote, h, g) for h, g in zip(helpers, groups[1:], strict=False)]
         for i in groups[0]:
             results[i] = emit_object(texts[i], host, opt_level)
         for future in futures:

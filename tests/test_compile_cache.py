@@ -227,3 +227,20 @@ def test_model_digest_sees_every_weight_value_in_any_field(tmp_path: Path) -> No
     before = artefact_cache.model_digest(big)
     onnx.save(big, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.data", size_threshold=0)
     assert artefact_cache.model_digest(onnx.load(str(tmp_path / "m.onnx"))) == before
+
+
+def test_helpers_that_cannot_start_cost_a_warning_not_the_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onnxsat.kernels import compile_pool
+
+    def refuse() -> None:
+        raise OSError("no processes left")
+
+    program = lower(_mlp(), {"x": (4, 16)})
+    kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
+    texts = [str(build_module([k], name=fn)) for fn, k in dict(function_name(k) for k in kernels).items()]
+    host = host_target()
+    compile_pool.shutdown()  # no parked helper from an earlier test
+    monkeypatch.setattr(compile_pool, "_start_helper", refuse)
+    with pytest.warns(UserWarning, match="could not start"):
+        objects = compile_objects(texts, host, 3, jobs=3)
+    assert objects == compile_objects(texts, host, 3, jobs=1)

@@ -289,7 +289,7 @@ def _sdpa_model(
     """q, k, v [1, heads, 8, 16] inputs (k, v repeated from kv_heads as Llama's repeat_kv does),
     torch's SDPA decomposition with the given mask form: none, a boolean mask made float (mask:
     masked entries -inf, as TorchScript writes it; min-mask: float32's lowest, as dynamo does),
-    keys-mask: one over the keys only, [1, 1, 1, 8]; or a [1, 1, 1, 8] boolean mask expanded as TorchScript writes ``m.expand(expand_batch, -1, 8, 8)``
+    keys-mask: one over the keys only, [1, 1, 1, 8]; keys-float-mask: a float [1, 1, 1, 8] input; or a [1, 1, 1, 8] boolean mask expanded as TorchScript writes ``m.expand(expand_batch, -1, 8, 8)``
     (ts-mask: the target is ``Where(Equal(c, -1 * ones), ones, c)``, which only the import evaluates)."""
     b, t, d = 1, 8, 16
     consts = (("s", d**-0.25), ("zero", 0.0), ("ninf", -np.inf), ("fmin", np.finfo(np.float32).min))
@@ -322,6 +322,10 @@ def _sdpa_model(
         inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, 1 if mode == "keys-mask" else t, t]))
         fill = "ninf" if mode == "mask" else "fmin"
         nodes += [helper.make_node("Where", ["keep", "zero", fill], ["bias"]), helper.make_node("Add", ["scores", "bias"], ["masked"])]
+        logits = "masked"
+    if mode == "keys-float-mask":  # a float mask input over the keys (it may hold finfo.min)
+        inputs.append(helper.make_tensor_value_info("bias", F, [b, 1, 1, t]))
+        nodes.append(helper.make_node("Add", ["scores", "bias"], ["masked"]))
         logits = "masked"
     if mode == "ts-mask":
         inputs.append(helper.make_tensor_value_info("keep", TensorProto.BOOL, [b, 1, 1, t]))
@@ -390,6 +394,19 @@ def test_keys_only_mask_is_expanded_to_the_queries() -> None:
     whose mask is expanded to [1, 1, 8, S], matching the chain on onnxruntime."""
     ops = _ops(_optimize(_sdpa_model("keys-mask")))
     assert ops["Attention"] == 1 and ops["Expand"] == 1 and ops["Softmax"] == 0, ops
+
+
+def test_keys_only_float_mask_is_not_fused() -> None:
+    """A float [1, 1, 1, S] mask input may hold finfo.min (onnxruntime would zero such a row, the
+    softmax makes it uniform): the chain stays, and matches, also on a row of finfo.min."""
+    model = _sdpa_model("keys-float-mask")
+    optimized = _optimize(model)
+    ops = _ops(optimized)
+    assert ops["Attention"] == 0 and ops["Softmax"] == 1, ops
+    feeds = _feeds(model)
+    feeds["bias"][...] = np.finfo(np.float32).min
+    why = outputs_match(run_ort(optimized, feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-5)
+    assert why is None, why
 
 
 def test_grouped_query_attention_takes_the_repeated_heads() -> None:

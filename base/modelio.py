@@ -568,7 +568,9 @@ def weight_bytes(model: ModelProto) -> int:
     operands. Opsets before 13 carried those as attributes; a rewrite that turns a Transpose into a
     Reshape adds one, which is program, not weight."""
     tensors = list(model.graph.initializer)
-    tensors += [a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")]
+    tensors += [
+        a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t")
+    ]
     total = 0
     for tensor in tensors:
         count = math.prod(int(d) for d in tensor.dims)
@@ -585,7 +587,7 @@ def weight_bytes(model: ModelProto) -> int:
 def serialized_size(model: ModelProto) -> int:
     """Serialized size in bytes, or more than `MAX_PROTO_BYTES` when protobuf refuses to say."""
     try:
-        return model.ByteSize() + lazy_weights.lazy_bytes(model)
+        return _encoded_size(model) + lazy_weights.lazy_bytes(model)
     except Exception:  # protobuf raises instead of returning sizes past its 2 GiB limit
         # Each tensor is below the limit on its own: the tensors plus the rest is close enough.
         rest = ModelProto()
@@ -679,6 +681,29 @@ def model_shell(model: ModelProto, skip_graph_fields: Iterable[str]) -> ModelPro
     return shell
 
 
+def _encoded_size(model: ModelProto) -> int:
+    """``model.ByteSize()``, exactly, summed tensor by tensor: protobuf's upb backend sizes a message
+    by encoding it, which on a whole model is a transient copy of every weight."""
+    if not model.HasField("graph"):
+        return model.ByteSize()
+    rest = ModelProto()
+    _copy_fields_except(model, rest, {"graph"})
+    _copy_fields_except(model.graph, rest.graph, {"initializer"})
+    tensors = 0
+    for tensor in model.graph.initializer:  # field 5 of GraphProto: a one-byte tag, the length, the bytes
+        size = tensor.ByteSize()
+        tensors += 1 + _varint_size(size) + size
+    if not tensors:
+        return rest.ByteSize()
+    graph = rest.graph.ByteSize() + tensors
+    rest.ClearField("graph")
+    return rest.ByteSize() + 1 + _varint_size(graph) + graph  # field 7 of ModelProto: a one-byte tag
+
+
+def _varint_size(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
 def _copy_fields_except(src, dst, skip: Iterable[str]) -> None:
     skip = set(skip)
     for field, value in src.ListFields():
@@ -699,7 +724,9 @@ def _mkstemp_for(target: Path) -> str:
     """A temp file ``.NAME.PID.RANDOM.tmp`` next to ``target``; first removes such files of writers
     that are gone (a run killed mid-write), so they do not pile up next to the user's files."""
     disk_cache.sweep_temps(target.parent, target.name)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=disk_cache.temp_name_prefix(target.name), suffix=".tmp")
+    fd, name = tempfile.mkstemp(
+        dir=target.parent, prefix=disk_cache.temp_name_prefix(target.name), suffix=".tmp"
+    )
     os.close(fd)
     return name
 

@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 from ..base.errors import TimeLimitError
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import topological_nodes
+from ..base.weightless import infer_shapes
 from . import const_eval
 from . import lang as L
 from .ops import OPS, OpSpec
@@ -435,7 +436,7 @@ class _Importer:
         model = self.model = _pin_inputs(self.model, self.input_shapes)
         graph = model.graph
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            inferred = infer_shapes(model, strict_mode=False, data_prop=True)  # types only: no weight copies
         except Exception:  # inference is advisory: shapes then come from the analysis alone
             inferred = model
         for vi in inferred.graph.input:

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxsat.base import lazy_weights, modelio
+from onnxsat.base import lazy_weights, modelio, weightless
 
 WIN, LOSS = 1.02, 0.98
 Verdict = Literal["win", "loss", "tie"]
@@ -155,7 +155,10 @@ def ort_session(
         shell, folder = lazy_weights.ort_model(model)
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         return ort.InferenceSession(shell, so, providers=providers)
-    if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
+    if weightless.has_large_weights(model) or modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
+        # From bytes, onnxruntime's wrapper keeps the serialized model and onnxruntime parses a
+        # second copy before making its tensors: three copies of every weight. From a file whose
+        # large weights are external data it holds only its own.
         with tempfile.TemporaryDirectory(prefix="onnxsat-latency-") as tmp:
             path = Path(tmp) / "model.onnx"
             modelio.save_model_atomic(model, path, external_data=True)

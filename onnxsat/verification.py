@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxsat import latency
 from onnxsat.base import lazy_weights, modelio
 from onnxsat.base.errors import UnverifiableError, VerificationError, one_line
+from onnxsat.base.weightless import infer_shapes
 from onnxsat.verification_inputs import check_verifiable, dim_assignments, load_samples, make_inputs
 
 __all__ = [
@@ -226,7 +226,7 @@ def _inferred_value_infos(model: ModelProto) -> list[ValueInfoProto]:
     if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
         return []
     try:
-        return list(onnx.shape_inference.infer_shapes(model).graph.value_info)
+        return list(infer_shapes(model).graph.value_info)
     except Exception:
         return []
 
@@ -344,6 +344,7 @@ def compare_to_reference(
     try:
         session = inference_session(optimized, "disable_all")
         results = [run_session(session, feeds) for feeds in reference.feeds]
+        del session  # its copy of the weights is not held through the comparison
     except Exception as e:
         detail = f"onnxruntime cannot run the optimized model: {one_line(e)}"
         checks = [OutputCheck(name, math.inf, 0.0, False, detail) for name in names]

@@ -24,6 +24,7 @@ from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto
 from onnxsat.base import modelio
 from onnxsat.base.errors import BadInputError, UnverifiableError, one_line
 from onnxsat.base.options import Options
+from onnxsat.base.weightless import infer_shapes
 
 __all__ = [
     "check_verifiable",
@@ -164,7 +165,7 @@ def _oversized_tensors(model: ModelProto, budget: int) -> list[tuple[str, str, i
     if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
         return []
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = infer_shapes(model, data_prop=True)
     except Exception:
         return []
     producer = {out: node.op_type for node in model.graph.node for out in node.output if out}
@@ -403,7 +404,7 @@ def _inferred_static_shapes(model: ModelProto) -> dict[str, tuple[int | None, ..
     if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
         return {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = infer_shapes(model)
     except Exception:
         return {}
     shapes: dict[str, tuple[int | None, ...]] = {}

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .fold import evaluate_node
+
 MAX_ELEMENTS = 64
 """Inputs and outputs of an evaluated node have at most this many elements each."""
 
@@ -61,26 +63,8 @@ def evaluate(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: int) 
         return None  # float inputs (a Cast of a NaN, rounding) are left to the e-graph
     if node.op_type in ("Div", "Mod") and len(given) == 2 and not np.all(given[1]):
         return None  # division by zero has no defined value
-    names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
-    proto = onnx.NodeProto()
-    proto.CopyFrom(node)
-    del proto.input[:]
-    proto.input.extend(names)
-    outs = [f"out{i}" for i in range(len(node.output))]
-    del proto.output[:]
-    proto.output.extend(outs)
-    feeds = {n: a for n, a in zip(names, inputs, strict=True) if n and a is not None}
-    graph = helper.make_graph(
-        [proto],
-        "const_eval",
-        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
-        [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
-    )
-    from onnx.reference import ReferenceEvaluator  # ~0.1 s to import: only a model with such a node pays it
-
     try:
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        results = ReferenceEvaluator(model).run(None, feeds)
+        results = evaluate_node(node, inputs, [helper.make_opsetid("", opset)])
     except Exception:  # onnx.reference cannot compute it: the node stays a node
         return None
     arrays = []

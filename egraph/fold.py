@@ -30,7 +30,11 @@ class _Uniform:
     dims: tuple[int, ...]
 
 
-def _eval_node(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]) -> list:
+def evaluate_node(
+    node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]
+) -> list:
+    """``node``'s outputs on ``inputs`` (None: an absent optional input) by onnx.reference; raises
+    what onnx.reference raises."""
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
     proto = onnx.NodeProto()
     proto.CopyFrom(node)
@@ -101,7 +105,7 @@ def _growers(folded: onnx.ModelProto, made: dict[str, _Made], sizes: dict[str, i
 def _try_eval(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]) -> list | None:
     """The node's outputs on these inputs, or None where onnx.reference cannot compute them."""
     try:
-        return _eval_node(node, inputs, opset)
+        return evaluate_node(node, inputs, opset)
     except Exception:
         return None
 

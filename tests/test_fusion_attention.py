@@ -30,7 +30,7 @@ from onnxsat.egraph.shapes import shape_rules
 from onnxsat.rules import RULES
 from onnxsat.rules.families import attention
 
-from .helpers_onnx import outputs_match, run_ort, warm_import
+from .helpers_onnx import outputs_match, run_ort
 from .prove import _load, _warm
 from .realmodels_feeds import feeds_for
 
@@ -371,8 +371,7 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _optimize(model: onnx.ModelProto, **options: Any) -> onnx.ModelProto:
-    with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(model, Options(**options))
+    optimized, report = onnxsat.optimize(model, Options(**options))
     assert report.verification.status == "passed", report.verification
     onnx.checker.check_model(optimized, full_check=True)
     feeds = _feeds(model)
@@ -456,8 +455,7 @@ FUSED_EXPORTS = {
 def test_transformer_exports_get_one_attention_per_layer(name: str) -> None:
     record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
     original = onnx.load(REALMODELS / record["file"])
-    with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(original, Options())
+    optimized, report = onnxsat.optimize(original, Options())
     assert report.verification.status == "passed", report.verification
     ops = _ops(optimized)
     assert ops["Attention"] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops

@@ -49,6 +49,9 @@ class MatMulStep:
     beta: float = 0.0
     bias: Buffer | None = None
     relu: bool = False
+    bias_rows: bool = False
+    """The bias is per row of C (M values: a Conv's ``W @ col``, one per output channel) instead
+    of per column."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ class KernelProgram:
             if isinstance(step, KernelStep):
                 parts.append(render(step.kernel))
             elif isinstance(step, MatMulStep):
-                epilogue = (f" + {step.bias.name}" if step.bias else "") + (", relu" if step.relu else "")
+                epilogue = (f" + {step.bias.name}{' per row' if step.bias_rows else ''}" if step.bias else "") + (", relu" if step.relu else "")
                 parts.append(f"matmul {step.out.name} = {step.alpha} * {step.a} @ {step.b} + {step.beta} * out{epilogue}")
             else:
                 parts.append(f"fallback {step.node.op_type} ({step.reason})")

@@ -89,7 +89,8 @@ def matmul(
         else:
             bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
             relu = epilogue is not None and epilogue.relu
-            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu))
+            rows = epilogue is not None and epilogue.rows
+            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu, rows))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
 
@@ -110,6 +111,8 @@ class Epilogue:
     """The graph tensor the epilogue's result is (the Add's or the Relu's output)."""
     skipped: tuple[str, ...]
     """Tensors produced on the way (the product's own, the Add's), read by nothing else."""
+    rows: bool = False
+    """The bias is per row of the product (a Conv's ``W @ col``: one value per output channel)."""
 
 
 def _sole_reader(cx: Any, tensor: str) -> Any:
@@ -229,12 +232,39 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, src.size + 8)
         col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
+    epilogue = _conv_epilogue(cx, nv, wm, col, bias)
+    if epilogue is not None:
+        # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
+        y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue)
+        cx.lazies[epilogue.tensor] = reshape(y, (batch, cout, *out_sp))
+        cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+        return [None] if epilogue.tensor != nv.outputs[0] else [cx.lazies[epilogue.tensor]]
     y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
     y = reshape(y, (batch, cout, *out_sp))
     if bias is not None:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
+
+
+def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> Epilogue | None:
+    """The Conv's constant bias (+ the Relu that alone reads the Conv) as a per-row epilogue of
+    ``W @ col``, when the CPU backend's micro-kernel will run it: float32, one product (batch 1,
+    one group), constant weights, and ``col`` stored with contiguous rows."""
+    if bias is None or not cx.gemm_epilogues or wm.dtype != "f32" or wm.shape[:2] != (1, 1) or col.shape[:2] != (1, 1):
+        return None
+    row = cx.consts.get(nv.inputs[2]) if len(nv.inputs) > 2 else None
+    if row is None or row.dtype != np.float32 or row.size != wm.shape[2]:
+        return None
+    if not wm.is_view or wm.view.buffer.name not in cx.constants or not col.is_view:
+        return None
+    if col.view.buffer.name in cx.constants or tuple(col.view.strides[-2:]) != (col.shape[-1], 1):
+        return None
+    tensor = nv.outputs[0]
+    relu = _sole_reader(cx, tensor)
+    if relu is not None and relu.op_type == "Relu":
+        return Epilogue(row.reshape(-1), True, relu.output[0], (tensor,), rows=True)
+    return Epilogue(row.reshape(-1), False, tensor, (), rows=True)
 
 
 class _NoCeil:

@@ -302,6 +302,10 @@ class Executable:
                     out += arrays[bias_name].reshape((-1, 1) if step.bias_rows else -1)
                 if relu:
                     np.maximum(out, 0, out=out, where=~np.isnan(out))
+                if step.activation == "silu":
+                    out *= 1.0 / (1.0 + np.exp(-out))
+                elif step.activation == "hardswish":
+                    out *= np.clip(out / 6.0 + 0.5, 0.0, 1.0)
 
             return run_numpy
         (ta, lda), (tb, ldb) = a_layout, b_layout
@@ -427,7 +431,10 @@ class Executable:
         mats = np.stack([rows_a(_rows_of(flat_w, off, m, k, lda_w), bias) for off in dict.fromkeys(a_offs)])
         where = {off: i for i, off in enumerate(dict.fromkeys(a_offs))}
         lda = mats.shape[-1]
-        fn = sgemm_function("none" if bias is None else "bias_relu" if step.relu else "bias", self.cache_dir, packed=False)
+        if step.activation and (step.relu or bias is None):
+            return None
+        epilogue = "none" if bias is None else "bias_relu" if step.relu else f"bias_{step.activation}" if step.activation else "bias"
+        fn = sgemm_function(epilogue, self.cache_dir, packed=False)
         panels = -(-n // NR)
         flops = 2.0 * m * n * k * len(a_offs)
         target = CHUNKS_PER_THREAD * self.threads

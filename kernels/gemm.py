@@ -29,6 +29,7 @@ from llvmlite import ir
 
 from .jit import LoadedObjects, support_code
 from .llvm_loops import for_range
+from .mathlib import sigmoid_f32
 
 NR = 48
 """Columns per packed panel (three 16-lane vectors): 8 x 48 keeps 24 accumulators, 3 B vectors and
@@ -64,11 +65,19 @@ PTR = F32.as_pointer()
 
 EPILOGUES = {"none": "onnxsat_sgemm_packed", "bias": "onnxsat_sgemm_packed_bias", "bias_relu": "onnxsat_sgemm_packed_bias_relu"}
 """Epilogue name -> function name; every variant takes the same ten integer arguments."""
-ROW_EPILOGUES = {"none": "onnxsat_sgemm_rows", "bias": "onnxsat_sgemm_rows_bias", "bias_relu": "onnxsat_sgemm_rows_bias_relu"}
+ROW_EPILOGUES = {
+    "none": "onnxsat_sgemm_rows",
+    "bias": "onnxsat_sgemm_rows_bias",
+    "bias_relu": "onnxsat_sgemm_rows_bias_relu",
+    "bias_silu": "onnxsat_sgemm_rows_bias_silu",
+    "bias_hardswish": "onnxsat_sgemm_rows_bias_hardswish",
+}
 """The same epilogues for the unpacked-B form (a Conv's ``W @ col``): ``bp`` is then B itself, K x N
 row-major with row stride N, and the bias is per row of C, read from column K of A (A is the
 constant weight, stored M x (K + 1) with the bias as its last column, so a task that starts at a
-later row finds its bias with its rows)."""
+later row finds its bias with its rows). SiLU (``x * sigmoid(x)``, mathlib's vector sigmoid) and
+HardSwish (``x * clamp(x / 6 + 1/2, 0, 1)``) follow the bias as MobileNet's and EfficientNet's
+convs need, so their activation is not a pass of its own over C."""
 
 
 def rows_a(a: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
@@ -314,6 +323,14 @@ class _Gen:
                 value = b.fadd(b.load(slot), splat)
                 if self.epilogue == "bias_relu":
                     value = b.select(b.fcmp_ordered("<", value, zero), zero, value)
+                elif self.epilogue == "bias_silu":
+                    value = b.fmul(value, sigmoid_f32(b, value))
+                elif self.epilogue == "bias_hardswish":
+                    gate = b.fadd(b.fmul(value, ir.Constant(VEC, [1.0 / 6.0] * LANES)), ir.Constant(VEC, [0.5] * LANES))
+                    gate = b.select(b.fcmp_ordered("<", gate, zero), zero, gate)
+                    one = ir.Constant(VEC, [1.0] * LANES)
+                    gate = b.select(b.fcmp_ordered(">", gate, one), one, gate)
+                    value = b.fmul(value, gate)
                 b.store(value, slot)
 
 
@@ -340,6 +357,7 @@ def _compiled(cache_dir: Path | None) -> LoadedObjects:
         module = ir.Module(name="onnxsat_gemm")
         for epilogue in EPILOGUES:
             _Gen(module, epilogue).build()
+        for epilogue in ROW_EPILOGUES:
             _Gen(module, epilogue, packed=False).build()
         return module
 

@@ -90,7 +90,8 @@ def matmul(
             bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
             relu = epilogue is not None and epilogue.relu
             rows = epilogue is not None and epilogue.rows
-            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu, rows))
+            activation = "" if epilogue is None else epilogue.activation
+            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu, rows, activation))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
 
@@ -113,6 +114,8 @@ class Epilogue:
     """Tensors produced on the way (the product's own, the Add's), read by nothing else."""
     rows: bool = False
     """The bias is per row of the product (a Conv's ``W @ col``: one value per output channel)."""
+    activation: str = ""
+    """With ``rows``: ``silu`` or ``hardswish`` after the bias."""
 
 
 def _sole_reader(cx: Any, tensor: str) -> Any:
@@ -232,6 +235,10 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, src.size + 8)
         col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
+    if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
+        # stored here rather than by the product (a residual Add or SE Mul feeding a 1x1 conv), so
+        # the epilogue check below sees its rows
+        col = cx.materialize(col, "operand")
     epilogue = _conv_epilogue(cx, nv, wm, col, bias)
     if epilogue is not None:
         # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
@@ -248,12 +255,13 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
 
 
 def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> Epilogue | None:
-    """The Conv's constant bias (+ the Relu that alone reads the Conv) as a per-row epilogue of
-    ``W @ col``, when the CPU backend's micro-kernel will run it: float32, one product (batch 1,
-    one group), constant weights, and ``col`` stored with contiguous rows."""
-    if bias is None or not cx.gemm_epilogues or wm.dtype != "f32" or wm.shape[:2] != (1, 1) or col.shape[:2] != (1, 1):
+    """The Conv's constant bias (+ the Relu, HardSwish or SiLU that alone reads the Conv) as a
+    per-row epilogue of ``W @ col``, when the CPU backend's micro-kernel will run it: float32, one
+    product (batch 1, one group), constant weights, and ``col`` stored with contiguous rows. A
+    Conv without a bias gets a zero one when an activation follows (MobileNet's dynamo export)."""
+    if not cx.gemm_epilogues or wm.dtype != "f32" or wm.shape[:2] != (1, 1) or col.shape[:2] != (1, 1):
         return None
-    row = cx.consts.get(nv.inputs[2]) if len(nv.inputs) > 2 else None
+    row = cx.consts.get(nv.inputs[2]) if bias is not None else np.zeros(wm.shape[2], np.float32)
     if row is None or row.dtype != np.float32 or row.size != wm.shape[2]:
         return None
     if not wm.is_view or wm.view.buffer.name not in cx.constants or not col.is_view:
@@ -264,7 +272,33 @@ def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> 
     relu = _sole_reader(cx, tensor)
     if relu is not None and relu.op_type == "Relu":
         return Epilogue(row.reshape(-1), True, relu.output[0], (tensor,), rows=True)
-    return Epilogue(row.reshape(-1), False, tensor, (), rows=True)
+    if relu is not None and relu.op_type == "HardSwish":
+        return Epilogue(row.reshape(-1), False, relu.output[0], (tensor,), rows=True, activation="hardswish")
+    silu = _silu_of(cx, tensor)
+    if silu is not None:
+        return Epilogue(row.reshape(-1), False, silu[1], (tensor, silu[0]), rows=True, activation="silu")
+    return Epilogue(row.reshape(-1), False, tensor, (), rows=True) if bias is not None else None
+
+
+def _silu_of(cx: Any, tensor: str) -> tuple[str, str] | None:
+    """``(sigmoid, product)`` when ``tensor`` is read only by ``s = Sigmoid(tensor)`` and a later
+    ``Mul(tensor, s)``, and ``s`` only by that Mul (SiLU as TorchScript exports it)."""
+    if tensor in cx.output_names:
+        return None
+    nodes = cx.graph.node
+    readers = [i for i, node in enumerate(nodes) if tensor in node.input]
+    if len(readers) != 2 or cx.last_use.get(tensor) != readers[1]:
+        return None
+    sig, mul = nodes[readers[0]], nodes[readers[1]]
+    if sig.op_type != "Sigmoid" or mul.op_type != "Mul" or any(n.domain not in ("", "ai.onnx") for n in (sig, mul)):
+        return None
+    s = sig.output[0]
+    if sorted(mul.input) != sorted([tensor, s]) or s == tensor:
+        return None
+    after = _sole_reader(cx, s)
+    if after is None or after.op_type != "Mul" or list(after.output) != list(mul.output):
+        return None
+    return s, mul.output[0]
 
 
 class _NoCeil:

@@ -91,7 +91,7 @@ def test_matmul_bias_relu_epilogue(case: str) -> None:
 
 
 @pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (20, 9, 49), (17, 4, 17), (8, 3, 33)])
-@pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu"])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_silu", "bias_hardswish"])
 def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) -> None:
     """The unpacked-B form (a Conv's ``W @ col``): B read in place with row stride N, a per-row
     bias from A's extra column, short last panels of one or two vectors; run as the runtime
@@ -115,5 +115,9 @@ def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) 
         want += bias[:, None]
     if epilogue == "bias_relu":
         want = np.maximum(want, 0)
+    if epilogue == "bias_silu":
+        want = want / (1.0 + np.exp(-want))
+    if epilogue == "bias_hardswish":
+        want = want * np.clip(want / 6.0 + 0.5, 0.0, 1.0)
     np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * k)
     assert np.all(np.isnan(c[:, n:]))

@@ -419,7 +419,7 @@ class Executable:
             return None
         if step.alpha != 1.0 or step.beta != 0.0 or bop.buffer.dtype != "f32" or not k or not m or not n:
             return None
-        if bop.strides[-1] != 1 or bop.strides[-2] != n or a.strides[-1] != 1 or a.strides[-2] < k:
+        if (bop.strides[-1] != 1 and n > 1) or bop.strides[-2] != n or a.strides[-1] != 1 or a.strides[-2] < k:
             return None
         if step.bias is not None and (not step.bias_rows or len(a_offs) != 1):
             return None

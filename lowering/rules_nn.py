@@ -266,7 +266,7 @@ def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> 
         return None
     if not wm.is_view or wm.view.buffer.name not in cx.constants or not col.is_view:
         return None
-    if col.view.buffer.name in cx.constants or tuple(col.view.strides[-2:]) != (col.shape[-1], 1):
+    if col.view.buffer.name in cx.constants or col.view.strides[-2] != col.shape[-1] or (col.view.strides[-1] != 1 and col.shape[-1] > 1):
         return None
     tensor = nv.outputs[0]
     relu = _sole_reader(cx, tensor)

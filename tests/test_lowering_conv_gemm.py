@@ -31,6 +31,7 @@ CASES = {
     "pw_hardswish": ([1, 96, 7, 7], [576, 96, 1, 1], {}, True, "hardswish"),
     "pw_hardswish_no_bias": ([1, 16, 28, 28], [72, 16, 1, 1], {}, False, "hardswish"),
     "pw_relu_no_bias": ([1, 16, 28, 28], [24, 16, 1, 1], {}, False, "relu"),
+    "se_fc_relu_no_bias": ([1, 16, 7, 7], [8, 16, 1, 1], {}, False, "relu"),
     "pw_silu_no_bias": ([1, 24, 7, 7], [40, 24, 1, 1], {}, False, "silu"),
     "dense3x3_s1": ([1, 64, 28, 28], [64, 64, 3, 3], {"pads": [1, 1, 1, 1]}, True, "relu"),
     "dense3x3_s2_deep": ([1, 512, 7, 7], [20, 512, 3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, ""),
@@ -48,7 +49,12 @@ def _nodes(name: str, rng: np.random.Generator) -> tuple[list[onnx.NodeProto], l
         inits.append(numpy_helper.from_array(rng.standard_normal(ws[0]).astype(np.float32), f"b_{name}"))
         inputs.append(f"b_{name}")
     c, y = f"c_{name}", f"y_{name}"
-    nodes = [helper.make_node("Conv", inputs, [c], **attrs)]
+    nodes = []
+    if name.startswith("se_"):
+        # squeeze-excitation: the conv reads a spatial mean (N = 1, a column of stride 0)
+        nodes.append(helper.make_node("ReduceMean", [inputs[0]], [f"m_{name}"], axes=[2, 3], keepdims=1))
+        inputs[0] = f"m_{name}"
+    nodes.append(helper.make_node("Conv", inputs, [c], **attrs))
     if act == "relu":
         nodes.append(helper.make_node("Relu", [c], [y]))
     elif act == "hardswish":

@@ -433,8 +433,7 @@ class Executable:
         lda = mats.shape[-1]
         if step.activation and (step.relu or bias is None):
             return None
-        epilogue = "none" if bias is None else "bias_relu" if step.relu else f"bias_{step.activation}" if step.activation else "bias"
-        fn = sgemm_function(epilogue, self.cache_dir, packed=False)
+        fn = sgemm_function(_row_epilogue(step), self.cache_dir, packed=False)
         panels = -(-n // NR)
         flops = 2.0 * m * n * k * len(a_offs)
         target = CHUNKS_PER_THREAD * self.threads
@@ -550,6 +549,15 @@ def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Pa
     runtime(cache_dir)
     if options.gemm == "llvm" and any(isinstance(s, MatMulStep) for s in program.steps):
         sgemm_address("none", cache_dir)
+        for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and program.constants.get(s.a.buffer.name) is not None}):
+            sgemm_address(epilogue, cache_dir, packed=False)
+
+
+def _row_epilogue(step: MatMulStep) -> str:
+    """The unpacked-B kernel variant a product with constant A would run on."""
+    if step.bias is None:
+        return "none"
+    return "bias_relu" if step.relu else f"bias_{step.activation}" if step.activation else "bias"
 
 
 def _rows_of(flat: np.ndarray, offset: int, m: int, k: int, ld: int) -> np.ndarray:

@@ -210,16 +210,12 @@ class _Gen:
                         self.loop(f"s{width}", _i64(0), strips, 1, strip)
 
                     # a short last panel (49 = 48 + 1 columns) does one vector of FMAs, not three
-                    wide = b.icmp_signed(">", left, _i64(2 * LANES))
-                    with b.if_else(wide) as (then, otherwise):
+                    # (a two-vector form too doubled the compile time of these kernels)
+                    with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (then, otherwise):
                         with then:
-                            narrow(3)
+                            narrow(NR // LANES)
                         with otherwise:
-                            with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (two, one):
-                                with two:
-                                    narrow(2)
-                                with one:
-                                    narrow(1)
+                            narrow(1)
 
                 self.loop("p", p_begin, p_end, 1, panel)
 
@@ -282,7 +278,8 @@ class _Gen:
         main_end = b.add(k0, b.mul(b.sdiv(b.sub(k1, k0), _i64(UNROLL)), _i64(UNROLL)))
         self.loop("ku", k0, main_end, UNROLL, lambda kk: steps(kk, UNROLL))
         self.loop("kt", main_end, k1, 1, lambda kk: steps(kk, 1))
-        if self.epilogue != "none":
+        looped = self.epilogue in ("bias_silu", "bias_hardswish")
+        if self.epilogue != "none" and not looped:
             with b.if_then(self.last_block):
                 if self.packed:
                     self.apply_epilogue(accs, col0)
@@ -292,6 +289,9 @@ class _Gen:
             with b.if_then(present[r]):
                 for h in range(width):
                     b.call(self.mstore, [b.load(accs[r][h]), c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h]])
+        if looped:
+            with b.if_then(self.last_block):
+                self.activate_stored(i0, rows, col0, masks, width)
 
 
     def apply_epilogue(self, accs: list[list[ir.Value]], col0: ir.Value) -> None:
@@ -309,6 +309,38 @@ class _Gen:
                 b.store(value, slot)
 
 
+    def activate_stored(self, i0: ir.Value, rows: ir.Value, col0: ir.Value, masks: list[ir.Value], width: int) -> None:
+        """SiLU / HardSwish epilogues on the tile just stored, row by row in a loop (C is in L1):
+        unrolled over the 8 x 3 accumulators their polynomials made these kernels' compile time
+        several times the others'."""
+        b = self.b
+        a, lda, _, k, c, ldc = self.fn.args[:6]
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        undef = ir.Constant(VEC, None)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        four = ir.Constant(ir.IntType(32), 4)
+        count = b.select(b.icmp_signed("<", rows, _i64(MR)), rows, _i64(MR))
+
+        def row(r: ir.Value) -> None:
+            i = b.add(i0, r)
+            bias = b.load(b.gep(a, [b.add(b.mul(i, lda), k)]))
+            splat = b.shuffle_vector(b.insert_element(undef, bias, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+            crow = b.gep(c, [b.add(b.mul(i, ldc), col0)])
+            for h in range(width):
+                ptr = b.bitcast(b.gep(crow, [_i64(h * LANES)]), VEC.as_pointer())
+                value = b.fadd(b.call(self.mload, [ptr, four, masks[h], zero]), splat)
+                if self.epilogue == "bias_silu":
+                    value = b.fmul(value, sigmoid_f32(b, value))
+                else:
+                    gate = b.fadd(b.fmul(value, ir.Constant(VEC, [1.0 / 6.0] * LANES)), ir.Constant(VEC, [0.5] * LANES))
+                    gate = b.select(b.fcmp_ordered("<", gate, zero), zero, gate)
+                    one = ir.Constant(VEC, [1.0] * LANES)
+                    gate = b.select(b.fcmp_ordered(">", gate, one), one, gate)
+                    value = b.fmul(value, gate)
+                b.call(self.mstore, [value, ptr, four, masks[h]])
+
+        self.loop("er", _i64(0), count, 1, row)
+
     def apply_row_epilogue(self, accs: list[list[ir.Value]], a_rows: list[ir.Value]) -> None:
         """The finished tile plus each row's bias (column K of A), then ReLU as in ``apply_epilogue``."""
         b = self.b
@@ -323,14 +355,6 @@ class _Gen:
                 value = b.fadd(b.load(slot), splat)
                 if self.epilogue == "bias_relu":
                     value = b.select(b.fcmp_ordered("<", value, zero), zero, value)
-                elif self.epilogue == "bias_silu":
-                    value = b.fmul(value, sigmoid_f32(b, value))
-                elif self.epilogue == "bias_hardswish":
-                    gate = b.fadd(b.fmul(value, ir.Constant(VEC, [1.0 / 6.0] * LANES)), ir.Constant(VEC, [0.5] * LANES))
-                    gate = b.select(b.fcmp_ordered("<", gate, zero), zero, gate)
-                    one = ir.Constant(VEC, [1.0] * LANES)
-                    gate = b.select(b.fcmp_ordered(">", gate, one), one, gate)
-                    value = b.fmul(value, gate)
                 b.store(value, slot)
 
 
@@ -357,18 +381,29 @@ def _compiled(cache_dir: Path | None) -> LoadedObjects:
         module = ir.Module(name="onnxsat_gemm")
         for epilogue in EPILOGUES:
             _Gen(module, epilogue).build()
-        for epilogue in ROW_EPILOGUES:
-            _Gen(module, epilogue, packed=False).build()
         return module
 
     return support_code("gemm", build, cache_dir)
+
+
+@functools.cache
+def _compiled_rows(epilogue: str, cache_dir: Path | None) -> LoadedObjects:
+    """One unpacked-B variant per module, compiled when a program first uses it (all five in one
+    module took several times the packed kernels' cold compile)."""
+
+    def build() -> ir.Module:
+        module = ir.Module(name=f"onnxsat_gemm_rows_{epilogue}")
+        _Gen(module, epilogue, packed=False).build()
+        return module
+
+    return support_code(f"gemm_rows_{epilogue}", build, cache_dir)
 
 
 def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True) -> tuple[LoadedObjects, int]:
     """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address; compiled
     through the object cache in ``cache_dir`` (None: no disk cache). ``packed=False``: the
     unpacked-B form (``ROW_EPILOGUES``)."""
-    compiled = _compiled(cache_dir)
+    compiled = _compiled(cache_dir) if packed else _compiled_rows(epilogue, cache_dir)
     return compiled, compiled.address((EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
 
 

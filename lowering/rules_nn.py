@@ -11,6 +11,7 @@ taps residue by residue, so its loads are unit stride and need no bounds checks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from .kernel_ir import (
 )
 from .operands import stored_in_source_order
 from .program import PACKED_GEMM_MAX_ROWS, MatMulStep, StridedOperand
+from .rules_elementwise import hard_sigmoid, relu, sigmoid
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
 from .values import (
@@ -224,7 +226,15 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
         if fits_direct(mg, kernel) and math.prod(out_sp):
-            return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
+            act = _activation_of(cx, nv.outputs[0]) if cg == 1 else None
+            if act is None:
+                return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
+            # the activation is applied as the direct kernel stores: its node(s) are skipped
+            kind, tensor, skipped = act
+            y = direct_conv(cx, tensor, src, w, bias, group, kernel, strides, dilations, tuple(out_sp), ACTIVATIONS[kind])
+            cx.lazies[tensor] = y
+            cx.fused.update(t for t in (*skipped, tensor) if t != nv.outputs[0])
+            return [None]
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
@@ -269,15 +279,33 @@ def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> 
     if col.view.buffer.name in cx.constants or col.view.strides[-2] != col.shape[-1] or (col.view.strides[-1] != 1 and col.shape[-1] > 1):
         return None
     tensor = nv.outputs[0]
-    relu = _sole_reader(cx, tensor)
-    if relu is not None and relu.op_type == "Relu":
-        return Epilogue(row.reshape(-1), True, relu.output[0], (tensor,), rows=True)
-    if relu is not None and relu.op_type == "HardSwish":
-        return Epilogue(row.reshape(-1), False, relu.output[0], (tensor,), rows=True, activation="hardswish")
+    act = _activation_of(cx, tensor)
+    if act is None:
+        return Epilogue(row.reshape(-1), False, tensor, (), rows=True) if bias is not None else None
+    kind, out, skipped = act
+    return Epilogue(row.reshape(-1), kind == "relu", out, skipped, rows=True, activation="" if kind == "relu" else kind)
+
+
+ACTIVATIONS: dict[str, Callable[[Expr], Expr]] = {
+    "relu": relu,
+    "hardswish": lambda a: Binary("mul", a, hard_sigmoid(a, 1.0 / 6.0, 0.5)),
+    "silu": lambda a: Binary("mul", a, sigmoid(a)),
+}
+"""The activations a conv applies as it stores (the same formulas as their elementwise rules)."""
+
+
+def _activation_of(cx: Any, tensor: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """``(kind, result, skipped)`` when ``tensor`` alone feeds a Relu, a HardSwish or a SiLU
+    (``Sigmoid`` + ``Mul``): the activation's name, its output, and the tensors on the way."""
+    node = _sole_reader(cx, tensor)
+    if node is not None and node.op_type == "Relu":
+        return "relu", node.output[0], (tensor,)
+    if node is not None and node.op_type == "HardSwish":
+        return "hardswish", node.output[0], (tensor,)
     silu = _silu_of(cx, tensor)
     if silu is not None:
-        return Epilogue(row.reshape(-1), False, silu[1], (tensor, silu[0]), rows=True, activation="silu")
-    return Epilogue(row.reshape(-1), False, tensor, (), rows=True) if bias is not None else None
+        return "silu", silu[1], (tensor, silu[0])
+    return None
 
 
 def _silu_of(cx: Any, tensor: str) -> tuple[str, str] | None:

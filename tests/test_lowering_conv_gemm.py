@@ -5,7 +5,7 @@ onnxruntime.
 Each case is ``Conv (+ Relu)`` on one input; the shapes cover 1x1 convs (widths 49 = 48 + 1, 196,
 3136), strided 3x3 and 7x7 stems through im2col, K past one K block (4608 > 1024), and M not a
 multiple of the 8-row strip. Every case also checks the lowering put the bias (and the Relu) into
-the product.
+the product. Depthwise convs (direct kernels) apply their activation as they store.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.lowering.kernel_ir import render
 from onnxsat.lowering.lower import lower
-from onnxsat.lowering.program import MatMulStep
+from onnxsat.lowering.program import KernelStep, MatMulStep
 
 CASES = {
     # name: (input shape, weight shape, attributes, bias, activation after the Conv)
@@ -38,7 +39,13 @@ CASES = {
     "stem3x3_s2_silu": ([1, 3, 48, 48], [32, 3, 3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, "silu"),
     "stem7x7_s2": ([1, 3, 64, 64], [64, 3, 7, 7], {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True, "relu"),
     "pw_strided": ([1, 32, 14, 14], [24, 32, 1, 1], {"strides": [2, 2]}, True, "relu"),
+    # depthwise (direct kernels): the activation applied as the conv stores
+    "dw3x3_s1_silu": ([1, 32, 14, 14], [32, 1, 3, 3], {"group": 32, "pads": [1, 1, 1, 1]}, True, "silu"),
+    "dw5x5_s2_hardswish": ([1, 24, 15, 15], [24, 1, 5, 5], {"group": 24, "pads": [2, 2, 2, 2], "strides": [2, 2]}, False, "hardswish"),
+    "dw3x3_s2_relu": ([1, 16, 28, 28], [16, 1, 3, 3], {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True, "relu"),
 }
+MARKS = {"silu": "sigmoid(", "hardswish": "min(max(", "relu": "select(gt("}
+"""What each activation looks like in a rendered kernel."""
 
 
 def _nodes(name: str, rng: np.random.Generator) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
@@ -103,9 +110,14 @@ def test_conv_gemm_matches_onnxruntime(threads: int, tmp_path_factory) -> None: 
 def test_conv_bias_and_relu_go_into_the_product(name: str) -> None:
     """The Conv's bias (and the Relu, HardSwish or SiLU reading it alone) become the product's row
     epilogue; without a bias, an activation comes with a zero bias."""
-    _, _, _, bias, act = CASES[name]
+    _, _, attrs, bias, act = CASES[name]
     program = lower(_model([name]), {f"x_{name}": tuple(CASES[name][0])}, gemm_epilogues=True)
     products = [s for s in program.steps if isinstance(s, MatMulStep)]
+    if attrs.get("group", 1) > 1:
+        convs = [s.kernel for s in program.steps if isinstance(s, KernelStep) and "conv_" in s.kernel.name]
+        assert not products and len(convs) == 1
+        assert MARKS[act] in render(convs[0])
+        return
     assert len(products) == 1
     fused = bias or bool(act)
     assert (products[0].bias is not None) == fused and products[0].bias_rows == fused

@@ -441,7 +441,10 @@ class Executable:
         per_product = max(1, -(-target // len(a_offs))) if parallel else 1
         panel_parts = min(panels, per_product)
         strips = -(-m // MR)
-        row_parts = max(1, min(strips, -(-per_product // panel_parts)))
+        # few panels (N = 49, 196): rows are split too, but only once per thread, since every
+        # row block copies its panels of B again (four row blocks per panel cost more than the
+        # balance they bought on MobileNet's 7x7 products)
+        row_parts = max(1, min(strips, self.threads)) if parallel and panel_parts < per_product else 1
         rows_per = -(-strips // row_parts) * MR
         self._keep.append(mats)
         a_base, b_base, c_base = mats.ctypes.data, self._address(bop.buffer.name), self._address(step.out.name)

@@ -1,6 +1,6 @@
 """Per conv form, the compiled CNN's step times with the conv products on OpenBLAS
 (``gemm="blas"``: bias and activation in kernels of their own) and on the micro-kernel with fused
-epilogues (``gemm="llvm"``), each step's minimum over rounds (the Python step loop, 2 threads):
+epilogues (``gemm="llvm"``), each step's minimum over interleaved rounds (the Python step loop, 2 threads):
 on a loaded machine the minimum is the step's own cost, without the preemption a whole run sees.
 
     python benchmarks/conv_steps_ab.py resnet18-ts-static --rounds 20
@@ -41,18 +41,21 @@ def main() -> None:
     x = model.graph.input[0]
     feeds = {x.name: np.random.default_rng(0).standard_normal([d.dim_value for d in x.type.tensor_type.shape.dim]).astype(np.float32)}
     per: dict[str, dict[str, float]] = {}
+    runs = {}
     for gemm in ("blas", "llvm"):
         compiled = CompiledModel(model, CompileOptions(threads=args.threads, gemm=gemm))
         exe = compiled.executable_for(feeds)
         arrays = dict(exe.fixed)
         arrays.update({b.name: feeds[n] for n, b in exe.program.inputs})
         exe._run_steps(arrays)
-        best = np.full(len(exe.runners), np.inf)
-        for _ in range(args.rounds):
+        runs[gemm] = (compiled, exe, arrays, np.full(len(exe.runners), np.inf))
+    for _ in range(args.rounds):  # the two forms interleaved, round by round
+        for _, exe, arrays, best in runs.values():
             for i, run in enumerate(exe.runners):
                 t0 = time.perf_counter()
                 run(arrays)
                 best[i] = min(best[i], time.perf_counter() - t0)
+    for gemm, (compiled, exe, _, best) in runs.items():
         groups: dict[str, float] = defaultdict(float)
         for step, t in zip(exe.program.steps, best, strict=True):
             if isinstance(step, MatMulStep):

@@ -280,6 +280,8 @@ class Executable:
         a_name, b_name, out_name = step.a.buffer.name, step.b.buffer.name, step.out.name
         a_buf, b_buf = step.a.buffer, step.b.buffer
         packed = self._packed_runner(step, a_offs, m, n, k) if self.gemm == "llvm" and a_layout and b_layout else None
+        if packed is None and self.gemm == "llvm":
+            packed = self._rows_runner(step, a_offs, b_offs, m, n, k)
         if packed is not None:
             return packed
         if gemm is None or a_layout is None or b_layout is None or step.bias is not None:
@@ -297,9 +299,13 @@ class Executable:
                 else:
                     np.multiply(prod, alpha, out=out) if alpha != 1.0 else np.copyto(out, np.broadcast_to(prod, out.shape))
                 if bias_name is not None:
-                    out += arrays[bias_name].reshape(-1)
+                    out += arrays[bias_name].reshape((-1, 1) if step.bias_rows else -1)
                 if relu:
                     np.maximum(out, 0, out=out, where=~np.isnan(out))
+                if step.activation == "silu":
+                    out *= 1.0 / (1.0 + np.exp(-out))
+                elif step.activation == "hardswish":
+                    out *= np.clip(out / 6.0 + 0.5, 0.0, 1.0)
 
             return run_numpy
         (ta, lda), (tb, ldb) = a_layout, b_layout
@@ -398,6 +404,71 @@ class Executable:
 
         return run
 
+    def _rows_runner(
+        self, step: MatMulStep, a_offs: list[int], b_offs: list[int], m: int, n: int, k: int
+    ) -> Callable[[dict[str, np.ndarray]], None] | None:
+        """The LLVM micro-kernel for ``W @ B`` with a constant float32 W (a Conv's weights against
+        its im2col or input, NCHW out) and B unpacked (each K block of a panel is copied once per
+        row block inside the kernel), with a per-row bias (+ ReLU) epilogue; split over threads by
+        column panels and, when there are few panels, row blocks. None when the step does not fit."""
+        from .gemm import MR, NR, rows_a, sgemm_function
+
+        a, bop = step.a, step.b
+        w_value = self.program.constants.get(a.buffer.name)
+        if w_value is None or bop.buffer.name in self.program.constants or step.out.dtype != "f32" or a.buffer.dtype != "f32":
+            return None
+        if step.alpha != 1.0 or step.beta != 0.0 or bop.buffer.dtype != "f32" or not k or not m or not n:
+            return None
+        if (bop.strides[-1] != 1 and n > 1) or bop.strides[-2] != n or a.strides[-1] != 1 or a.strides[-2] < k:
+            return None
+        if step.bias is not None and (not step.bias_rows or len(a_offs) != 1):
+            return None
+        bias = None if step.bias is None else self.program.constants.get(step.bias.name)
+        if step.bias is not None and bias is None:
+            return None
+        flat_w = np.asarray(w_value, np.float32).reshape(-1)
+        lda_w = a.strides[-2]
+        mats = np.stack([rows_a(_rows_of(flat_w, off, m, k, lda_w), bias) for off in dict.fromkeys(a_offs)])
+        where = {off: i for i, off in enumerate(dict.fromkeys(a_offs))}
+        lda = mats.shape[-1]
+        if step.activation and (step.relu or bias is None):
+            return None
+        fn = sgemm_function(_row_epilogue(step), self.cache_dir, packed=False)
+        panels = -(-n // NR)
+        flops = 2.0 * m * n * k * len(a_offs)
+        target = CHUNKS_PER_THREAD * self.threads
+        parallel = self.pool is not None and self.threads > 1 and flops >= GEMM_SPLIT_FLOPS
+        per_product = max(1, -(-target // len(a_offs))) if parallel else 1
+        panel_parts = min(panels, per_product)
+        strips = -(-m // MR)
+        # few panels (N = 49, 196): rows are split too, but only once per thread, since every
+        # row block copies its panels of B again (four row blocks per panel cost more than the
+        # balance they bought on MobileNet's 7x7 products)
+        row_parts = max(1, min(strips, self.threads)) if parallel and panel_parts < per_product else 1
+        rows_per = -(-strips // row_parts) * MR
+        self._keep.append(mats)
+        a_base, b_base, c_base = mats.ctypes.data, self._address(bop.buffer.name), self._address(step.out.name)
+        units: list[tuple[int, int, int, int, int, int]] = []
+        for i, (ao, bo) in enumerate(zip(a_offs, b_offs, strict=True)):
+            for r0 in range(0, m, rows_per):
+                for p0, p1 in _chunks(panels, panel_parts):
+                    a_at = (where[ao] * m + r0) * lda * 4
+                    units.append((a_at, bo * 4, (i * m + r0) * n * 4, min(rows_per, m - r0), p0, p1))
+        self._tasks[-1] = [[KIND_PACKED_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, k, c_base + co, n, rows, n, p0, p1] for ao, bo, co, rows, p0, p1 in units]
+        pool = self.pool
+        b_name, out_name = bop.buffer.name, step.out.name
+
+        def run(arrays: dict[str, np.ndarray]) -> None:
+            pb, pc = arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
+            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, k, pc + co, n, rows, n, p0, p1) for ao, bo, co, rows, p0, p1 in units]
+            if len(calls) == 1 or pool is None:
+                for call in calls:
+                    call()
+                return
+            share_work(pool, self.threads, calls)
+
+        return run
+
     def _fallback_runner(self, step: FallbackStep) -> Callable[[dict[str, np.ndarray]], None]:
         """The node alone in a model (original tensor names, so subgraphs find what they read),
         run by onnx's reference evaluator."""
@@ -481,6 +552,20 @@ def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Pa
     runtime(cache_dir)
     if options.gemm == "llvm" and any(isinstance(s, MatMulStep) for s in program.steps):
         sgemm_address("none", cache_dir)
+        for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and program.constants.get(s.a.buffer.name) is not None}):
+            sgemm_address(epilogue, cache_dir, packed=False)
+
+
+def _row_epilogue(step: MatMulStep) -> str:
+    """The unpacked-B kernel variant a product with constant A would run on."""
+    if step.bias is None:
+        return "none"
+    return "bias_relu" if step.relu else f"bias_{step.activation}" if step.activation else "bias"
+
+
+def _rows_of(flat: np.ndarray, offset: int, m: int, k: int, ld: int) -> np.ndarray:
+    """The M x K matrix at ``offset`` in ``flat`` with row stride ``ld``."""
+    return np.lib.stride_tricks.as_strided(flat[offset:], (m, k), (ld * flat.itemsize, flat.itemsize))
 
 
 def _overlap(ranges: list[tuple[int, int]], others: list[tuple[int, int]]) -> bool:

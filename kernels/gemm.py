@@ -29,6 +29,7 @@ from llvmlite import ir
 
 from .jit import LoadedObjects, support_code
 from .llvm_loops import for_range
+from .mathlib import sigmoid_f32
 
 NR = 48
 """Columns per packed panel (three 16-lane vectors): 8 x 48 keeps 24 accumulators, 3 B vectors and
@@ -64,6 +65,29 @@ PTR = F32.as_pointer()
 
 EPILOGUES = {"none": "onnxsat_sgemm_packed", "bias": "onnxsat_sgemm_packed_bias", "bias_relu": "onnxsat_sgemm_packed_bias_relu"}
 """Epilogue name -> function name; every variant takes the same ten integer arguments."""
+ROW_EPILOGUES = {
+    "none": "onnxsat_sgemm_rows",
+    "bias": "onnxsat_sgemm_rows_bias",
+    "bias_relu": "onnxsat_sgemm_rows_bias_relu",
+    "bias_silu": "onnxsat_sgemm_rows_bias_silu",
+    "bias_hardswish": "onnxsat_sgemm_rows_bias_hardswish",
+}
+"""The same epilogues for the unpacked-B form (a Conv's ``W @ col``): ``bp`` is then B itself, K x N
+row-major with row stride N, and the bias is per row of C, read from column K of A (A is the
+constant weight, stored M x (K + 1) with the bias as its last column, so a task that starts at a
+later row finds its bias with its rows). SiLU (``x * sigmoid(x)``, mathlib's vector sigmoid) and
+HardSwish (``x * clamp(x / 6 + 1/2, 0, 1)``) follow the bias as MobileNet's and EfficientNet's
+convs need, so their activation is not a pass of its own over C."""
+
+
+def rows_a(a: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """A (M x K) for the unpacked-B kernels: with ``bias`` (M values) as an extra column K."""
+    m, k = a.shape
+    out = np.empty((m, k + (bias is not None)), np.float32)
+    out[:, :k] = a
+    if bias is not None:
+        out[:, k] = np.asarray(bias, np.float32).reshape(m)
+    return out
 
 
 def pack_b(b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -89,11 +113,14 @@ def pack_b(b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
 
 
 class _Gen:
-    def __init__(self, module: ir.Module, epilogue: str = "none"):
+    def __init__(self, module: ir.Module, epilogue: str = "none", packed: bool = True):
         self.module = module
         self.epilogue = epilogue
+        self.packed = packed
+        """False: B is unpacked (row stride N, masked loads), the bias is per row (A's column K),
+        and a panel's last columns run with only as many vectors as they need."""
         fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64])
-        self.fn = ir.Function(module, fnty, EPILOGUES[epilogue])
+        self.fn = ir.Function(module, fnty, (EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
         names = ["a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end"]
         for arg, name in zip(self.fn.args, names, strict=True):
             arg.name = name
@@ -120,6 +147,9 @@ class _Gen:
         _, _, bp, k, _, _, m, n, p_begin, p_end = self.fn.args
         b = self.b
         lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        if not self.packed:
+            self.pack = b.bitcast(self.alloca(ir.ArrayType(F32, KC * NR), "pack"), PTR)
         total_panels = b.sdiv(b.add(n, _i64(NR - 1)), _i64(NR))
         self.bias = b.gep(bp, [b.mul(total_panels, b.mul(k, _i64(NR)))])  # read by the epilogues only
 
@@ -147,13 +177,45 @@ class _Gen:
                             ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
                         )
                         masks.append(b.icmp_signed("<", lanes, splat))
-                    b_panel = b.gep(bp, [b.mul(p, b.mul(k, _i64(NR)))])
+                    if self.packed:
+                        b_panel = b.gep(bp, [b.mul(p, b.mul(k, _i64(NR)))])
 
-                    def strip(s: ir.Value) -> None:
-                        i0 = b.add(r0, b.mul(s, _i64(MR)))
-                        self.block(i0, b.sub(r_end, i0), col0, b_panel, masks, (k0, k1, first))
+                        def strip(s: ir.Value) -> None:
+                            i0 = b.add(r0, b.mul(s, _i64(MR)))
+                            self.block(i0, b.sub(r_end, i0), col0, b_panel, masks, (k0, k1, first))
 
-                    self.loop("s", _i64(0), strips, 1, strip)
+                        self.loop("s", _i64(0), strips, 1, strip)
+                        return
+                    # the panel's K block copied to a contiguous buffer once (masked past N) and
+                    # read by every strip of the row block: B's rows are N apart, and strided
+                    # loads ran at 0.7-0.85 of OpenBLAS on resnet18's products
+                    src = b.gep(bp, [col0])
+                    four = ir.Constant(ir.IntType(32), 4)
+
+                    def pack_row(kk: ir.Value) -> None:
+                        row = b.gep(src, [b.mul(kk, n)])
+                        dst = b.gep(self.pack, [b.mul(b.sub(kk, k0), _i64(NR))])
+                        for h in range(NR // LANES):
+                            v = b.call(self.mload, [b.bitcast(b.gep(row, [_i64(h * LANES)]), VEC.as_pointer()), four, masks[h], zero])
+                            b.store(v, b.bitcast(b.gep(dst, [_i64(h * LANES)]), VEC.as_pointer()), align=4)
+
+                    self.loop("pk", k0, k1, 1, pack_row)
+                    b_panel = b.gep(self.pack, [b.sub(_i64(0), b.mul(k0, _i64(NR)))])
+
+                    def narrow(width: int) -> None:
+                        def strip(s: ir.Value) -> None:
+                            i0 = b.add(r0, b.mul(s, _i64(MR)))
+                            self.block(i0, b.sub(r_end, i0), col0, b_panel, masks, (k0, k1, first), width)
+
+                        self.loop(f"s{width}", _i64(0), strips, 1, strip)
+
+                    # a short last panel (49 = 48 + 1 columns) does one vector of FMAs, not three
+                    # (a two-vector form too doubled the compile time of these kernels)
+                    with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (then, otherwise):
+                        with then:
+                            narrow(NR // LANES)
+                        with otherwise:
+                            narrow(1)
 
                 self.loop("p", p_begin, p_end, 1, panel)
 
@@ -163,7 +225,8 @@ class _Gen:
         b.ret_void()
 
     def block(
-        self, i0: ir.Value, rows: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value]
+        self, i0: ir.Value, rows: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value],
+        width: int = NR // LANES,
     ) -> None:
         """C[i0:i0+min(rows, MR), panel] (+)= A[.., k0:k1] @ Bp[panel, k0:k1]; the first K block
         starts from zero, later ones from what C holds. A short last strip (``rows < MR``) reads
@@ -172,7 +235,7 @@ class _Gen:
         k0, k1, first = span
         b = self.b
         zero = ir.Constant(VEC, [0.0] * LANES)
-        accs = [[self.alloca(VEC, f"acc{r}_{h}") for h in range(NR // LANES)] for r in range(MR)]
+        accs = [[self.alloca(VEC, f"acc{r}_{h}") for h in range(width)] for r in range(MR)]
         last = b.sub(rows, _i64(1))
         present = [b.icmp_signed(">", rows, _i64(r)) for r in range(MR)]
 
@@ -186,7 +249,7 @@ class _Gen:
         with b.if_then(b.not_(first)):
             for r in range(MR):
                 with b.if_then(present[r]):
-                    for h in range(NR // LANES):
+                    for h in range(width):
                         b.store(b.call(self.mload, [c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h], zero]), accs[r][h])
         # one base pointer per row: the unrolled k steps then address A as base + k (no index chain)
         a_rows = [b.gep(a, [b.mul(b.add(i0, b.select(present[r], _i64(r), last)), lda)]) for r in range(MR)]
@@ -198,30 +261,37 @@ class _Gen:
             for u in range(count):
                 kk = b.add(k_at, _i64(u))
                 brow = b.gep(b_panel, [b.mul(kk, _i64(NR))])
-                bv = [b.load(b.bitcast(b.gep(brow, [_i64(h * LANES)]), VEC.as_pointer()), align=4) for h in range(NR // LANES)]
-                if PREFETCH_ROWS:
+                bv = [b.load(b.bitcast(b.gep(brow, [_i64(h * LANES)]), VEC.as_pointer()), align=4) for h in range(width)]
+                if PREFETCH_ROWS and self.packed:
                     for h in range(NR // LANES):
                         ahead = b.bitcast(b.gep(brow, [_i64(PREFETCH_ROWS * NR + h * LANES)]), ir.IntType(8).as_pointer())
                         b.call(self.prefetch, [ahead, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
                 for r in range(MR):
                     av = b.load(b.gep(a_rows[r], [kk]))
                     splat = b.shuffle_vector(b.insert_element(undef, av, ir.Constant(ir.IntType(32), 0)), undef, zeros)
-                    for h in range(NR // LANES):
+                    for h in range(width):
                         acc[r][h] = b.call(self.fma, [splat, bv[h], acc[r][h]])
             for r in range(MR):
-                for h in range(NR // LANES):
+                for h in range(width):
                     b.store(acc[r][h], accs[r][h])
 
         main_end = b.add(k0, b.mul(b.sdiv(b.sub(k1, k0), _i64(UNROLL)), _i64(UNROLL)))
         self.loop("ku", k0, main_end, UNROLL, lambda kk: steps(kk, UNROLL))
         self.loop("kt", main_end, k1, 1, lambda kk: steps(kk, 1))
-        if self.epilogue != "none":
+        looped = self.epilogue in ("bias_silu", "bias_hardswish")
+        if self.epilogue != "none" and not looped:
             with b.if_then(self.last_block):
-                self.apply_epilogue(accs, col0)
+                if self.packed:
+                    self.apply_epilogue(accs, col0)
+                else:
+                    self.apply_row_epilogue(accs, a_rows)
         for r in range(MR):
             with b.if_then(present[r]):
-                for h in range(NR // LANES):
+                for h in range(width):
                     b.call(self.mstore, [b.load(accs[r][h]), c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h]])
+        if looped:
+            with b.if_then(self.last_block):
+                self.activate_stored(i0, rows, col0, masks, width)
 
 
     def apply_epilogue(self, accs: list[list[ir.Value]], col0: ir.Value) -> None:
@@ -234,6 +304,55 @@ class _Gen:
         for row in accs:
             for h, slot in enumerate(row):
                 value = b.fadd(b.load(slot), bias[h])
+                if self.epilogue == "bias_relu":
+                    value = b.select(b.fcmp_ordered("<", value, zero), zero, value)
+                b.store(value, slot)
+
+
+    def activate_stored(self, i0: ir.Value, rows: ir.Value, col0: ir.Value, masks: list[ir.Value], width: int) -> None:
+        """SiLU / HardSwish epilogues on the tile just stored, row by row in a loop (C is in L1):
+        unrolled over the 8 x 3 accumulators their polynomials made these kernels' compile time
+        several times the others'."""
+        b = self.b
+        a, lda, _, k, c, ldc = self.fn.args[:6]
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        undef = ir.Constant(VEC, None)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        four = ir.Constant(ir.IntType(32), 4)
+        count = b.select(b.icmp_signed("<", rows, _i64(MR)), rows, _i64(MR))
+
+        def row(r: ir.Value) -> None:
+            i = b.add(i0, r)
+            bias = b.load(b.gep(a, [b.add(b.mul(i, lda), k)]))
+            splat = b.shuffle_vector(b.insert_element(undef, bias, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+            crow = b.gep(c, [b.add(b.mul(i, ldc), col0)])
+            for h in range(width):
+                ptr = b.bitcast(b.gep(crow, [_i64(h * LANES)]), VEC.as_pointer())
+                value = b.fadd(b.call(self.mload, [ptr, four, masks[h], zero]), splat)
+                if self.epilogue == "bias_silu":
+                    value = b.fmul(value, sigmoid_f32(b, value))
+                else:
+                    gate = b.fadd(b.fmul(value, ir.Constant(VEC, [1.0 / 6.0] * LANES)), ir.Constant(VEC, [0.5] * LANES))
+                    gate = b.select(b.fcmp_ordered("<", gate, zero), zero, gate)
+                    one = ir.Constant(VEC, [1.0] * LANES)
+                    gate = b.select(b.fcmp_ordered(">", gate, one), one, gate)
+                    value = b.fmul(value, gate)
+                b.call(self.mstore, [value, ptr, four, masks[h]])
+
+        self.loop("er", _i64(0), count, 1, row)
+
+    def apply_row_epilogue(self, accs: list[list[ir.Value]], a_rows: list[ir.Value]) -> None:
+        """The finished tile plus each row's bias (column K of A), then ReLU as in ``apply_epilogue``."""
+        b = self.b
+        k = self.fn.args[3]
+        zero = ir.Constant(VEC, [0.0] * LANES)
+        undef = ir.Constant(VEC, None)
+        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        for r, row in enumerate(accs):
+            bias = b.load(b.gep(a_rows[r], [k]))
+            splat = b.shuffle_vector(b.insert_element(undef, bias, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+            for slot in row:
+                value = b.fadd(b.load(slot), splat)
                 if self.epilogue == "bias_relu":
                     value = b.select(b.fcmp_ordered("<", value, zero), zero, value)
                 b.store(value, slot)
@@ -267,18 +386,32 @@ def _compiled(cache_dir: Path | None) -> LoadedObjects:
     return support_code("gemm", build, cache_dir)
 
 
-def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None) -> tuple[LoadedObjects, int]:
+@functools.cache
+def _compiled_rows(epilogue: str, cache_dir: Path | None) -> LoadedObjects:
+    """One unpacked-B variant per module, compiled when a program first uses it (all five in one
+    module took several times the packed kernels' cold compile)."""
+
+    def build() -> ir.Module:
+        module = ir.Module(name=f"onnxsat_gemm_rows_{epilogue}")
+        _Gen(module, epilogue, packed=False).build()
+        return module
+
+    return support_code(f"gemm_rows_{epilogue}", build, cache_dir)
+
+
+def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True) -> tuple[LoadedObjects, int]:
     """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address; compiled
-    through the object cache in ``cache_dir`` (None: no disk cache)."""
-    compiled = _compiled(cache_dir)
-    return compiled, compiled.address(EPILOGUES[epilogue])
+    through the object cache in ``cache_dir`` (None: no disk cache). ``packed=False``: the
+    unpacked-B form (``ROW_EPILOGUES``)."""
+    compiled = _compiled(cache_dir) if packed else _compiled_rows(epilogue, cache_dir)
+    return compiled, compiled.address((EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
 
 
-def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None):  # type: ignore[no-untyped-def]
+def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True):  # type: ignore[no-untyped-def]
     """ctypes callable: (a, lda, bp, k, c, ldc, m, n, p_begin, p_end)."""
     import ctypes
 
-    _, address = sgemm_address(epilogue, cache_dir)
+    _, address = sgemm_address(epilogue, cache_dir, packed)
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     proto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64)
     return proto(address)

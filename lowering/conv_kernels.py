@@ -57,27 +57,31 @@ def fits_direct(mg: int, kernel: list[int]) -> bool:
 
 
 def direct_conv(
-    cx: Any, tensor: str, src: Lazy, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], strides: list[int], dilations: list[int], out_sp: tuple[int, ...]
+    cx: Any, tensor: str, src: Lazy, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], strides: list[int], dilations: list[int], out_sp: tuple[int, ...],
+    activation: Callable[[Expr], Expr] | None = None,
 ) -> Lazy:
     """A windowed Conv of the zero-padded ``src`` (already holding every tap of every output).
 
     Stride 1: the flat form, whose inner loop runs over the padded plane's flat positions (so a
     14-wide image still fills vectors); its output is a view that skips the padding columns.
     Otherwise the row form, parallel over output rows, inner loop along the output width.
+    ``activation`` (one input channel per group only: depthwise) is applied as each output is
+    stored, so a depthwise conv's ReLU/HardSwish/SiLU is not a pass of its own.
     """
+    assert activation is None or w.shape[1] == 1
     batch, cout = src.shape[0], w.shape[0]
     if all(s == 1 for s in strides):
         stored = cx.materialize(src, "conv_in")
-        return _flat_direct_conv(cx, tensor, stored.view.buffer, w, bias, group, kernel, dilations, out_sp)
+        return _flat_direct_conv(cx, tensor, stored.view.buffer, w, bias, group, kernel, dilations, out_sp, activation)
     out = cx.out_buffer(tensor, (batch, cout, *out_sp), src.dtype)
-    cx.emit_kernel(_row_direct_conv(out, src, w, bias, group, kernel, strides, dilations))
+    cx.emit_kernel(_row_direct_conv(out, src, w, bias, group, kernel, strides, dilations, activation))
     return of_buffer(out)
 
 
 def _conv_body(
     dt: str, mg: int, cg: int, taps: list[tuple[int, ...]], w_at: Callable[[int, Expr, tuple[int, ...]], Expr],
     x_at: Callable[[Expr, tuple[int, ...]], Expr], out_at: Callable[[int], Expr], out: Buffer, bias_at: Callable[[int], Expr] | None,
-    inner: str, start: Expr, stop: Expr,
+    inner: str, start: Expr, stop: Expr, activation: Callable[[Expr], Expr] | None = None,
 ) -> list[Stmt]:
     """Channel 0 stores ``bias + sum w * x`` for every output of the inner loop; channels 1.. add theirs."""
     ci = Var("ci")
@@ -92,7 +96,15 @@ def _conv_body(
         return acc
 
     zero = Const(0.0, dt)
-    first = tuple(Store(out, out_at(m), window(m, i64(0), bias_at(m) if bias_at is not None else zero)) for m in range(mg))
+    first: tuple[Stmt, ...]
+    if activation is not None and cg == 1:
+        first = tuple(
+            stmt
+            for m in range(mg)
+            for stmt in (Decl(f"v{m}", dt, window(m, i64(0), bias_at(m) if bias_at is not None else zero)), Store(out, out_at(m), activation(Local(f"v{m}", dt))))
+        )
+    else:
+        first = tuple(Store(out, out_at(m), window(m, i64(0), bias_at(m) if bias_at is not None else zero)) for m in range(mg))
     body: list[Stmt] = [*weights(i64(0)), Loop(inner, stop, first, start)]
     if cg > 1:
         rest = tuple(Store(out, out_at(m), window(m, ci, Load(out, out_at(m)))) for m in range(mg))
@@ -101,7 +113,8 @@ def _conv_body(
 
 
 def _flat_direct_conv(
-    cx: Any, tensor: str, src: Buffer, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], dilations: list[int], out_sp: tuple[int, ...]
+    cx: Any, tensor: str, src: Buffer, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], dilations: list[int], out_sp: tuple[int, ...],
+    activation: Callable[[Expr], Expr] | None = None,
 ) -> Lazy:
     """Stride-1 direct conv over flat padded positions ``j``: output ``o`` sits at ``j = flat(o)`` in
     the padded plane and tap ``t`` reads ``x[j + flat(t * dilation)]``. Positions in the padding
@@ -138,7 +151,7 @@ def _flat_direct_conv(
     stop = Binary("min", add(start, i64(block)), i64(span))
     body = _conv_body(
         dt, mg, cg, taps, lambda m, c, tap: w.gen([add(mul(g, i64(mg)), i64(m)), c, *(i64(k) for k in tap)]), x_at, out_at, wide,
-        (lambda m: bias.gen([add(mul(g, i64(mg)), i64(m))])) if bias is not None else None, j.name, start, stop,
+        (lambda m: bias.gen([add(mul(g, i64(mg)), i64(m))])) if bias is not None else None, j.name, start, stop, activation,
     )
     inputs = [src, *buffers_of(w), *(buffers_of(bias) if bias is not None else [])]
     cost = float(batch * cout * span * cg * len(taps) * 2)
@@ -147,7 +160,10 @@ def _flat_direct_conv(
     return of_view(View(wide, contiguous_strides(wide.shape), 0), (batch, cout, *out_sp))
 
 
-def _row_direct_conv(out: Buffer, src: Lazy, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], strides: list[int], dilations: list[int]) -> Kernel:
+def _row_direct_conv(
+    out: Buffer, src: Lazy, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], strides: list[int], dilations: list[int],
+    activation: Callable[[Expr], Expr] | None = None,
+) -> Kernel:
     """Direct conv parallel over (n, group, leading output rows), inner loop along the output width."""
     dt = out.dtype
     batch, cout, *out_sp = out.shape
@@ -166,7 +182,7 @@ def _row_direct_conv(out: Buffer, src: Lazy, w: Lazy, bias: Lazy | None, group: 
 
     body = _conv_body(
         dt, mg, cg, taps, lambda m, c, tap: w.gen([add(mul(g, i64(mg)), i64(m)), c, *(i64(k) for k in tap)]), x_at, out_at, out,
-        (lambda m: bias.gen([add(mul(g, i64(mg)), i64(m))])) if bias is not None else None, ow.name, i64(0), i64(out_sp[-1]),
+        (lambda m: bias.gen([add(mul(g, i64(mg)), i64(m))])) if bias is not None else None, ow.name, i64(0), i64(out_sp[-1]), activation,
     )
     inputs = [*buffers_of(src), *buffers_of(w), *(buffers_of(bias) if bias is not None else [])]
     units = batch * group * math.prod(out_sp[:-1])

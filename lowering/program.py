@@ -49,6 +49,11 @@ class MatMulStep:
     beta: float = 0.0
     bias: Buffer | None = None
     relu: bool = False
+    bias_rows: bool = False
+    """The bias is per row of C (M values: a Conv's ``W @ col``, one per output channel) instead
+    of per column."""
+    activation: str = ""
+    """With a row bias: ``silu`` or ``hardswish`` after it (ReLU is ``relu``)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ class KernelProgram:
             if isinstance(step, KernelStep):
                 parts.append(render(step.kernel))
             elif isinstance(step, MatMulStep):
-                epilogue = (f" + {step.bias.name}" if step.bias else "") + (", relu" if step.relu else "")
+                epilogue = (f" + {step.bias.name}{' per row' if step.bias_rows else ''}" if step.bias else "") + (", relu" if step.relu else "") + (f", {step.activation}" if step.activation else "")
                 parts.append(f"matmul {step.out.name} = {step.alpha} * {step.a} @ {step.b} + {step.beta} * out{epilogue}")
             else:
                 parts.append(f"fallback {step.node.op_type} ({step.reason})")

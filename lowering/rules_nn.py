@@ -11,6 +11,7 @@ taps residue by residue, so its loads are unit stride and need no bounds checks.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from .kernel_ir import (
 )
 from .operands import stored_in_source_order
 from .program import PACKED_GEMM_MAX_ROWS, MatMulStep, StridedOperand
+from .rules_elementwise import hard_sigmoid, relu, sigmoid
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
 from .values import (
@@ -89,7 +91,9 @@ def matmul(
         else:
             bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
             relu = epilogue is not None and epilogue.relu
-            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu))
+            rows = epilogue is not None and epilogue.rows
+            activation = "" if epilogue is None else epilogue.activation
+            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu, rows, activation))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
 
@@ -110,6 +114,10 @@ class Epilogue:
     """The graph tensor the epilogue's result is (the Add's or the Relu's output)."""
     skipped: tuple[str, ...]
     """Tensors produced on the way (the product's own, the Add's), read by nothing else."""
+    rows: bool = False
+    """The bias is per row of the product (a Conv's ``W @ col``: one value per output channel)."""
+    activation: str = ""
+    """With ``rows``: ``silu`` or ``hardswish`` after the bias."""
 
 
 def _sole_reader(cx: Any, tensor: str) -> Any:
@@ -218,7 +226,15 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
         if fits_direct(mg, kernel) and math.prod(out_sp):
-            return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
+            act = _activation_of(cx, nv.outputs[0]) if cg == 1 else None
+            if act is None:
+                return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
+            # the activation is applied as the direct kernel stores: its node(s) are skipped
+            kind, tensor, skipped = act
+            y = direct_conv(cx, tensor, src, w, bias, group, kernel, strides, dilations, tuple(out_sp), ACTIVATIONS[kind])
+            cx.lazies[tensor] = y
+            cx.fused.update(t for t in (*skipped, tensor) if t != nv.outputs[0])
+            return [None]
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
@@ -229,12 +245,88 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, src.size + 8)
         col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
+    if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
+        # stored here rather than by the product (a residual Add or SE Mul feeding a 1x1 conv), so
+        # the epilogue check below sees its rows
+        col = cx.materialize(col, "operand")
+    epilogue = _conv_epilogue(cx, nv, wm, col, bias)
+    if epilogue is not None:
+        # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
+        y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue)
+        cx.lazies[epilogue.tensor] = reshape(y, (batch, cout, *out_sp))
+        cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+        return [None] if epilogue.tensor != nv.outputs[0] else [cx.lazies[epilogue.tensor]]
     y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
     y = reshape(y, (batch, cout, *out_sp))
     if bias is not None:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
+
+
+def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> Epilogue | None:
+    """The Conv's constant bias (+ the Relu, HardSwish or SiLU that alone reads the Conv) as a
+    per-row epilogue of ``W @ col``, when the CPU backend's micro-kernel will run it: float32, one
+    product (batch 1, one group), constant weights, and ``col`` stored with contiguous rows. A
+    Conv without a bias gets a zero one when an activation follows (MobileNet's dynamo export)."""
+    if not cx.gemm_epilogues or wm.dtype != "f32" or wm.shape[:2] != (1, 1) or col.shape[:2] != (1, 1):
+        return None
+    row = cx.consts.get(nv.inputs[2]) if bias is not None else np.zeros(wm.shape[2], np.float32)
+    if row is None or row.dtype != np.float32 or row.size != wm.shape[2]:
+        return None
+    if not wm.is_view or wm.view.buffer.name not in cx.constants or not col.is_view:
+        return None
+    if col.view.buffer.name in cx.constants or col.view.strides[-2] != col.shape[-1] or (col.view.strides[-1] != 1 and col.shape[-1] > 1):
+        return None
+    tensor = nv.outputs[0]
+    act = _activation_of(cx, tensor)
+    if act is None:
+        return Epilogue(row.reshape(-1), False, tensor, (), rows=True) if bias is not None else None
+    kind, out, skipped = act
+    return Epilogue(row.reshape(-1), kind == "relu", out, skipped, rows=True, activation="" if kind == "relu" else kind)
+
+
+ACTIVATIONS: dict[str, Callable[[Expr], Expr]] = {
+    "relu": relu,
+    "hardswish": lambda a: Binary("mul", a, hard_sigmoid(a, 1.0 / 6.0, 0.5)),
+    "silu": lambda a: Binary("mul", a, sigmoid(a)),
+}
+"""The activations a conv applies as it stores (the same formulas as their elementwise rules)."""
+
+
+def _activation_of(cx: Any, tensor: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """``(kind, result, skipped)`` when ``tensor`` alone feeds a Relu, a HardSwish or a SiLU
+    (``Sigmoid`` + ``Mul``): the activation's name, its output, and the tensors on the way."""
+    node = _sole_reader(cx, tensor)
+    if node is not None and node.op_type == "Relu":
+        return "relu", node.output[0], (tensor,)
+    if node is not None and node.op_type == "HardSwish":
+        return "hardswish", node.output[0], (tensor,)
+    silu = _silu_of(cx, tensor)
+    if silu is not None:
+        return "silu", silu[1], (tensor, silu[0])
+    return None
+
+
+def _silu_of(cx: Any, tensor: str) -> tuple[str, str] | None:
+    """``(sigmoid, product)`` when ``tensor`` is read only by ``s = Sigmoid(tensor)`` and a later
+    ``Mul(tensor, s)``, and ``s`` only by that Mul (SiLU as TorchScript exports it)."""
+    if tensor in cx.output_names:
+        return None
+    nodes = cx.graph.node
+    readers = [i for i, node in enumerate(nodes) if tensor in node.input]
+    if len(readers) != 2 or cx.last_use.get(tensor) != readers[1]:
+        return None
+    sig, mul = nodes[readers[0]], nodes[readers[1]]
+    if sig.op_type != "Sigmoid" or mul.op_type != "Mul" or any(n.domain not in ("", "ai.onnx") for n in (sig, mul)):
+        return None
+    s = sig.output[0]
+    if sorted(mul.input) != sorted([tensor, s]) or s == tensor:
+        return None
+    after = _sole_reader(cx, s)
+    if after is None or after.op_type != "Mul" or list(after.output) != list(mul.output):
+        return None
+    return s, mul.output[0]
 
 
 class _NoCeil:

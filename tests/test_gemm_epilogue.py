@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
-from onnxsat.kernels.gemm import KC, pack_b, sgemm_function
+from onnxsat.kernels.gemm import KC, NR, pack_b, rows_a, sgemm_function
 from onnxsat.lowering.program import MatMulStep
 
 
@@ -88,3 +88,36 @@ def test_matmul_bias_relu_epilogue(case: str) -> None:
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
     for name, value in zip(outputs, want, strict=True):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (20, 9, 49), (17, 4, 17), (8, 3, 33)])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_silu", "bias_hardswish"])
+def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) -> None:
+    """The unpacked-B form (a Conv's ``W @ col``): B read in place with row stride N, a per-row
+    bias from A's extra column, short last panels of one or two vectors; run as the runtime
+    splits it (a later row block and a panel range per call), columns past N untouched."""
+    m, k, n = shape
+    rng = np.random.default_rng(m * k + n)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32) * 4
+    aa = rows_a(a, None if epilogue == "none" else bias)
+    c = np.full((m, n + 3), np.nan, np.float32)
+    fn = sgemm_function(epilogue, packed=False)
+    panels = -(-n // NR)
+    split = min(m, 8)
+    for r0, rows in ((0, split), (split, m - split)):
+        for p0, p1 in ((0, panels // 2), (panels // 2, panels)):
+            if rows and p1 > p0:
+                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    if epilogue != "none":
+        want += bias[:, None]
+    if epilogue == "bias_relu":
+        want = np.maximum(want, 0)
+    if epilogue == "bias_silu":
+        want = want / (1.0 + np.exp(-want))
+    if epilogue == "bias_hardswish":
+        want = want * np.clip(want / 6.0 + 0.5, 0.0, 1.0)
+    np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * k)
+    assert np.all(np.isnan(c[:, n:]))

@@ -1,0 +1,125 @@
+"""Conv as ``W @ col`` on the CPU backend's micro-kernel (unpacked B, per-row bias, ReLU, SiLU and
+HardSwish epilogues), on the conv shapes of resnet18, mobilenet_v3_small and efficientnet_b0, against
+onnxruntime.
+
+Each case is ``Conv (+ Relu)`` on one input; the shapes cover 1x1 convs (widths 49 = 48 + 1, 196,
+3136), strided 3x3 and 7x7 stems through im2col, K past one K block (4608 > 1024), and M not a
+multiple of the 8-row strip. Every case also checks the lowering put the bias (and the Relu) into
+the product. Depthwise convs (direct kernels) apply their activation as they store.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsat.kernels.compile_options import CompileOptions
+from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.lowering.kernel_ir import render
+from onnxsat.lowering.lower import lower
+from onnxsat.lowering.program import KernelStep, MatMulStep
+
+CASES = {
+    # name: (input shape, weight shape, attributes, bias, activation after the Conv)
+    "pw_7x7_512": ([1, 256, 7, 7], [512, 256, 1, 1], {}, True, "relu"),
+    "pw_14x14_odd_rows": ([1, 40, 14, 14], [244, 40, 1, 1], {}, True, ""),
+    "pw_56x56": ([1, 16, 56, 56], [72, 16, 1, 1], {}, True, "relu"),
+    "pw_no_bias": ([1, 96, 7, 7], [576, 96, 1, 1], {}, False, ""),
+    "pw_silu": ([1, 112, 14, 14], [672, 112, 1, 1], {}, True, "silu"),
+    "pw_hardswish": ([1, 96, 7, 7], [576, 96, 1, 1], {}, True, "hardswish"),
+    "pw_hardswish_no_bias": ([1, 16, 28, 28], [72, 16, 1, 1], {}, False, "hardswish"),
+    "pw_relu_no_bias": ([1, 16, 28, 28], [24, 16, 1, 1], {}, False, "relu"),
+    "se_fc_relu_no_bias": ([1, 16, 7, 7], [8, 16, 1, 1], {}, False, "relu"),
+    "pw_silu_no_bias": ([1, 24, 7, 7], [40, 24, 1, 1], {}, False, "silu"),
+    "dense3x3_s1": ([1, 64, 28, 28], [64, 64, 3, 3], {"pads": [1, 1, 1, 1]}, True, "relu"),
+    "dense3x3_s2_deep": ([1, 512, 7, 7], [20, 512, 3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, ""),
+    "stem3x3_s2_silu": ([1, 3, 48, 48], [32, 3, 3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, "silu"),
+    "stem7x7_s2": ([1, 3, 64, 64], [64, 3, 7, 7], {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True, "relu"),
+    "pw_strided": ([1, 32, 14, 14], [24, 32, 1, 1], {"strides": [2, 2]}, True, "relu"),
+    # depthwise (direct kernels): the activation applied as the conv stores
+    "dw3x3_s1_silu": ([1, 32, 14, 14], [32, 1, 3, 3], {"group": 32, "pads": [1, 1, 1, 1]}, True, "silu"),
+    "dw5x5_s2_hardswish": ([1, 24, 15, 15], [24, 1, 5, 5], {"group": 24, "pads": [2, 2, 2, 2], "strides": [2, 2]}, False, "hardswish"),
+    "dw3x3_s2_relu": ([1, 16, 28, 28], [16, 1, 3, 3], {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True, "relu"),
+}
+MARKS = {"silu": "sigmoid(", "hardswish": "min(max(", "relu": "select(gt("}
+"""What each activation looks like in a rendered kernel."""
+
+
+def _nodes(name: str, rng: np.random.Generator) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], str]:
+    _, ws, attrs, bias, act = CASES[name]
+    inits = [numpy_helper.from_array((rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32), f"w_{name}")]
+    inputs = [f"x_{name}", f"w_{name}"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(ws[0]).astype(np.float32), f"b_{name}"))
+        inputs.append(f"b_{name}")
+    c, y = f"c_{name}", f"y_{name}"
+    nodes = []
+    if name.startswith("se_"):
+        # squeeze-excitation: the conv reads a spatial mean (N = 1, a column of stride 0)
+        nodes.append(helper.make_node("ReduceMean", [inputs[0]], [f"m_{name}"], axes=[2, 3], keepdims=1))
+        inputs[0] = f"m_{name}"
+    nodes.append(helper.make_node("Conv", inputs, [c], **attrs))
+    if act == "relu":
+        nodes.append(helper.make_node("Relu", [c], [y]))
+    elif act == "hardswish":
+        nodes.append(helper.make_node("HardSwish", [c], [y]))
+    elif act == "silu":
+        nodes += [helper.make_node("Sigmoid", [c], [f"s_{name}"]), helper.make_node("Mul", [c, f"s_{name}"], [y])]
+    return nodes, inits, y if act else c
+
+
+def _model(names: list[str]) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    nodes, inits, outs = [], [], []
+    for name in names:
+        n, i, out = _nodes(name, rng)
+        nodes += n
+        inits += i
+        outs.append(out)
+    inputs = [helper.make_tensor_value_info(f"x_{name}", TensorProto.FLOAT, CASES[name][0]) for name in names]
+    graph = helper.make_graph(nodes, "conv_gemm", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_gemm_matches_onnxruntime(threads: int, tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    """Every case in one model (compiled once), one native call, each output within tolerance."""
+    names = sorted(CASES)
+    model = _model(names)
+    rng = np.random.default_rng(1)
+    feeds = {f"x_{name}": rng.standard_normal(CASES[name][0]).astype(np.float32) for name in names}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+    cache = tmp_path_factory.getbasetemp() / "conv_gemm_cache"  # both thread counts share one cache
+    cache.mkdir(mode=0o700, exist_ok=True)
+    compiled = CompiledModel(model, CompileOptions(threads=threads, cache_dir=str(cache)))
+    try:
+        got = compiled(feeds)
+        assert compiled.stats(feeds).one_native_call
+    finally:
+        compiled.close()
+    for out, ref in want.items():
+        assert got[out].shape == ref.shape, out
+        assert float(np.max(np.abs(got[out] - ref))) <= 1e-4 * float(np.max(np.abs(ref))) + 1e-6, out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_conv_bias_and_relu_go_into_the_product(name: str) -> None:
+    """The Conv's bias (and the Relu, HardSwish or SiLU reading it alone) become the product's row
+    epilogue; without a bias, an activation comes with a zero bias."""
+    _, _, attrs, bias, act = CASES[name]
+    program = lower(_model([name]), {f"x_{name}": tuple(CASES[name][0])}, gemm_epilogues=True)
+    products = [s for s in program.steps if isinstance(s, MatMulStep)]
+    if attrs.get("group", 1) > 1:
+        convs = [s.kernel for s in program.steps if isinstance(s, KernelStep) and "conv_" in s.kernel.name]
+        assert not products and len(convs) == 1
+        assert MARKS[act] in render(convs[0])
+        return
+    assert len(products) == 1
+    fused = bias or bool(act)
+    assert (products[0].bias is not None) == fused and products[0].bias_rows == fused
+    assert products[0].relu == (act == "relu")
+    assert products[0].activation == (act if act in ("silu", "hardswish") else "")

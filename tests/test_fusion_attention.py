@@ -549,16 +549,27 @@ FUSED_EXPORTS = {
 """Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""
 
 
+CONTRIB_EXPORTS = ("gpt2-dynamo-dynamic", "llama-decode-ts-static", "qwen2-decode-dynamo-static")
+"""Exports checked with contrib ops at their own opset (MultiHeadAttention): dynamic batch and
+sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(FUSED_EXPORTS))
-def test_transformer_exports_get_one_attention_per_layer(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "contrib"), [(n, False) for n in sorted(FUSED_EXPORTS)] + [(n, True) for n in CONTRIB_EXPORTS]
+)
+def test_transformer_exports_get_one_attention_per_layer(name: str, contrib: bool) -> None:
+    """One Attention per layer (with contrib ops at the model's own opset, one MultiHeadAttention),
+    exact against the original with and without left padding, symbolic dims kept."""
     record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
     original = onnx.load(REALMODELS / record["file"])
+    options = Options(allow_contrib_ops=True, upgrade_opset=None) if contrib else Options()
     with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(original, Options())
+        optimized, report = onnxsat.optimize(original, options)
     assert report.verification.status == "passed", report.verification
     ops = _ops(optimized)
-    assert ops["Attention"] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
+    fused = "MultiHeadAttention" if contrib else "Attention"
+    assert ops[fused] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
     feeds = feeds_for(record["inputs"], seed=7)
     padded = {n: a.copy() for n, a in feeds.items()}
     if "attention_mask" in padded:  # left padding: the first queries' rows are fully masked

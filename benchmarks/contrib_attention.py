@@ -105,6 +105,42 @@ def block(form: str, b: int, t: int, s: int, h: int, hkv: int, d: int, causal: b
     return helper.make_model(graph, opset_imports=imports, ir_version=10)
 
 
+def decode_block(form: str, b: int, p: int, h: int, hkv: int, d: int) -> onnx.ModelProto:
+    """A decode step: q, k, v [b, 1, *] of one new token, past k and v [b, hkv, p, d] -> out
+    [b, 1, h*d] and the present k and v [b, hkv, p + 1, d]; the mask is none (every key is seen)."""
+    inputs = [_vi("q", [b, 1, h * d]), _vi("k", [b, 1, hkv * d]), _vi("v", [b, 1, hkv * d])]
+    inputs += [_vi("pk", [b, hkv, p, d]), _vi("pv", [b, hkv, p, d])]
+    outputs = [_vi("out", [b, 1, h * d]), _vi("present_k", [b, hkv, p + 1, d]), _vi("present_v", [b, hkv, p + 1, d])]
+    scale = float(d**-0.5)
+    nodes: list[onnx.NodeProto] = []
+    if form == "gqa":
+        nodes.append(helper.make_node("Constant", [], ["lens"], value=helper.make_tensor("lens", TensorProto.INT32, [b], [p] * b)))
+        nodes.append(helper.make_node("Constant", [], ["total"], value=helper.make_tensor("total", TensorProto.INT32, [], [p + 1])))
+        attrs = {"num_heads": h, "kv_num_heads": hkv, "scale": scale}
+        ins = ["q", "k", "v", "pk", "pv", "lens", "total"]
+        nodes.append(helper.make_node("GroupQueryAttention", ins, ["out", "present_k", "present_v"], domain="com.microsoft", **attrs))
+    else:
+        _heads_split(nodes, b, 1, 1, h, hkv, d)
+        nodes.append(helper.make_node("Concat", ["pk", "k4"], ["present_k"], axis=2))
+        nodes.append(helper.make_node("Concat", ["pv", "v4"], ["present_v"], axis=2))
+        k, v = "present_k", "present_v"
+        if form == "std-4d":
+            nodes += [_ints("ax", [2]), _ints("e5", [b, hkv, h // hkv, p + 1, d]), _ints("r4", [b, h, p + 1, d])]
+            for x in (k, v):
+                nodes += [
+                    helper.make_node("Unsqueeze", [x, "ax"], [x + "u"]),
+                    helper.make_node("Expand", [x + "u", "e5"], [x + "e"]),
+                    helper.make_node("Reshape", [x + "e", "r4"], [x + "x"]),
+                ]
+            k, v = k + "x", v + "x"
+        nodes.append(helper.make_node("Attention", ["q4", k, v], ["o4"], scale=scale))
+        nodes.append(helper.make_node("Transpose", ["o4"], ["ot"], perm=[0, 2, 1, 3]))
+        nodes.append(helper.make_node("Reshape", ["ot", "so"], ["out"]))
+    graph = helper.make_graph(nodes, form, inputs, outputs)
+    imports = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
 def rotary(form: str, h: int, t: int, d: int) -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     cos, sin = (rng.standard_normal((t, d // 2)).astype(np.float32) for _ in range(2))
@@ -125,7 +161,7 @@ FORM_CASES = [
     ("Whisper-tiny layer", (1, 1500, 1500, 6, 6, 64), False, ["std-4d", "std-3d", "mha"]),
     ("GPT-2 layer, causal", (1, 128, 128, 12, 12, 64), True, ["std-4d", "std-3d", "mha", "gqa"]),
     ("Llama-style 8 q / 2 kv heads, causal", (1, 128, 128, 8, 2, 64), True, ["std-4d", "std-4d-kv-heads", "std-3d", "gqa"]),
-    ("decode step, 8 q / 2 kv heads, 129 keys", (1, 1, 129, 8, 2, 64), False, ["std-4d", "std-4d-kv-heads", "std-3d", "gqa"]),
+    ("decode step, 8 q / 2 kv heads, 129 keys", (1, 1, 129, 8, 2, 64), False, ["std-4d", "std-4d-kv-heads", "gqa"]),
 ]
 
 
@@ -139,7 +175,14 @@ def forms(rounds: int) -> None:
             "v": rng.standard_normal((b, s, hkv * d)).astype(np.float32),
             "mask": np.where(rng.random((1, 1, t, s)) < 0.9, 0.0, -1e4).astype(np.float32),
         }
-        models = {n: block(n, b, t, s, h, hkv, d, causal) for n in names}
+        if t == 1:  # a decode step: past k and v of s - 1 rows, one new token
+            feeds["k"], feeds["v"] = feeds["k"][:, :1], feeds["v"][:, :1]
+            del feeds["mask"]
+            for name in ("pk", "pv"):
+                feeds[name] = rng.standard_normal((b, hkv, s - 1, d)).astype(np.float32)
+            models = {n: decode_block(n, b, s - 1, h, hkv, d) for n in names}
+        else:
+            models = {n: block(n, b, t, s, h, hkv, d, causal) for n in names}
         _report(label, models, feeds, rounds)
     for h, t, d in ((8, 128, 64), (32, 128, 128)):
         x = {"x": rng.standard_normal((1, h, t, d)).astype(np.float32)}
@@ -151,10 +194,11 @@ def _report(label: str, models: dict[str, onnx.ModelProto], feeds: dict[str, np.
     from onnxsat.latency import ort_session
 
     names = list(models)
-    ref = ort_session(models[names[0]], level="all", threads=2).run(None, feeds)[0]
+    refs = ort_session(models[names[0]], level="all", threads=2).run(None, feeds)
     for name in names[1:]:
-        got = ort_session(models[name], level="all", threads=2).run(None, feeds)[0]
-        assert float(np.max(np.abs(got - ref))) <= 1e-4 * float(np.max(np.abs(ref))) + 1e-6, (label, name)
+        gots = ort_session(models[name], level="all", threads=2).run(None, feeds)
+        for got, ref in zip(gots, refs, strict=True):
+            assert float(np.max(np.abs(got - ref))) <= 1e-4 * float(np.max(np.abs(ref))) + 1e-6, (label, name)
     base_ms, ratios = measure_latency(models, feeds, "all", rounds, threads=2)
     cells = [f"{n} x{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for n, r in ratios.items()]
     print(f"| {label} | {names[0]} {base_ms:.3f} ms | " + " | ".join(cells) + " |", flush=True)
@@ -223,6 +267,28 @@ def corpus(corpus_dir: Path, models: list[str], peers_python: str | None, rounds
         ), flush=True)  # fmt: skip
 
 
+def render(results: dict) -> str:
+    """The corpus rows as a markdown table: nodes and fused ops, error, ratios with intervals."""
+
+    def ratio(entry: dict, key: str) -> str:
+        r = entry.get(key)
+        return "-" if not r else f"x{r['ratio']:.3f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+
+    lines = [
+        "| model | tool | nodes | fused | error / bound | original / tool | transformer optimizer / tool |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, row in results.items():
+        lines.append(f"| {name} (load {row['load_before']:.1f}-{row['load_after']:.1f}) | original | {row['nodes']} | | | {row['original_ms']:.1f} ms | |")
+        for tool, e in row["tools"].items():
+            if e["status"] != "ok":
+                lines.append(f"| | {tool} | {e['status']} | | | | |")
+                continue
+            fused = ", ".join(f"{op} {n}" for op, n in e["fused"].items())
+            lines.append(f"| | {tool} | {e['nodes']} | {fused} | {e['error_over_bound']:.3f} | {ratio(e, 'vs_original')} | {ratio(e, 'vs_ort_transformers')} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--forms", action="store_true")
@@ -231,7 +297,10 @@ def main() -> None:
     parser.add_argument("--peers-python")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "contrib_attention.json")
+    parser.add_argument("--render", action="store_true", help="print the corpus results of --out as a table")
     args = parser.parse_args()
+    if args.render:
+        print(render(json.loads(args.out.read_text())))
     if args.forms:
         forms(args.rounds)
     if args.corpus is not None:

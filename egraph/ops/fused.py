@@ -215,8 +215,8 @@ def _attention_export(node: ExportNode) -> None:
     square root each, as the exporters' chains do).
 
     MultiHeadAttention only where Attention cannot be written: on onnxruntime 1.32's CPU provider it
-    took x1.06-1.09 the time of Attention with the same head split and merge around it (BERT-base
-    and 8-head layers at sequence 128, two threads; a tie at Whisper's 1500;
+    was never faster than Attention with the head split and merge around it (x0.92-0.99 at BERT-base,
+    GPT-2 and 8-head layers of sequence 128, a tie at Whisper's 1500; two threads, two runs;
     benchmarks/results/contrib_attention.md)."""
     scale, dtype = float(node.attrs.pop("scale")), int(node.attrs.pop("dtype"))
     q, k, v, *rest = node.inputs

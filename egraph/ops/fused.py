@@ -255,6 +255,9 @@ def _mha_heads(node: ExportNode, dtype: int, masked: bool) -> int | None:
     (_, heads, _, size), (_, k_heads, _, k_size), (_, v_heads, _, v_size) = shapes  # type: ignore[misc]
     if heads <= 0 or size <= 0 or k_heads != heads or v_heads != heads or k_size != size or v_size != size:
         return None
+    mask = node.in_shape(3) if masked else None
+    if mask is not None and len(mask) != 4:  # the attention bias is [B or 1, H or 1, T, S]
+        return None
     probe = MHA_PROBE if masked else KernelProbe(MHA_PROBE.op_type, CONTRIB, 17, MHA_PROBE.inputs[:3], MHA_PROBE.attrs)
     return heads if ort_runs(probe, dtype) else None
 

@@ -25,6 +25,7 @@ from onnx import helper
 
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import model_shell
+from ..base.weightless import infer_shapes
 
 SMALL_CONSTANT = 64
 """Constants up to this many elements enter a region's key by value (rules read small constants)."""
@@ -163,7 +164,7 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     inferred = model
     for data_prop in (True, False):
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+            inferred = infer_shapes(model, data_prop=data_prop)  # types only: no weight copies
             break
         except Exception:
             continue
@@ -176,7 +177,16 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
 
 def part_model(model: onnx.ModelProto, nodes: Iterable[int], types: Mapping[str, onnx.TypeProto]) -> Part:
     """The nodes ``nodes`` of ``model`` as a model of their own (see ``Part``)."""
-    return _part(_Graph(model, types), nodes)
+    return part_models(model, [nodes], types)[0]
+
+
+def part_models(
+    model: onnx.ModelProto, node_sets: Sequence[Iterable[int]], types: Mapping[str, onnx.TypeProto]
+) -> list[Part]:
+    """``part_model`` for each node set, indexing the graph once (not once per part: a model of
+    many regions would cost regions x nodes)."""
+    g = _Graph(model, types)
+    return [_part(g, nodes) for nodes in node_sets]
 
 
 SHAPE_OPS = frozenset(
@@ -497,7 +507,16 @@ def topological(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[on
 def cut_window(model: onnx.ModelProto, cut: int, hops: int, span: int) -> list[int]:
     """The nodes within ``hops`` edges (either way) of the tensors crossing the cut before node
     ``cut``, among the ``span`` nodes on each side of it: where a rewrite spanning the cut matches."""
+    return cut_windows(model, [cut], hops, span)[0]
+
+
+def cut_windows(model: onnx.ModelProto, cuts: Sequence[int], hops: int, span: int) -> list[list[int]]:
+    """``cut_window`` for each cut, indexing the graph once."""
     g = _Graph(model, {})
+    return [_window(g, cut, hops, span) for cut in cuts]
+
+
+def _window(g: _Graph, cut: int, hops: int, span: int) -> list[int]:
     low, high = max(0, cut - span), min(len(g.nodes), cut + span)
     crossing = [
         name

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -44,10 +45,10 @@ from onnxsat.egraph.regions import (
     SMALL_CONSTANT,
     Part,
     PartitionError,
-    cut_window,
+    cut_windows,
     eliminate_common_subexpressions,
     part_key,
-    part_model,
+    part_models,
     partition,
     rename_part,
     replace_parts,
@@ -246,8 +247,7 @@ class _Parts:
         not replayable (its program reads values computed from its own weights)."""
         upgrade = sum(len(p) for p in parts) == len(model.graph.node)  # no node outside the parts
         planned: list[tuple[list[int], Part, str, list[str]]] = []
-        for k, nodes in enumerate(parts):
-            part = part_model(model, nodes, types)
+        for k, (nodes, part) in enumerate(zip(parts, part_models(model, parts, types), strict=True)):
             key, names = part_key(part)
             if not self.session.options.region_replay:
                 key = f"{key}/{tag}{k}"  # every part saturated on its own
@@ -359,16 +359,29 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
         report.stage_seconds[f"regions-{name}"] = seconds[name]
         clock = now
 
-    pool = None
-    if options.jobs > 1:
-        from onnxsat.jobs import Pool
+    if session.pool is not None or options.jobs <= 1:
+        return _by_regions(session, session.pool, lap, seconds)
+    with early_pool(session):  # a session driven stage by stage: its workers start now
+        return _by_regions(session, session.pool, lap, seconds)
 
-        pool = Pool(options.jobs, options)  # its workers start while the graph is partitioned
-    try:
-        return _by_regions(session, pool, lap, seconds)
-    finally:
-        if pool is not None:
-            pool.close()
+
+@contextmanager
+def early_pool(session: Session) -> Iterator[None]:
+    """``session.pool`` set, for the block, to ``Options.jobs`` workers when the run goes by
+    regions: started before the block (``optimize`` enters it before the reference run, so the
+    workers' start-up overlaps that and the partition), closed after it, its warnings reported."""
+    options = session.options
+    if options.jobs <= 1 or session.pool is not None or not use_regions(session.model, options):
+        yield
+        return
+    from onnxsat.jobs import Pool
+
+    with Pool(options.jobs, options) as pool:
+        session.pool = pool
+        try:
+            yield
+        finally:
+            session.pool = None
             session.report.warnings.extend(w for w in pool.warnings if w not in session.report.warnings)
 
 
@@ -388,8 +401,7 @@ def _by_regions(
     windows: list[list[int]] = []
     if hops > 0:
         span = max(2, options.region_size // 4)  # a quarter: windows of regions >= half the target never meet
-        for cut in cuts:
-            window = cut_window(stitched, int(cut), hops, span)
+        for window in cut_windows(stitched, [int(c) for c in cuts], hops, span):
             if window and windows and min(window) <= max(windows[-1]):
                 windows[-1] = sorted(set(windows[-1]) | set(window))  # overlapping windows: one
             elif window:

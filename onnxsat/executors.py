@@ -9,7 +9,8 @@ of memory, a lost node) gets the task run once more before it is reported failed
 
 Workers are started with the spawn method, never fork: egglog runs rayon threads, and a process
 forked after they started can deadlock. Each worker runs egglog on one thread
-(``RAYON_NUM_THREADS=1``): parallelism comes from the tasks, not from inside one.
+(``RAYON_NUM_THREADS=1``) and onnxruntime sessions (verification) on its task's share of the
+cores (``latency.THREADS_ENV``): parallelism comes from the tasks, not from inside one.
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ def _init_worker(env: dict[str, str]) -> None:
     os.environ.update(env)
 
 
+def _call(fn: Callable[..., Any], threads: int | None, *args: Any) -> Any:
+    """A task in a worker: ``fn(*args)`` with onnxruntime sessions that name no thread count on
+    ``threads`` threads (the task's share of the cores; None: every core)."""
+    from onnxsat.latency import THREADS_ENV
+
+    if threads is None:
+        os.environ.pop(THREADS_ENV, None)
+    else:
+        os.environ[THREADS_ENV] = str(threads)
+    return fn(*args)
+
+
 class ProcessExecutor:
     """A pool of ``jobs`` spawned worker processes on this machine.
 
@@ -147,10 +160,11 @@ class ProcessExecutor:
     def run(self, tasks: Sequence[Task]) -> Iterator[Done]:
         shared = [t for t in tasks if t.cpus != ALL_CORES]
         alone = [t for t in tasks if t.cpus == ALL_CORES]
-        yield from self._run(shared, self.jobs)
-        yield from self._run(alone, 1)  # each with the machine to itself
+        share = max(1, (os.cpu_count() or 1) // self.jobs)
+        yield from self._run(shared, self.jobs, share)
+        yield from self._run(alone, 1, None)  # each with the machine to itself
 
-    def _run(self, tasks: Sequence[Task], in_flight: int) -> Iterator[Done]:
+    def _run(self, tasks: Sequence[Task], in_flight: int, threads: int | None) -> Iterator[Done]:
         attempts = {i: 0 for i in range(len(tasks))}
         waiting = list(range(len(tasks)))
         running: dict[cf.Future[Any], int] = {}
@@ -162,7 +176,7 @@ class ProcessExecutor:
                 i = waiting.pop(0)
                 attempts[i] += 1
                 try:
-                    running[self._pool.submit(tasks[i].fn, *tasks[i].args)] = i
+                    running[self._pool.submit(_call, tasks[i].fn, threads, *tasks[i].args)] = i
                 except cf.BrokenExecutor:
                     attempts[i] -= 1
                     waiting.insert(0, i)
@@ -215,9 +229,10 @@ def _import_ray() -> Any:
     return ray
 
 
-def _ray_call(fn: Callable[..., Any], *args: Any) -> Any:
-    """The Ray task body: ``fn(*args)`` (Ray resolves object refs given as top-level arguments)."""
-    return fn(*args)
+def _ray_call(fn: Callable[..., Any], cpus: int, *args: Any) -> Any:
+    """The Ray task body: ``fn(*args)`` on its ``cpus`` cores (Ray resolves object refs given as
+    top-level arguments)."""
+    return _call(fn, cpus, *args)
 
 
 class RayExecutor:
@@ -279,7 +294,7 @@ class RayExecutor:
                 max_retries=self.retries,
                 retry_exceptions=False,
                 runtime_env={"env_vars": dict(WORKER_ENV)},
-            ).remote(task.fn, *task.args)
+            ).remote(task.fn, cpus, *task.args)
             pending[ref] = i
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)

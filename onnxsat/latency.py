@@ -9,6 +9,7 @@ loss below 0.98; anything else is a tie.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -125,6 +126,18 @@ def compare_latency(
     )
 
 
+THREADS_ENV = "ONNXSAT_ORT_THREADS"
+"""Intra-op threads of the sessions that name none: an executor's worker sets it to its task's
+share of the cores (``onnxsat.executors``), so two models verified side by side do not each start
+a thread per core; unset, onnxruntime's default (every core)."""
+
+
+def default_threads() -> int | None:
+    """``THREADS_ENV`` as a thread count, or None (onnxruntime's default)."""
+    value = os.environ.get(THREADS_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def ort_session(
     model: onnx.ModelProto,
     *,
@@ -133,7 +146,8 @@ def ort_session(
     prepacking: bool = True,
     quiet: bool = False,
 ) -> ort.InferenceSession:
-    """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op threads).
+    """A CPU onnxruntime session at the given graph-optimization level (``threads`` intra-op
+    threads; None: ``default_threads``).
 
     Weights still in their file (``onnxsat.base.lazy_weights``) are mapped by onnxruntime from their
     folder, never read into the process; a model past protobuf's 2 GiB goes through a temporary
@@ -145,6 +159,7 @@ def ort_session(
     so.graph_optimization_level = _LEVELS[level]
     if quiet:
         so.log_severity_level = 4
+    threads = default_threads() if threads is None else threads
     if threads is not None:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

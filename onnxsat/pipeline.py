@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, replace
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -40,6 +41,9 @@ from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
+
+if TYPE_CHECKING:
+    from onnxsat.jobs import Pool
 
 
 class OptionsError(OnnxsatError):
@@ -162,6 +166,9 @@ class Session:
         self.original: ExtractedGraph | None = None
         """The imported program's own extraction (``saturate`` prices it before rewriting)."""
         self._held = ExitStack()
+        self.pool: Pool | None = None
+        """Worker processes for region-wise saturation (``--jobs``), started by ``optimize`` before
+        the reference run so their start-up overlaps it (``by_regions.early_pool``); reruns share it."""
         self.deadline: float | None = None
         """``time.perf_counter()`` at which a whole-run time limit (``Budgets.whole_run``) ends."""
 
@@ -169,6 +176,7 @@ class Session:
         """A new session of the same model, options, report and reference with other rules (a rerun)."""
         other = Session(self.model, self.options, rules=rules, report=self.report, table=self.table, loads=self.loads)
         other.reference = self.reference
+        other.pool = self.pool
         other.deadline = self.deadline
         return other
 
@@ -403,22 +411,25 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     rewrites cannot be verified. A result worse than the input (estimated cost, nodes, weight
     bytes) is replaced by the input itself (``Report.kept_original`` says why).
     """
+    from onnxsat.by_regions import early_pool
+
     options = options or Options()
     session = Session(model, options)
     report = session.report
-    if options.verify:
-        session.prepare_reference()
-    try:
-        optimized = _verified_rewrite(session)
-    except TimeLimitError as exc:  # a whole-run limit spent on importing: nothing was rewritten
-        report.kept_original = str(exc)
-        report.warnings.append(
-            f"{exc} ({options.budgets.seconds:g} s for the whole run): the input is returned unchanged"
-        )
-        report.verification = VerificationSummary(
-            "skipped", "the input is returned unchanged: nothing to check"
-        )
-        optimized = model
+    with early_pool(session):
+        if options.verify:
+            session.prepare_reference()
+        try:
+            optimized = _verified_rewrite(session)
+        except TimeLimitError as exc:  # a whole-run limit spent on importing: nothing was rewritten
+            report.kept_original = str(exc)
+            report.warnings.append(
+                f"{exc} ({options.budgets.seconds:g} s for the whole run): the input is returned unchanged"
+            )
+            report.verification = VerificationSummary(
+                "skipped", "the input is returned unchanged: nothing to check"
+            )
+            optimized = model
     if options.measure:
         from onnxsat.measure import keep_if_faster
 
@@ -450,6 +461,7 @@ def _verified_rewrite(session: Session) -> onnx.ModelProto:
             session.model, options, rules=list(session.rules), report=session.report, table=session.table, loads=session.loads
         )
         again.reference = session.reference
+        again.pool = session.pool
         return _dropping_rules(again)
 
 

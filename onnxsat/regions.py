@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 from onnx.reference import ReferenceEvaluator
 
+from onnxsat.base.weightless import infer_shapes
 from onnxsat.verification import (
     OutputCheck,
     VerificationResult,
@@ -89,7 +90,7 @@ def _cut(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> _Cut:
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    inferred = infer_shapes(model, strict_mode=False)  # types only: no weight copies
     infos = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
     return {vi.name: vi.type for vi in infos}
 

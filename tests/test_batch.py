@@ -192,6 +192,33 @@ def test_process_pool_retries_a_dead_worker_once_and_reports_task_errors(tmp_pat
     assert serial[9].error == done[9].error
 
 
+def _session_threads() -> int:
+    """The intra-op threads of a session built without naming any (0: onnxruntime's default)."""
+    from onnx import TensorProto, helper
+
+    from onnxsat.latency import ort_session
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return int(ort_session(model).get_session_options().intra_op_num_threads)
+
+
+def test_pool_workers_verify_on_their_share_of_the_cores() -> None:
+    executor = ProcessExecutor(2)
+    try:
+        done = {
+            d.key: d.value
+            for d in executor.run(
+                [Task("shared", _session_threads), Task("alone", _session_threads, cpus=ALL_CORES)]
+            )
+        }
+    finally:
+        executor.close()
+    assert done == {"shared": max(1, (os.cpu_count() or 1) // 2), "alone": 0}
+
+
 def _always_crash() -> None:
     os._exit(9)
 

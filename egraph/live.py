@@ -118,3 +118,8 @@ _BY_IDENT: dict[object, LiveRuleset] = {}
 def declared(ident: object) -> LiveRuleset | None:
     """The block or combined ruleset of this module an e-graph registered as ``ident`` (None: another)."""
     return _BY_IDENT.get(ident)
+
+
+def built_rules() -> int:
+    """How many rules the blocks built in this process hold (what its runs declared, per e-graph)."""
+    return sum(len(rules) for _, rules in _BLOCKS.values())

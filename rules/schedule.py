@@ -161,7 +161,11 @@ def rewrite_step(
     return run((table or RuleTable.default()).ruleset_for(enabled, only), scheduler=scheduler)
 
 
-_CUTS: dict[tuple[int, tuple[str, ...], frozenset[int] | None], tuple[RuleTable, list[tuple[Block, range]], list[Reach]]] = {}
+_CUTS: dict[
+    tuple[int, tuple[str, ...], frozenset[int] | None],
+    tuple[RuleTable, list[tuple[Block, range]], list[Reach], dict[frozenset[str], LiveRuleset]],
+] = {}
+"""A phase's rules cut in blocks per rule name, their reaches, and the live ruleset per set of filled tables."""
 
 
 def live_rewrites(
@@ -175,9 +179,13 @@ def live_rewrites(
     if hit is None or hit[0] is not table:
         built = [(name, b) for name in key[1] for _, b in table.egg_rules[name] if only is None or id(b) in only]
         rules = [b for _, b in built]
-        hit = _CUTS[key] = (table, blocks(rules, lambda i: built[i][0], "rewrites-live"), [reach_cached(b) for b in rules])
-    _, cut, reaches = hit
-    return live_ruleset(cut, lambda span: any(can_match(reaches[i], present) for i in span))
+        cut = blocks(rules, lambda i: built[i][0], "rewrites-live")
+        hit = _CUTS[key] = (table, cut, [reach_cached(b) for b in rules], {})
+    _, cut, reaches, by_present = hit
+    live = by_present.get(present)
+    if live is None:
+        live = by_present[present] = live_ruleset(cut, lambda span: any(can_match(reaches[i], present) for i in span))
+    return live
 
 
 def live_step(

@@ -25,6 +25,7 @@ from ..base.modelio import topological_nodes
 from ..base.weightless import infer_shapes
 from . import const_eval
 from . import lang as L
+from .live import live_analysis
 from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
 from .program import OpaqueNode, Program, TensorInfo
@@ -394,12 +395,18 @@ class _Importer:
             raise TimeLimitError(imported, total)
 
     # ------------------------------------------------------------ analysis
+    def _analysis(self) -> Any:
+        """The selection's analysis rules that can match now (``egraph.live``), else every one."""
+        if self.selection is None:
+            return analysis_ruleset()
+        return live_analysis(self.selection.analysis_rules, present_symbols(self.egraph))
+
     def _fill_shapes(self) -> None:
         """Saturate the analysis; give ONNX's answer to tensors it leaves open, frontier first."""
         pending = list(self.pending_shapes)
         while True:
             self._check_deadline(self.node_total, self.node_total)
-            self.egraph.run(self.analysis.saturate())
+            self.egraph.run(self._analysis().saturate())
             missing = [n for n in pending if self.egraph.lookup_function_value(L.shape(self.terms[n])) is None]
             frontier = [n for n in missing if self._inputs_shaped(n)] if self.trust_onnx_shapes else []
             filled = []
@@ -474,7 +481,6 @@ class _Importer:
             self.egraph.register(*self.actions[start : start + 2000])
         if self.selection is not None and not present_symbols(self.egraph) <= self.selection.available:
             self.selection = None  # the import wrote a table its selection did not foresee: all rules
-        self.analysis = self.selection.analysis if self.selection is not None else analysis_ruleset()
         self._fill_shapes()
         from collections import Counter
 

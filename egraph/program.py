@@ -59,10 +59,16 @@ class Program:
     """The rules declared for this program (``egraph.reach.Selection``); None: every enabled rule."""
 
     def analysis(self) -> Ruleset:
-        """The analysis ruleset of this program (its selection's, else every analysis rule)."""
+        """The analysis ruleset of this program: its selection's rules that can match on the e-graph
+        as it is now (``egraph.live``), else every analysis rule."""
         from .shapes import analysis_ruleset
 
-        return self.selection.analysis if self.selection is not None else analysis_ruleset()
+        if self.selection is None:
+            return analysis_ruleset()
+        from .live import live_analysis
+        from .reach import present_symbols
+
+        return live_analysis(self.selection.analysis_rules, present_symbols(self.egraph))  # type: ignore[return-value]
 
     def node_count(self) -> int:
         return sum(n for _, n in self.egraph.all_function_sizes())

@@ -168,13 +168,22 @@ class Selection:
     (identities of built egglog rules; None: every enabled one), and the tables that may get rows
     under them (a table outside it getting rows means the selection must grow, ``widen``)."""
 
-    analysis: Ruleset
+    analysis_rules: tuple[RewriteOrRule, ...]
+    """The analysis rules that may fire, in declaration order (a run declares those that can
+    match now, ``egraph.live``)."""
     rewrites: frozenset[int] | None
     available: frozenset[str]
     table: Any = None
     """The rule table the rewrite rules came from (kept, so their identities stay theirs)."""
     enabled: tuple[str, ...] = ()
     """The enabled rule names the selection was made from."""
+
+    @property
+    def analysis(self) -> Ruleset:
+        """Every analysis rule of the selection as one ruleset (built on first use)."""
+        from .shapes import analysis_ruleset
+
+        return analysis_ruleset(list(self.analysis_rules))
 
     def covers(self, other: Selection) -> bool:
         """Whether every rule ``other`` declares is declared here too (same table and enabled rules,

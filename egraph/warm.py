@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 from egglog import EGraph, Schedule
 
+from .live import LiveRuleset, declared
 from .reach import Selection
 
 MAX_KEPT = 8
@@ -22,6 +23,8 @@ MAX_KEPT = 8
 process that sees many kinds of model holds one per rule subset; the least recently used go first."""
 
 _FREE: dict[tuple[str, ...], list[tuple[EGraph, Selection | None]]] = {}
+_LATER: dict[int, list[LiveRuleset]] = {}
+"""id of an idle e-graph -> the rulesets its last use declared under its push (``egraph.live``)."""
 DECLARED: dict[tuple[str, ...], int] = {}
 """Rule-set key -> how many e-graphs had its rules declared in this process (a test reads it)."""
 
@@ -53,14 +56,21 @@ def warm_egraph(
     for ``key``, an idle one whose selection covers ``selection`` is used (with its own selection,
     which the run then follows) before a new one is declared."""
     held_key, (egraph, held) = _idle(key, selection) or (key, (_declared(key, schedules), selection))
+    for later in _LATER.pop(id(egraph), []):  # what earlier uses declared as it could first match
+        egraph.run(later * 0)
+    before = set(egraph._state.rulesets)
     egraph.push()
     try:
         yield WarmEGraph(egraph, held)
     finally:
+        used = [ident for ident in egraph._state.rulesets if ident not in before]
         egraph.pop()
         kept = _FREE.pop(held_key, [])
         kept.append((egraph, held))
         _FREE[held_key] = kept  # most recently used last
+        # Rules declared under the push are gone with it: the next use declares them before its push
+        # (not now: a process that optimizes one model never pays for it).
+        _LATER[id(egraph)] = [r for r in map(declared, used) if r is not None]
         _forget_oldest()
 
 
@@ -81,6 +91,7 @@ def _idle(
 def forget() -> None:
     """Drop every idle e-graph (their memory; the next run of each rule set declares it again)."""
     _FREE.clear()
+    _LATER.clear()
 
 
 def idle() -> dict[tuple[str, ...], int]:
@@ -91,7 +102,8 @@ def idle() -> dict[tuple[str, ...], int]:
 def _forget_oldest() -> None:
     while sum(len(kept) for kept in _FREE.values()) > MAX_KEPT:
         oldest = next(k for k, kept in _FREE.items() if kept)
-        _FREE[oldest].pop(0)
+        egraph, _ = _FREE[oldest].pop(0)
+        _LATER.pop(id(egraph), None)
 
 
 def _declared(key: tuple[str, ...], schedules: Sequence[Schedule]) -> EGraph:

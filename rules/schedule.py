@@ -16,13 +16,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from egglog import EggSmolError, Schedule, back_off, run
+from egglog import BackOff, EggSmolError, Schedule, back_off, run
 
 from onnxsat.base.options import PHASE_NAMES, Budgets, PhaseBudget
 from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport, StopReason
 
+from ..egraph.live import Block, LiveRuleset, blocks, can_match, live_analysis, live_ruleset
 from ..egraph.program import Program
-from ..egraph.reach import Selection, closure, present_symbols, reach_cached
+from ..egraph.reach import Reach, Selection, closure, present_symbols, reach_cached
 from ..egraph.run_cache import run as run_cached
 from ..egraph.shapes import analysis_rules, analysis_ruleset
 from .registry import RuleTable
@@ -156,6 +157,40 @@ def rewrite_step(
     return run((table or RuleTable.default()).ruleset_for(enabled, only), scheduler=scheduler)
 
 
+_CUTS: dict[
+    tuple[int, tuple[str, ...], frozenset[int] | None],
+    tuple[RuleTable, list[tuple[Block, range]], list[Reach], dict[frozenset[str], LiveRuleset]],
+] = {}
+"""A phase's rules cut in blocks per rule name, their reaches, and the live ruleset per set of filled tables."""
+
+
+def live_rewrites(
+    names: list[str], table: RuleTable, only: frozenset[int] | None, present: frozenset[str]
+) -> LiveRuleset:
+    """The rules of ``names`` (``only``: of those egglog rules) that can match while the tables
+    ``present`` hold rows, in ``RuleTable.ruleset_for``'s order: one block per rule name
+    (``egraph.live``), declared when a rule of it can first match."""
+    key = (id(table), tuple(sorted(names)), only)
+    hit = _CUTS.get(key)
+    if hit is None or hit[0] is not table:
+        built = [(name, b) for name in key[1] for _, b in table.egg_rules[name] if only is None or id(b) in only]
+        rules = [b for _, b in built]
+        cut = blocks(rules, lambda i: built[i][0], "rewrites-live")
+        hit = _CUTS[key] = (table, cut, [reach_cached(b) for b in rules], {})
+    _, cut, reaches, by_present = hit
+    live = by_present.get(present)
+    if live is None:
+        live = by_present[present] = live_ruleset(cut, lambda span: any(can_match(reaches[i], present) for i in span))
+    return live
+
+
+def live_step(
+    names: list[str], scheduler: BackOff, table: RuleTable, only: frozenset[int] | None, present: frozenset[str]
+) -> Schedule:
+    """One iteration of the rules of ``names`` that can match now (``live_rewrites``) under ``scheduler``."""
+    return run(live_rewrites(names, table, only, present), scheduler=scheduler)
+
+
 def select(enabled: list[str], table: RuleTable, start: frozenset[str] | None) -> Selection | None:
     """The analysis and rewrite rules that may fire on a program whose import fills the tables
     ``start`` (``egraph.reach.closure``); None for ``start`` None (every rule)."""
@@ -167,7 +202,7 @@ def select(enabled: list[str], table: RuleTable, start: frozenset[str] | None) -
     picked = set(chosen)
     n = len(analysis)
     return Selection(
-        analysis_ruleset([r for i, r in enumerate(analysis) if i in picked]),
+        tuple(r for i, r in enumerate(analysis) if i in picked),
         frozenset(id(b) for i, b in enumerate(rewrites) if n + i in picked),
         available,
         table,
@@ -210,8 +245,9 @@ def saturate(
     only = program.selection.rewrites if program.selection is not None else None
     phases = [(p, phase_rules(p, enabled, table)) for p in schedule]
     phases = [(p, names) for p, names in phases if names]
-    for _, names in phases:  # compile each phase's rules first: a fixed cost, not exploration time
-        program.egraph.run(rewrite_step(names, budgets, table, only) * 0)
+    present = present_symbols(program.egraph)
+    for _, names in phases:  # compile the rules that can match already: a fixed cost, not exploration time
+        program.egraph.run(run(live_rewrites(names, table, only, present)) * 0)
     start = time.perf_counter()
     report.phases.append(_analysis(program, len(report.iterations)))
     global_stop: StopReason | None = None
@@ -257,7 +293,7 @@ def _run_phase(
     t0 = time.perf_counter()
     deadline = min(start + budgets.seconds, t0 + (share if phase.seconds is None else phase.seconds))
     only = program.selection.rewrites if program.selection is not None else None
-    step = rewrite_step(names, budgets, table, only)
+    scheduler = back_off(match_limit=budgets.match_limit, ban_length=budgets.ban_length)
     first = len(report.iterations)
     stop = StopReason.ITERATIONS
     for _ in range(limit):
@@ -265,6 +301,7 @@ def _run_phase(
         if stop_before is not None and index >= stop_before:
             stop = StopReason.REPLAYED
             break
+        step = live_step(names, scheduler, table, only, present_symbols(program.egraph))
         record, updated = _iterate(program, step, phase.name, index, enabled, table)
         report.iterations.append(record)
         if on_iteration is not None:
@@ -331,13 +368,27 @@ def declarations(
     on it (``select``), which the returned selection names."""
     table = table or RuleTable.default()
     selection = select(enabled, table, start)
-    only = selection.rewrites if selection is not None else None
-    analysis = selection.analysis if selection is not None else analysis_ruleset()
     phases = schedule_rulesets(enabled, budgets, table)
-    rulesets = [table.ruleset_for(names, only) for names in phases]
-    key = (str(analysis.__egg_ident__.name), *(str(r.__egg_ident__.name) for r in rulesets))
-    schedules = [analysis.saturate(), *(rewrite_step(names, budgets, table, only) for names in phases)]
-    return key, schedules, selection
+    if selection is None or start is None:
+        analysis = analysis_ruleset()
+        rulesets = [table.ruleset_for(names) for names in phases]
+        key = (str(analysis.__egg_ident__.name), *(str(r.__egg_ident__.name) for r in rulesets))
+        return key, [analysis.saturate(), *(rewrite_step(names, budgets, table) for names in phases)], None
+    # Only what the import runs first is declared here; the rest as it can first match (``egraph.live``).
+    first = live_analysis(selection.analysis_rules, start)
+    key = ("live", *_selection_key(selection, phases))
+    return key, [first.saturate()], selection
+
+
+_KEYS: dict[tuple[object, ...], str] = {}
+
+
+def _selection_key(selection: Selection, phases: list[list[str]]) -> tuple[str, ...]:
+    """A name per distinct selection and phase list in this process (the key of its warm e-graphs)."""
+    ident = (id(selection.table), tuple(id(r) for r in selection.analysis_rules), selection.rewrites, tuple(map(tuple, phases)))
+    if ident not in _KEYS:
+        _KEYS[ident] = f"selection-{len(_KEYS)}"
+    return (_KEYS[ident],)
 
 
 def _iterate(

@@ -73,10 +73,12 @@ def _architecture(model_name: str) -> str:
 
 
 def _optimize_with(tool: str, model: onnx.ModelProto, name: str) -> onnx.ModelProto:
-    if tool in ("onnxsat", "onnxsat-contrib"):
+    if tool in ("onnxsat", "onnxsat-contrib", "onnxsat-contrib-keep-opset"):
         import onnxsat
 
-        return onnxsat.optimize(model, onnxsat.Options(allow_contrib_ops=tool == "onnxsat-contrib"))[0]
+        contrib, keep = tool != "onnxsat", tool.endswith("keep-opset")
+        options = onnxsat.Options(allow_contrib_ops=contrib, **({"upgrade_opset": None} if keep else {}))
+        return onnxsat.optimize(model, options)[0]
     if tool == "ort-transformers":
         from onnxruntime.transformers import optimizer
 
@@ -223,7 +225,11 @@ def _light_cost(file_name: str) -> int:
 
 
 def installed(tool: str) -> bool:
-    module = {"onnxsat-contrib": "onnxsat", "ort-transformers": "onnxruntime.transformers.optimizer"}.get(
+    module = {
+        "onnxsat-contrib": "onnxsat",
+        "onnxsat-contrib-keep-opset": "onnxsat",
+        "ort-transformers": "onnxruntime.transformers.optimizer",
+    }.get(
         tool, tool
     )
     try:

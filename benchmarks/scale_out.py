@@ -157,35 +157,14 @@ def _peak_rss(path: str, iterations: int) -> dict[str, Any]:
 
 
 def synthetic_mlp(path: Path, weight_mib: int, hidden: int = 1024) -> Path:
-    """An MLP (MatMul -> Add -> Relu layers, float32, seeded weights inline) of about ``weight_mib``
-    MiB of weights: the corpus's weights are too small to show how memory grows with them."""
-    import numpy as np
+    """An MLP of about ``weight_mib`` MiB of inline weights (``tests.models.mlp``), saved at ``path``:
+    the corpus's weights are too small to show how memory grows with them."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(0)
-    layers = max(1, round(weight_mib * 2**20 / (4 * hidden * hidden)))
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        w = rng.standard_normal((hidden, hidden), dtype=np.float32) / np.float32(np.sqrt(hidden))
-        inits += [
-            numpy_helper.from_array(w, f"w{i}"),
-            numpy_helper.from_array(np.zeros(hidden, np.float32), f"b{i}"),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
-            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
-            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
-        ]
-        x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, hidden])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, hidden])],
-        inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    sys.path.insert(0, str(ROOT))
+    from tests.models import mlp
+
+    onnx.save(mlp(weight_mib, hidden), str(path))
     return path
 
 

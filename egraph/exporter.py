@@ -266,6 +266,7 @@ class _Exporter:
             folded_value=lambda i: self._folded_value(input_classes[i]) if i < len(input_classes) else None,
             outputs=outputs,
             fresh=self._fresh,
+            in_shape=lambda i: self.graph.shapes.get(input_classes[i]) if i < len(input_classes) else None,
             allow_contrib=self.allow_contrib_ops,
             upgrade_opset=self.upgrade_opset,
         )

@@ -328,8 +328,9 @@ def add_optimize_flags(parser: Any) -> None:
         "--allow-contrib-ops",
         action="store_true",
         help="write fused nodes as onnxruntime com.microsoft contrib ops (Gelu, BiasGelu, FastGelu,"
-        " QuickGelu, SkipSimplifiedLayerNormalization) instead of their chains of standard ops; the model"
-        " then runs on onnxruntime only",
+        " QuickGelu; SkipSimplifiedLayerNormalization, MultiHeadAttention and RotaryEmbedding where the"
+        " model keeps an opset below 23) instead of their chains of standard ops, where onnxruntime's CPU"
+        " provider runs them; the model then runs on onnxruntime only",
     )
     sel.add_argument(
         "--keep-opset",

@@ -46,6 +46,9 @@ every core of a node, the process pool runs it with nothing else in flight."""
 WORKER_ENV = {"RAYON_NUM_THREADS": "1"}
 """Set in every worker before egglog starts its thread pool."""
 
+START_METHOD = "spawn"
+"""Never fork (egglog's threads); spawn gives each worker a fresh interpreter."""
+
 
 @dataclass(frozen=True)
 class Task:
@@ -152,7 +155,7 @@ class ProcessExecutor:
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(
             max_workers=self.jobs,
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=multiprocessing.get_context(START_METHOD),
             initializer=_init_worker,
             initargs=(WORKER_ENV,),
         )

@@ -1,9 +1,9 @@
 """Worker processes for the distinct parts of a region-wise run (``Options.jobs``, ``--jobs N``).
 
-Saturating one region uses one core (``RAYON_NUM_THREADS=1`` below), so the distinct regions of a
+Saturating one region uses one core (one rayon thread per worker), so the distinct regions of a
 large model, and then the windows around its cuts, are spread over a pool of processes. Workers
 are spawned, never forked: egglog runs rayon threads, and a process forked after they started may
-deadlock. Each worker sets ``RAYON_NUM_THREADS=1`` before egglog is imported, then imports the
+deadlock. Each worker sets ``executors.WORKER_ENV`` before egglog is imported, then imports the
 pipeline and builds the run's rule table once (``_start``: from the rule-table disk cache when the
 options name one), and is kept for every part of the run: the region phase and the window phase.
 
@@ -30,13 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from onnxsat.base.errors import one_line
 from onnxsat.base.options import Options
+from onnxsat.executors import START_METHOD, WORKER_ENV
 
 if TYPE_CHECKING:
     from onnxsat.by_regions import Outcome
-
-START_METHOD = "spawn"
-"""Never fork (egglog's threads); spawn gives each worker a fresh interpreter."""
-
 
 @dataclass(frozen=True)
 class Task:
@@ -67,9 +64,9 @@ _STATE: dict[str, Any] = {}
 
 
 def _start(options: Options, lazy_key: str) -> None:
-    """A worker's start-up, once: one rayon thread, the parent's lazy-weight marker (so weights
+    """A worker's start-up, once: ``WORKER_ENV``, the parent's lazy-weight marker (so weights
     left in their file are read, not refused), the pipeline imported and the rule table built."""
-    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ.update(WORKER_ENV)
     from onnxsat.base import lazy_weights
 
     lazy_weights.adopt_key(lazy_key)

@@ -23,6 +23,7 @@ from onnxsat.base.report import IterationRecord, PhaseRecord, SaturationReport, 
 
 from ..egraph.program import Program
 from ..egraph.reach import Selection, closure, present_symbols, reach_cached
+from ..egraph.run_cache import run as run_cached
 from ..egraph.shapes import analysis_rules, analysis_ruleset
 from .registry import RuleTable
 
@@ -107,11 +108,6 @@ class UnsoundRuleError(RuntimeError):
         self.rules = rules
         self.detail = detail
         self.iteration = iteration
-
-
-def _rule_name(key: object, table: RuleTable) -> str:
-    """onnxsat name of a run-report key (egglog gives rule declarations or their names)."""
-    return table.name_of(str(getattr(key, "name", None) or key))
 
 
 def select_rules(
@@ -237,7 +233,7 @@ def saturate(
 def _analysis(program: Program, index: int) -> PhaseRecord:
     """The analyses to saturation (import ran them; rerun so the record says it)."""
     t0 = time.perf_counter()
-    program.egraph.run(program.analysis().saturate())
+    run_cached(program.egraph, program.analysis().saturate())
     return PhaseRecord("analysis", 0, StopReason.SATURATED, program.node_count(), time.perf_counter() - t0, first_iteration=index)
 
 
@@ -350,18 +346,18 @@ def _iterate(
     """One rewrite iteration, then the analyses to fixpoint; conflicting shapes raise."""
     t0 = time.perf_counter()
     try:
-        run_report = program.egraph.run(step)
-        program.egraph.run(program.analysis().saturate())
+        result = run_cached(program.egraph, step)
+        run_cached(program.egraph, program.analysis().saturate())
     except EggSmolError as exc:
         raise UnsoundRuleError(enabled, str(exc).splitlines()[0], index) from exc
     matches: dict[str, int] = {}
     seconds: dict[str, float] = {}
-    for key, n in run_report.num_matches_per_rule.items():
-        name = _rule_name(key, table)
-        matches[name] = matches.get(name, 0) + int(n)
-    for key, dt in run_report.search_and_apply_time_per_rule.items():
-        name = _rule_name(key, table)
-        seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
+    for key, n in result.matches.items():
+        name = table.name_of(key)
+        matches[name] = matches.get(name, 0) + n
+    for key, dt in result.seconds.items():
+        name = table.name_of(key)
+        seconds[name] = seconds.get(name, 0.0) + dt
     record = IterationRecord(
         phase=phase,
         index=index,
@@ -370,4 +366,4 @@ def _iterate(
         matches=matches,
         rule_seconds=seconds,
     )
-    return record, bool(run_report.updated)
+    return record, result.updated

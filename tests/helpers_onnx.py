@@ -3,11 +3,12 @@
 * ``node_cases()`` generates the ONNX backend node test cases of the modelled ops at test time
   (the onnx wheel ships no node test files), keeping single-node cases whose node is a modelled
   op and dropping training/random/sequence cases and cases newer than the installed onnx.
-* ``imported(model)`` imports a model with ``from_onnx`` into an e-graph that already holds the
-  shape rules. A fresh ``EGraph`` spends ~1 s registering the analysis rules; the tests import
-  hundreds of models, so one warmed e-graph is reused with ``push``/``pop`` around each import
-  (the e-graph is reverted to its empty, rules-only state afterwards). ``from_onnx`` itself runs
-  unchanged; ``fresh=True`` skips the reuse (a few tests check both agree).
+* ``imported(model)`` imports a model with ``from_onnx`` as ``optimize`` does: into a reused
+  e-graph that holds the analysis rules its import may fire (``egraph.reach``; tens of the ~500,
+  so declaring them costs milliseconds), reverted with ``push``/``pop`` after each import (whose
+  cost grows with the rules declared: ~0.1-0.3 s with every rule). One e-graph per rule subset is
+  kept per process. ``fresh=True`` imports into a new ``EGraph`` with every analysis rule (a few
+  tests check both agree).
 * ``roundtrip(program)`` extracts and exports without any rewrite, as ``optimize`` does.
 * ``run_model`` runs a model on onnxruntime or ``onnx.reference``.
 """
@@ -151,6 +152,10 @@ def warm_import(rules: bool = False) -> Iterator[None]:
         egraph.pop()
 
 
+_ANALYSIS_EGRAPHS: dict[tuple[str, ...], Any] = {}
+"""Analysis-rule key -> an e-graph with those rules declared (``imported``)."""
+
+
 @contextmanager
 def imported(
     model: onnx.ModelProto,
@@ -163,8 +168,25 @@ def imported(
     if fresh:
         yield _importer.from_onnx(model, input_shapes, trust_onnx_shapes=trust_onnx_shapes)
         return
-    with warm_import():
-        yield _importer.from_onnx(model, input_shapes, trust_onnx_shapes=trust_onnx_shapes)
+    from egglog import EGraph
+
+    from onnxsat.base.options import Budgets
+    from onnxsat.egraph.warm import WarmEGraph
+    from onnxsat.rules.schedule import declarations
+
+    key, schedules, selection = declarations([], Budgets(), start=_importer.import_symbols(model))
+    egraph = _ANALYSIS_EGRAPHS.get(key)
+    if egraph is None:
+        egraph = _ANALYSIS_EGRAPHS[key] = EGraph()
+        for schedule in schedules:
+            egraph.run(schedule * 0)  # declares the rules; runs nothing
+    egraph.push()
+    try:
+        yield _importer.from_onnx(
+            model, input_shapes, trust_onnx_shapes=trust_onnx_shapes, warm=WarmEGraph(egraph, selection)
+        )
+    finally:
+        egraph.pop()
 
 
 def analysis_shape(program: Program, name: str) -> tuple[int, ...] | None:

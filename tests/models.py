@@ -70,3 +70,32 @@ def expose_pre_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
         info = next(vi for vi in inferred.graph.value_info if vi.name == name)
         out.graph.output.append(info)
     return out
+
+
+def mlp(weight_mib: float, hidden: int = 1024) -> onnx.ModelProto:
+    """MatMul -> Add -> Relu layers of seeded float32 weights, inline, of about ``weight_mib`` MiB
+    (at least one layer): a model whose memory is all weights (tests/test_memory_peak.py,
+    benchmarks/scale_out.py memory)."""
+    rng = np.random.default_rng(0)
+    layers = max(1, round(weight_mib * 2**20 / (4 * hidden * hidden)))
+    nodes, inits, x = [], [], "x"
+    for i in range(layers):
+        w = rng.standard_normal((hidden, hidden), dtype=np.float32) / np.float32(np.sqrt(hidden))
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array(np.zeros(hidden, np.float32), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
+        ]
+        x = f"r{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, hidden])],
+        [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, [4, hidden])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -23,14 +23,14 @@ import onnxsat
 from onnxsat.base.options import Options
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.ops import OPS
-from onnxsat.egraph.ops.fused import ATTENTION_PROBE, ROTARY_PROBE
+from onnxsat.egraph.ops.fused import ATTENTION_PROBE, CONTRIB_ROTARY_PROBE, MHA_PROBE, ROTARY_PROBE
 from onnxsat.egraph.ops.ort_probe import ort_runs
 from onnxsat.egraph.ops.registry import ExportNode
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.rules import RULES
 from onnxsat.rules.families import attention
 
-from .helpers_onnx import outputs_match, run_ort, warm_import
+from .helpers_onnx import outputs_match, run_ort
 from .prove import _load, _warm
 from .realmodels_feeds import feeds_for
 
@@ -194,11 +194,20 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nd
     return np.nan_to_num(p, nan=0.0) @ v  # a fully masked row is zero
 
 
-def _exported(op_type: str, inputs: list[str], attrs: dict[str, Any], opset: int, values: dict[int, np.ndarray] | None = None) -> ExportNode:
+def _exported(
+    op_type: str,
+    inputs: list[str],
+    attrs: dict[str, Any],
+    opset: int,
+    values: dict[int, np.ndarray] | None = None,
+    shapes: list[tuple[int, ...]] | None = None,
+    contrib: bool = False,
+) -> ExportNode:
     counter = itertools.count()
     node = ExportNode(
         op_type, inputs, dict(attrs), opset, const_value=lambda i: None, outputs=["y"],
         folded_value=lambda i: (values or {}).get(i), fresh=lambda hint: f"{hint}_{next(counter)}",
+        in_shape=lambda i: shapes[i] if shapes and i < len(shapes) else None, allow_contrib=contrib,
     )  # fmt: skip
     spec = OPS[op_type]
     assert spec.export is not None
@@ -206,15 +215,20 @@ def _exported(op_type: str, inputs: list[str], attrs: dict[str, Any], opset: int
     return node
 
 
-def _model(node: ExportNode, feeds: dict[str, np.ndarray], opset: int, out: tuple[int, ...]) -> onnx.ModelProto:
+def _model(
+    node: ExportNode, feeds: dict[str, np.ndarray], opset: int, out: tuple[int | str, ...], dims: dict[str, list[int | str]] | None = None
+) -> onnx.ModelProto:
+    """The exported nodes as a model; ``dims`` gives inputs symbolic dims (names) in place of sizes."""
     elem = helper.np_dtype_to_tensor_dtype(next(iter(feeds.values())).dtype)
     graph = helper.make_graph(
         node.expansion,
         "row",
-        [helper.make_tensor_value_info(n, elem, a.shape) for n, a in feeds.items()],
+        [helper.make_tensor_value_info(n, elem, (dims or {}).get(n, a.shape)) for n, a in feeds.items()],
         [helper.make_tensor_value_info("y", elem, out)],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+    imports = [helper.make_opsetid("", opset)]
+    imports += [helper.make_opsetid(d, 1) for d in sorted({n.domain for n in node.expansion if n.domain})]
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
 
 
 def _ops(model: onnx.ModelProto) -> Counter[str]:
@@ -245,6 +259,55 @@ def test_attention_row_matches_numpy(opset: int, masked: bool, dtype: type) -> N
         assert np.all(got[0, :, 1] == 0)
 
 
+def _contrib_feeds(rng: np.random.Generator, batch: int, seq: int, dtype: type = np.float32) -> dict[str, np.ndarray]:
+    """q, k, v [batch, 3, seq, 8] and a float mask [batch, 1, seq, seq]: causal, random holes, one
+    fully masked query row (every entry -inf) and, in the last batch entry, left padding."""
+    q, k, v = (rng.standard_normal((batch, 3, seq, 8)).astype(dtype) for _ in range(3))
+    keep = np.tril(np.ones((seq, seq), bool))[None, None] & (rng.random((batch, 1, seq, seq)) < 0.8)
+    keep[..., np.arange(seq), np.arange(seq)] = True
+    keep[0, 0, 1, :] = False
+    keep[-1, 0, :, :2] = False
+    return {"q": q, "k": k, "v": v, "m": np.where(keep, 0.0, -np.inf).astype(dtype)}
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_row_with_contrib_ops(opset: int, dtype: type, masked: bool) -> None:
+    """With contrib ops, MultiHeadAttention only where Attention cannot be written (opset 17) and
+    onnxruntime runs it (float32, not float64: the chain there); exact against numpy, masks with
+    causal rows, holes, left padding and a fully masked row (zero, as in the fused node), batch and
+    sequence kept symbolic (the written model runs at two sizes)."""
+    shapes: list[tuple[int | str, ...]] = [("b", 3, "t", 8)] * 3 + [("b", 1, "t", "t")]
+    code = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    names = ["q", "k", "v", "m"] if masked else ["q", "k", "v"]
+    node = _exported("onnxsat.FusedAttention", names, {"scale": 0.3, "dtype": code}, opset, shapes=[(-1, 3, -2, 8)] * 3, contrib=True)
+    rng = np.random.default_rng(4)
+    model = None
+    for batch, seq in ((2, 6), (3, 9)):
+        feeds = {n: a for n, a in _contrib_feeds(rng, batch, seq, dtype).items() if n in names}
+        if model is None:
+            dims = {n: list(s) for n, s in zip(names, shapes, strict=False)}
+            model = _model(node, feeds, max(opset, 17), ("b", 3, "t", 8), dims)
+            onnx.checker.check_model(model, full_check=True)
+        expected_mha = opset < 23 and dtype == np.float32
+        assert (_ops(model)["MultiHeadAttention"] == 1) == expected_mha, _ops(model)
+        assert (_ops(model)["Attention"] == 1) == (opset >= 23), _ops(model)
+        (got,) = run_ort(model, feeds)
+        expected = attention_reference(feeds["q"], feeds["k"], feeds["v"], feeds.get("m"), 0.3)
+        bound = 1e-4 * float(np.max(np.abs(expected))) + 1e-6
+        assert float(np.max(np.abs(got - expected))) <= bound
+        if masked:
+            assert np.all(got[0, :, 1] == 0)
+
+
+def test_mha_needs_known_equal_heads() -> None:
+    """No head count known, or k with fewer heads than q: the chain, not MultiHeadAttention."""
+    for shapes in ([(1, -1, 4, 8)] * 3, [(1, 4, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)]):
+        node = _exported("onnxsat.FusedAttention", ["q", "k", "v"], {"scale": 0.3, "dtype": F}, 17, shapes=shapes, contrib=True)
+        assert not any(n.op_type == "MultiHeadAttention" for n in node.expansion)
+
+
 def _rope_caches(rng: np.random.Generator, seq: int, dim: int, equal_halves: bool = True) -> tuple[np.ndarray, np.ndarray]:
     freqs = np.outer(np.arange(seq), rng.uniform(0.01, 1.0, dim // 2))
     emb = np.concatenate([freqs, freqs if equal_halves else freqs * 1.5], -1)[None, None]
@@ -271,6 +334,31 @@ def test_rotary_row_matches_numpy(opset: int, equal_halves: bool) -> None:
     assert (_ops(model)["RotaryEmbedding"] == 1) == (opset >= 23 and equal_halves), _ops(model)
     (got,) = run_ort(model, {n: a for n, a in feeds.items() if n in {i.name for i in model.graph.input}})
     np.testing.assert_allclose(got, rotary_reference(x, cos, sin), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+def test_rotary_row_with_contrib_ops(opset: int) -> None:
+    """With contrib ops, com.microsoft RotaryEmbedding (position offset 0) where the standard op
+    cannot be written, the standard one where it can."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 3, 5, 8)).astype(np.float32)
+    cos, sin = _rope_caches(rng, 5, 8)
+    node = _exported("onnxsat.FusedRotary", ["x", "cos", "sin"], {"dtype": F}, opset, {1: cos, 2: sin}, contrib=True)
+    feeds = {"x": x, "cos": cos, "sin": sin}
+    model = _model(node, feeds, opset, x.shape)
+    onnx.checker.check_model(model, full_check=True)
+    contrib = [n.op_type for n in model.graph.node if n.domain == "com.microsoft"]
+    assert contrib == ([] if opset >= 23 else ["RotaryEmbedding"]), _ops(model)
+    (got,) = run_ort(model, feeds)
+    np.testing.assert_allclose(got, rotary_reference(x, cos, sin), rtol=1e-5, atol=1e-6)
+
+
+def test_contrib_probes_find_the_kernels_onnxruntime_has() -> None:
+    """onnxruntime 1.32's CPU MultiHeadAttention (with and without an attention bias) and contrib
+    RotaryEmbedding run float32 and float16, not float64."""
+    without_mask = type(MHA_PROBE)(MHA_PROBE.op_type, MHA_PROBE.domain, 17, MHA_PROBE.inputs[:3], MHA_PROBE.attrs)
+    for probe in (MHA_PROBE, without_mask, CONTRIB_ROTARY_PROBE):
+        assert [ort_runs(probe, t) for t in (F, D, F16)] == [True, False, True], probe
 
 
 def test_probes_find_the_kernels_onnxruntime_has() -> None:
@@ -371,8 +459,7 @@ def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _optimize(model: onnx.ModelProto, **options: Any) -> onnx.ModelProto:
-    with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(model, Options(**options))
+    optimized, report = onnxsat.optimize(model, Options(**options))
     assert report.verification.status == "passed", report.verification
     onnx.checker.check_model(optimized, full_check=True)
     feeds = _feeds(model)
@@ -438,6 +525,16 @@ def test_keep_opset_writes_the_chain() -> None:
     assert ops["Attention"] == 0 and ops["Softmax"] == 1, ops
 
 
+@pytest.mark.parametrize("upgrade", [None, 23])
+def test_contrib_ops_write_mha_only_where_attention_cannot_be(upgrade: int | None) -> None:
+    """With contrib ops: MultiHeadAttention at the model's opset 17 (--keep-opset), Attention where
+    the model is converted to opset 23 (MultiHeadAttention is slower there); the min-mask's fully
+    masked row matches the chain (_optimize compares on onnxruntime)."""
+    ops = _ops(_optimize(_sdpa_model("min-mask"), upgrade_opset=upgrade, allow_contrib_ops=True))
+    assert ops["MultiHeadAttention"] == (upgrade is None) and ops["Attention"] == (upgrade is not None), ops
+    assert ops["Softmax"] == 0, ops
+
+
 # ---------------------------------------------------------------- the committed transformer exports
 REALMODELS = Path(__file__).parent / "data" / "realmodels"
 FUSED_EXPORTS = {
@@ -451,16 +548,26 @@ FUSED_EXPORTS = {
 """Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""
 
 
+CONTRIB_EXPORTS = ("gpt2-dynamo-dynamic", "llama-decode-ts-static", "qwen2-decode-dynamo-static")
+"""Exports checked with contrib ops at their own opset (MultiHeadAttention): dynamic batch and
+sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(FUSED_EXPORTS))
-def test_transformer_exports_get_one_attention_per_layer(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "contrib"), [(n, False) for n in sorted(FUSED_EXPORTS)] + [(n, True) for n in CONTRIB_EXPORTS]
+)
+def test_transformer_exports_get_one_attention_per_layer(name: str, contrib: bool) -> None:
+    """One Attention per layer (with contrib ops at the model's own opset, one MultiHeadAttention),
+    exact against the original with and without left padding, symbolic dims kept."""
     record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
     original = onnx.load(REALMODELS / record["file"])
-    with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(original, Options())
+    options = Options(allow_contrib_ops=True, upgrade_opset=None) if contrib else Options()
+    optimized, report = onnxsat.optimize(original, options)
     assert report.verification.status == "passed", report.verification
     ops = _ops(optimized)
-    assert ops["Attention"] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
+    fused = "MultiHeadAttention" if contrib else "Attention"
+    assert ops[fused] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
     feeds = feeds_for(record["inputs"], seed=7)
     padded = {n: a.copy() for n, a in feeds.items()}
     if "attention_mask" in padded:  # left padding: the first queries' rows are fully masked

@@ -29,7 +29,7 @@ from onnxsat.egraph.opset_upgrade import UPGRADE_DOMAIN, UpgradeError, convert_w
 from onnxsat.egraph.shapes import shape_rules
 from onnxsat.rules import RULES
 
-from .helpers_onnx import outputs_match, run_ort, warm_import
+from .helpers_onnx import outputs_match, run_ort
 from .prove import _load, _warm
 
 F, F16, D, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16
@@ -315,8 +315,7 @@ class _Decoder:
 
 
 def _optimize(model: onnx.ModelProto, **options: Any) -> tuple[onnx.ModelProto, onnxsat.Report]:
-    with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(model, Options(rules_only=("fusion", "core", "layout"), **options))
+    optimized, report = onnxsat.optimize(model, Options(rules_only=("fusion", "core", "layout"), **options))
     assert report.verification.status == "passed", report.verification
     onnx.checker.check_model(optimized, full_check=True)
     rng = np.random.default_rng(1)

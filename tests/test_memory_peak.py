@@ -11,10 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+
+from onnxsat.base.modelio import weight_bytes
+
+from .models import mlp
 
 WEIGHT_MIB = 48
 HIDDEN = 1024
@@ -49,38 +51,12 @@ _MEASURE = textwrap.dedent(
 )
 
 
-def _mlp(path: Path, weight_mib: int) -> int:
-    """MatMul -> Add -> Relu layers of seeded float32 weights, inline; returns the weight bytes."""
-    rng = np.random.default_rng(0)
-    layers = max(1, round(weight_mib * 2**20 / (4 * HIDDEN * HIDDEN)))
-    nodes, inits, x = [], [], "x"
-    for i in range(layers):
-        w = rng.standard_normal((HIDDEN, HIDDEN), dtype=np.float32) / np.float32(np.sqrt(HIDDEN))
-        inits += [
-            numpy_helper.from_array(w, f"w{i}"),
-            numpy_helper.from_array(np.zeros(HIDDEN, np.float32), f"b{i}"),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]),
-            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
-            helper.make_node("Relu", [f"a{i}"], [f"r{i}"]),
-        ]
-        x = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, HIDDEN])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [4, HIDDEN])],
-        inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
-    return layers * (HIDDEN * HIDDEN + HIDDEN) * 4
-
-
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's /proc")
 def test_peak_memory_grows_by_at_most_a_few_copies_of_the_weights(tmp_path: Path) -> None:
     path = tmp_path / "mlp.onnx"
-    weights = _mlp(path, WEIGHT_MIB)
+    model = mlp(WEIGHT_MIB, HIDDEN)
+    onnx.save(model, str(path))
+    weights = weight_bytes(model)
     run = subprocess.run(
         [sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, timeout=300, check=False
     )

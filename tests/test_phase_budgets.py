@@ -12,8 +12,6 @@ from onnxsat.base.errors import OnnxsatError
 from onnxsat.base.options import Budgets, Options, PhaseBudget
 from onnxsat.rules.schedule import default_schedule
 
-from .helpers_onnx import warm_import
-
 
 def _options(*flags: str) -> Options:
     return cli.options_from_args(
@@ -82,8 +80,7 @@ def test_phase_limits_stop_the_phase_and_show_in_the_report() -> None:
         ("algebra", PhaseBudget(iterations=1)),
         *((name, PhaseBudget(iterations=0)) for name in ("layout", "multi", "fusion")),  # a short run
     )
-    with warm_import(rules=True):
-        _, report = onnxsat.optimize(model, Options(budgets=Budgets(phases=own), verify=False))
+    _, report = onnxsat.optimize(model, Options(budgets=Budgets(phases=own), verify=False))
     algebra = [p for p in report.saturation.phases if p.name == "algebra"]
     assert len(algebra) == 2 and all(p.iterations <= 1 and p.limits == "iterations=1" for p in algebra)
     assert any(p.stop_reason == "iterations" for p in algebra)

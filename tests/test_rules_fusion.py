@@ -24,7 +24,7 @@ from onnxsat.egraph.shapes import shape_rules
 from onnxsat.rules import RULES
 from onnxsat.rules.families import fusion
 
-from .helpers_onnx import outputs_match, run_ort, warm_import
+from .helpers_onnx import outputs_match, run_ort
 from .prove import _load, _warm
 
 F, F16, D = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
@@ -254,8 +254,7 @@ def fusion_model(opset: int, elem_type: int = F, erf: bool = True) -> onnx.Model
 
 
 def _optimize(model: onnx.ModelProto, **options: object) -> onnx.ModelProto:
-    with warm_import(rules=True):
-        optimized, report = onnxsat.optimize(model, Options(rules_only=("fusion", "core"), **options))  # type: ignore[arg-type]
+    optimized, report = onnxsat.optimize(model, Options(rules_only=("fusion", "core"), **options))  # type: ignore[arg-type]
     assert report.verification.status == "passed", report.verification
     onnx.checker.check_model(optimized, full_check=True)
     np_type = helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
@@ -306,8 +305,7 @@ def test_float64_model_fuses_only_into_ops_onnxruntime_runs(tmp_path: Path) -> N
     Softmax). (Before the type guards, the HardSwish fusion made verification fail: no file.)"""
     src, out = tmp_path / "f64.onnx", tmp_path / "f64.opt.onnx"
     onnx.save(fusion_model(24, D, erf=False), src)
-    with warm_import(rules=True):
-        code = cli.main(["optimize", str(src), "-o", str(out), "--quiet", "--rules-only", "fusion,core"])
+    code = cli.main(["optimize", str(src), "-o", str(out), "--quiet", "--rules-only", "fusion,core"])
     assert code == 0 and out.exists()
     optimized = onnx.load(out)
     ops = _ops(optimized)
@@ -339,10 +337,9 @@ def test_float64_with_contrib_ops_writes_erf_gelu_as_its_chain() -> None:
         b.inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    with warm_import(rules=True):
-        optimized, _ = onnxsat.optimize(
-            model, Options(rules_only=("fusion", "core"), allow_contrib_ops=True, verify=False)
-        )
+    optimized, _ = onnxsat.optimize(
+        model, Options(rules_only=("fusion", "core"), allow_contrib_ops=True, verify=False)
+    )
     ops = _ops(optimized)
     assert ops["com.microsoft.Gelu"] == 0 and ops["com.microsoft.BiasGelu"] == 0 and ops["Erf"] == 2, ops
     assert ops["com.microsoft.QuickGelu"] == 1, ops

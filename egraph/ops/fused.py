@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .. import lang as L
 from ..opset_upgrade import UPGRADE_DOMAIN
-from .ort_probe import KernelProbe, ort_runs
+from .ort_probe import ABSENT, KernelProbe, ort_runs
 from .registry import Attr, CostCtx, ExportNode, OpSpec, numel, register
 
 CONTRIB = "com.microsoft"
@@ -187,6 +187,11 @@ ATTENTION_PROBE = KernelProbe(
 )
 """Attention with an additive mask of q's type; without a mask the same op with three inputs."""
 ROTARY_PROBE = KernelProbe("RotaryEmbedding", "", 23, (((1, 2, 3, 4), None), ((1, 3, 2), None), ((1, 3, 2), None)))
+CONTRIB_ROTARY_PROBE = KernelProbe(
+    "RotaryEmbedding", CONTRIB, 17, (((1, 2, 3, 4), None), ((1,), TensorProto.INT64), ((4, 2), None), ((4, 2), None))
+)
+"""com.microsoft RotaryEmbedding of a [batch, heads, seq, head] x, a position offset (the probe feeds
+1: the caches have room for it), [seq, head/2] caches."""
 
 
 def _attention_chain(chain: _Chain, q: str, k: str, v: str, mask: str, scale: float, out: str) -> None:
@@ -205,19 +210,70 @@ def _attention_chain(chain: _Chain, q: str, k: str, v: str, mask: str, scale: fl
 
 def _attention_export(node: ExportNode) -> None:
     """Attention (opset 23, or the placeholder of an opset upgrade) where onnxruntime runs it at
-    this dtype (with this mask), else the chain. Attention's scale multiplies q @ k^T (onnxruntime
-    scales q and k by its square root each, as the exporters' chains do)."""
+    this dtype (with this mask); else, with contrib ops, MultiHeadAttention where onnxruntime runs
+    it; else the chain. Attention's scale multiplies q @ k^T (onnxruntime scales q and k by its
+    square root each, as the exporters' chains do).
+
+    MultiHeadAttention only where Attention cannot be written: on onnxruntime 1.32's CPU provider it
+    was never faster than Attention with the head split and merge around it (x0.92-0.99 at BERT-base,
+    GPT-2 and 8-head layers of sequence 128, a tie at Whisper's 1500; two threads, two runs;
+    benchmarks/results/contrib_attention.md)."""
     scale, dtype = float(node.attrs.pop("scale")), int(node.attrs.pop("dtype"))
     q, k, v, *rest = node.inputs
     mask = rest[0] if rest else ""
     probe = ATTENTION_PROBE if mask else _without_mask(ATTENTION_PROBE)
     domain = _standard_domain(node, probe, dtype)
     chain = _Chain(node, dtype)
+    heads = _mha_heads(node, dtype, bool(mask)) if domain is None and node.allow_contrib else None
     if domain is not None:
         chain.op("Attention", [q, k, v, *([mask] if mask else [])], node.outputs[0], domain=domain, scale=scale)
+    elif heads is not None:
+        _mha_nodes(chain, q, k, v, mask, scale, heads, node.outputs[0])
     else:
         _attention_chain(chain, q, k, v, mask, scale, node.outputs[0])
     node.expansion = chain.nodes
+
+
+MHA_PROBE = KernelProbe(
+    "MultiHeadAttention",
+    CONTRIB,
+    17,
+    (((1, 3, 8), None), ((1, 2, 5, 4), None), ((1, 2, 5, 4), None), ABSENT, ABSENT, ((1, 1, 3, 5), None)),
+    (("num_heads", 2), ("scale", 0.5)),
+)
+"""MultiHeadAttention with a 3-D query, keys and values of [batch, heads, seq, head] (what the
+fused node holds) and an additive bias of q's type (empty bias and key padding mask before it)."""
+
+
+def _mha_heads(node: ExportNode, dtype: int, masked: bool) -> int | None:
+    """q's head count where MultiHeadAttention can take the fused node: q, k, v 4-D with known,
+    equal head counts and one head size (grouped-query k and v are repeated before the fused node),
+    and onnxruntime runs the op at ``dtype`` (with the bias, where there is a mask)."""
+    shapes = [node.in_shape(i) for i in range(3)]
+    if any(s is None or len(s) != 4 for s in shapes):
+        return None
+    (_, heads, _, size), (_, k_heads, _, k_size), (_, v_heads, _, v_size) = shapes  # type: ignore[misc]
+    if heads <= 0 or size <= 0 or k_heads != heads or v_heads != heads or k_size != size or v_size != size:
+        return None
+    mask = node.in_shape(3) if masked else None
+    if mask is not None and len(mask) != 4:  # the attention bias is [B or 1, H or 1, T, S]
+        return None
+    probe = MHA_PROBE if masked else KernelProbe(MHA_PROBE.op_type, CONTRIB, 17, MHA_PROBE.inputs[:3], MHA_PROBE.attrs)
+    return heads if ort_runs(probe, dtype) else None
+
+
+def _mha_nodes(chain: _Chain, q: str, k: str, v: str, mask: str, scale: float, heads: int, out: str) -> None:
+    """q [B, H, T, D] -> [B, T, H * D], MultiHeadAttention with k and v as [B, H, S, D] and the mask
+    as its attention bias, the output back to [B, H, T, D] (dims copied: batch and sequence stay
+    symbolic). A fully masked row (every mask entry -inf) is NaN in MultiHeadAttention and zero in
+    the fused node: the output's NaNs are zeroed where there is a mask."""
+    query = chain.op("Reshape", [chain.op("Transpose", [q], perm=[0, 2, 1, 3]), chain.ints([0, 0, -1])])
+    inputs = [query, k, v, *(["", "", mask] if mask else [])]
+    merged = chain.op("MultiHeadAttention", inputs, domain=CONTRIB, num_heads=heads, scale=scale)
+    if mask:
+        merged = chain.op("Where", [chain.op("IsNaN", [merged]), chain.const(0.0), merged])
+    split = chain.op("Reshape", [merged, chain.ints([0, 0, heads, -1])])
+    chain.op("Transpose", [split], out, perm=[0, 2, 1, 3])
 
 
 def _without_mask(probe: KernelProbe) -> KernelProbe:
@@ -237,19 +293,28 @@ def _rotary_export(node: ExportNode) -> None:
     """RotaryEmbedding (opset 23 or the upgrade placeholder) where cos and sin are constants with
     equal halves and onnxruntime runs it, its caches being their first halves as [1, seq, head/2]
     (the fusion rule takes x of batch 1: RotaryEmbedding without position ids wants a cache of x's
-    batch); else the chain x * cos + concat(-x2, x1) * sin."""
+    batch); else, with contrib ops, com.microsoft RotaryEmbedding (caches [seq, head/2], position
+    offset 0) where onnxruntime runs it; else the chain x * cos + concat(-x2, x1) * sin.
+
+    The contrib op only where the standard one cannot be written: the two tied on onnxruntime 1.32's
+    CPU provider at [1, 8, 128, 64] and [1, 32, 128, 128] (benchmarks/results/contrib_attention.md)."""
     dtype = int(node.attrs.pop("dtype"))
     (x, cos, sin), (out,) = node.inputs, node.outputs
     chain = _Chain(node, dtype)
     values = [node.folded_value(1), node.folded_value(2)]
     domain = _standard_domain(node, ROTARY_PROBE, dtype)
-    if domain is not None and all(_halves_equal(v) for v in values):
+    contrib = domain is None and node.allow_contrib and ort_runs(CONTRIB_ROTARY_PROBE, dtype)
+    if (domain is not None or contrib) and all(_halves_equal(v) for v in values):
         caches = []
         for value in values:
             assert value is not None
             half = value.shape[-1] // 2
-            caches.append(chain.array(np.ascontiguousarray(value[0, :, :, :half])))
-        chain.op("RotaryEmbedding", [x, *caches], out, domain=domain)
+            cache = np.ascontiguousarray(value[0, :, :, :half])
+            caches.append(chain.array(cache if domain is not None else cache[0]))
+        if domain is not None:
+            chain.op("RotaryEmbedding", [x, *caches], out, domain=domain)
+        else:  # positions 0 .. seq - 1 for every batch entry: a position offset of 0
+            chain.op("RotaryEmbedding", [x, chain.ints([0]), *caches], out, domain=CONTRIB)
         node.expansion = chain.nodes
         return
     first, second = node.fresh("onnxsat_half"), node.fresh("onnxsat_half")

@@ -17,6 +17,8 @@ from onnx import helper
 
 ProbeInput = tuple[tuple[int, ...], int | None]
 """An input of the probe node: its shape and its type (None: the probed dtype)."""
+ABSENT: ProbeInput = ((-1,), None)
+"""An optional input left out (its name empty), before one that is given."""
 
 
 @dataclass(frozen=True)
@@ -36,8 +38,9 @@ def ort_runs(probe: KernelProbe, dtype: int) -> bool:
     """True when onnxruntime's CPU provider builds and runs ``probe`` with ``dtype`` data."""
     import onnxruntime as ort
 
-    names = [f"in{i}" for i in range(len(probe.inputs))]
+    names = ["" if s == ABSENT[0] else f"in{i}" for i, (s, _) in enumerate(probe.inputs)]
     types = [dtype if t is None else t for _, t in probe.inputs]
+    given = [(n, t, s) for n, t, (s, _) in zip(names, types, probe.inputs, strict=True) if n]
     node = helper.make_node(
         probe.op_type,
         names,
@@ -48,7 +51,7 @@ def ort_runs(probe: KernelProbe, dtype: int) -> bool:
     graph = helper.make_graph(
         [node],
         "probe",
-        [helper.make_tensor_value_info(n, t, s) for n, t, (s, _) in zip(names, types, probe.inputs, strict=True)],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in given],
         [helper.make_tensor_value_info(f"out{i}", dtype, None) for i in range(probe.outputs)],
     )
     imports = [helper.make_opsetid("", probe.opset)]
@@ -61,7 +64,7 @@ def ort_runs(probe: KernelProbe, dtype: int) -> bool:
     rng = np.random.default_rng(0)
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        feeds = {n: _probe_data(rng, s, t) for n, t, (s, _) in zip(names, types, probe.inputs, strict=True)}
+        feeds = {n: _probe_data(rng, s, t) for n, t, s in given}
         session.run(None, feeds)
     except Exception:  # no kernel, no schema, or a kernel that rejects the inputs: it does not run
         return False

@@ -89,6 +89,9 @@ class ExportNode:
     single-op form depends on constant values, e.g. RotaryEmbedding's caches)."""
     fresh: Callable[[str], str] = str
     """A new unused tensor name from a hint (for the inner tensors of an expansion)."""
+    in_shape: Callable[[int], tuple[int, ...] | None] = lambda i: None
+    """The shape of input ``i`` where the e-graph knows it (``< 0``: a symbolic dim), else None
+    (a contrib op whose attribute is a dim, e.g. MultiHeadAttention's head count)."""
     allow_contrib: bool = False
     """onnxruntime's com.microsoft contrib ops may be written (``--allow-contrib-ops``)."""
     upgrade_opset: int | None = None

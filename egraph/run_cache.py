@@ -1,0 +1,104 @@
+"""Run a schedule on an e-graph many times without rebuilding egglog's command each time.
+
+``EGraph.run(schedule)`` converts the schedule to an egg command on every call, and on the way
+checks that every rule of its rulesets is registered by hashing each rule's declaration (a deep
+hash, recomputed every time); it then turns the run report's rule names back into declarations
+the same way. With a few hundred rules that Python work costs as much as the rewrite iteration
+it drives (measured on a region-wise run: ~30 s of Python around ~40 s of egglog's own run).
+Saturation runs the same few schedules once per iteration, so ``run`` builds each schedule's
+command once per e-graph state and sends it again, and reads the report's rule names as strings.
+
+The cache is per egglog state object: ``push``/``pop`` swap that object, so a command is never
+sent to a state whose rulesets it did not register. This reads three of egglog's private
+members (``_add_decls``, ``_state``, ``_run_program``); without them it falls back to the public
+``EGraph.run`` (``tests/test_run_cache.py`` checks both give one report).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from egglog import EGraph, Schedule, bindings
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run changed: whether anything, and per rule (its declaration's name) the matches
+    and the search-and-apply seconds."""
+
+    updated: bool
+    matches: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class _StateCache:
+    """Commands and rule names built for one egglog state."""
+
+    def __init__(self, state: Any):
+        self.state = weakref.ref(state)
+        self.commands: dict[Any, Any] = {}
+        self.names: dict[str, str] = {}
+
+
+_CACHES: dict[int, _StateCache] = {}
+
+
+def run(egraph: EGraph, schedule: Schedule) -> RunResult:
+    """``egraph.run(schedule)``, with the egg command built once per e-graph state."""
+    try:
+        state = egraph._state
+        run_program = egraph._run_program
+    except AttributeError:  # another egglog: the public path
+        return _public(egraph, schedule)
+    cache = _CACHES.get(id(state))
+    if cache is None or cache.state() is not state:
+        _forget_dead()
+        cache = _CACHES[id(state)] = _StateCache(state)
+    decl = schedule.schedule
+    command = cache.commands.get(decl)
+    if command is None:
+        egraph._add_decls(schedule)
+        command = cache.commands[decl] = state.run_schedule_to_egg(decl)
+    (output,) = run_program(command)
+    assert isinstance(output, bindings.RunScheduleOutput)  # what EGraph.run asserts too
+    report = output.report
+    rule_decls = state.rule_name_to_command_decl
+    matches: dict[str, int] = {}
+    for key, n in report.num_matches_per_rule.items():
+        name = _name(cache, rule_decls, key)
+        matches[name] = matches.get(name, 0) + int(n)
+    seconds: dict[str, float] = {}
+    for key, dt in report.search_and_apply_time_per_rule.items():
+        name = _name(cache, rule_decls, key)
+        seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
+    return RunResult(bool(report.updated), matches, seconds)
+
+
+def _name(cache: _StateCache, rule_decls: Any, key: str) -> str:
+    name = cache.names.get(key)
+    if name is None:
+        name = cache.names[key] = decl_name(rule_decls[key])
+    return name
+
+
+def decl_name(decl: Any) -> str:
+    """A run report's rule: its declaration's name (rules without one: the declaration itself)."""
+    return str(getattr(decl, "name", None) or decl)
+
+
+def _public(egraph: EGraph, schedule: Schedule) -> RunResult:
+    report = egraph.run(schedule)
+    matches: dict[str, int] = {}
+    for decl, n in report.num_matches_per_rule.items():
+        matches[decl_name(decl)] = matches.get(decl_name(decl), 0) + int(n)
+    seconds: dict[str, float] = {}
+    for decl, dt in report.search_and_apply_time_per_rule.items():
+        seconds[decl_name(decl)] = seconds.get(decl_name(decl), 0.0) + dt.total_seconds()
+    return RunResult(bool(report.updated), matches, seconds)
+
+
+def _forget_dead() -> None:
+    for key in [k for k, c in _CACHES.items() if c.state() is None]:
+        del _CACHES[key]

@@ -1,0 +1,61 @@
+"""egraph.run_cache: a saturation through the cached egg commands is the one EGraph.run gives.
+
+Each side runs in a fresh process with one hash seed and no time budget: two saturations in one
+process can take different (equally final) paths whichever way they are run, as egglog keeps
+state between runs on an e-graph."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .models import EXAMPLES
+
+REALMODELS = Path(__file__).parent / "data" / "realmodels"
+
+_SATURATE = """
+import dataclasses, json, sys
+import onnx
+import onnxsat.rules.schedule as schedule_module
+from onnxsat.base.options import Options
+from onnxsat.egraph import run_cache
+from onnxsat.pipeline import Session
+
+if sys.argv[2] == "public":
+    schedule_module.run_cached = run_cache._public
+options = Options(verify=False)
+options = dataclasses.replace(options, budgets=dataclasses.replace(options.budgets, seconds=600.0))  # no time stop
+with Session(onnx.load(sys.argv[1]), options) as session:
+    report = session.saturate()
+    cost = session.extract().cost
+print(json.dumps([[[it.phase, it.enodes, it.matches] for it in report.iterations], report.enodes_after, cost]))
+"""
+
+
+def _saturation(path: Path, mode: str) -> list[object]:
+    """Per iteration (phase, e-nodes, rule matches), the final e-node count and the extracted cost."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SATURATE, str(path), mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env=env,
+    )
+    return list(json.loads(done.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize(
+    "path", [EXAMPLES / "small_cnn.onnx", REALMODELS / "llama-ts-static.onnx"], ids=lambda p: p.stem
+)
+def test_cached_commands_saturate_as_egraph_run_does(path: Path) -> None:
+    cached = _saturation(path, "cached")
+    assert cached == _saturation(path, "public")
+    iterations = cached[0]
+    assert isinstance(iterations, list) and any(matches for _, _, matches in iterations)  # reports were read

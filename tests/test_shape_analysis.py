@@ -469,7 +469,8 @@ def test_concat_two_inputs_every_axis(rank: int) -> None:
 
 
 def test_warm_egraph_import_equals_fresh_import() -> None:
-    """The tests reuse one warmed e-graph (push/pop); a fresh ``from_onnx`` gives the same shapes."""
+    """The tests import into a reused e-graph holding the model's analysis rules (push/pop); a fresh
+    ``from_onnx`` with every analysis rule gives the same shapes."""
     init = numpy_helper.from_array(np.array([-1, 12], dtype=np.int64), "t")
     pos = numpy_helper.from_array(np.array([6, 8], dtype=np.int64), "p")
     nodes = [

@@ -32,7 +32,7 @@ from onnx import helper
 from ...egraph import lang as L
 from ...egraph.exporter import to_onnx
 from ...egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
-from ...egraph.shapes import analysis_ruleset
+from ...egraph.reach import present_symbols
 from ...extract.cost import NodeCtx
 from ...extract.greedy import topological, tree_choice
 from ...extract.pricing import IndexedEGraph, Pricer, const_classes
@@ -134,41 +134,46 @@ def _model_opset(pattern: RulePattern) -> int:
     return min(max(OPSET, low), high)
 
 
+def _round_actions(batch: list[Instance], memo: dict[int, Any]) -> list[Any]:
+    """What one round registers: the model opset, each instance's leaves (shape, dtype, the small
+    weight marker, its tensor refs) and its matched terms as graph outputs."""
+    actions: list[Any] = [set_(L.model_opset()).to(i64(_model_opset(batch[0].pattern)))]
+    outputs = 0
+    for index, inst in enumerate(batch):
+        leaf_exprs = {}
+        for leaf in inst.leaves.values():
+            node = (L.Tensor.weight if leaf.weight else L.Tensor.input)(leaf.name)
+            leaf_exprs[leaf.name] = node
+            actions += [
+                set_(L.shape(node)).to(L.ivec(list(leaf.shape))),
+                set_(L.dtype(node)).to(i64(leaf.dtype)),
+            ]
+            if leaf.weight:  # sampled values (normal * 4, ints within 100) are far below its bound
+                actions.append(L.small_const(node))
+        for k, name in enumerate(inst.marker_leaves()):
+            actions.append(union(L.tensor_ref(index * 64 + k)).with_(leaf_exprs[name]))
+        for root in inst.roots:
+            actions.append(union(L.graph_output(outputs)).with_(to_egglog(root, memo)))
+            outputs += 1
+    return actions
+
+
 def _run_round(
-    egraph: EGraph, batch: list[Instance], rules: Ruleset
+    egraph: EGraph, batch: list[Instance], actions: list[Any], memo: dict[int, Any], analysis: Ruleset, rules: Ruleset
 ) -> tuple[SerializedEGraph, SerializedEGraph]:
     """The e-graph before and after one run of ``rules`` over the batch (the state is popped after)."""
     egraph.push()
     stage = "analysis"
     try:
-        memo: dict[int, Any] = {}
-        actions: list[Any] = [set_(L.model_opset()).to(i64(_model_opset(batch[0].pattern)))]
-        outputs = 0
-        for index, inst in enumerate(batch):
-            leaf_exprs = {}
-            for leaf in inst.leaves.values():
-                node = (L.Tensor.weight if leaf.weight else L.Tensor.input)(leaf.name)
-                leaf_exprs[leaf.name] = node
-                actions += [
-                    set_(L.shape(node)).to(L.ivec(list(leaf.shape))),
-                    set_(L.dtype(node)).to(i64(leaf.dtype)),
-                ]
-                if leaf.weight:  # sampled values (normal * 4, ints within 100) are far below its bound
-                    actions.append(L.small_const(node))
-            for k, name in enumerate(inst.marker_leaves()):
-                actions.append(union(L.tensor_ref(index * 64 + k)).with_(leaf_exprs[name]))
-            for root in inst.roots:
-                actions.append(union(L.graph_output(outputs)).with_(to_egglog(root, memo)))
-                outputs += 1
         egraph.register(*actions)
-        egraph.run(analysis_ruleset().saturate())
+        egraph.run(analysis.saturate())
         pre = serialize(egraph)
         if _seed_shapes(egraph, batch, pre, memo):
-            egraph.run(analysis_ruleset().saturate())
+            egraph.run(analysis.saturate())
             pre = serialize(egraph)
         stage = "rewrite"
         egraph.run(rules)
-        egraph.run(analysis_ruleset().saturate())
+        egraph.run(analysis.saturate())
         return pre, serialize(egraph)
     except EggSmolError as exc:
         raise _Conflict(stage, str(exc).splitlines()[0]) from exc
@@ -214,8 +219,11 @@ def _display(inst: Instance) -> dict[str, str]:
 
 # ---------------------------------------------------------------- the verifier
 class RuleVerifier:
-    """Verifies rules one by one in one e-graph (the analysis is compiled once; each round is
-    pushed and popped, so rules never see each other's instances)."""
+    """Verifies rules one by one. A round runs in an e-graph that holds the rule and only the
+    analysis rules that may fire on the round's terms (``egraph.reach``, as ``optimize`` declares
+    them: tens of the ~500, so its push/pop costs milliseconds, not tenths of a second), kept for
+    the rule's later rounds; each round is pushed and popped, so rules never see each other's
+    instances."""
 
     def __init__(
         self,
@@ -233,11 +241,12 @@ class RuleVerifier:
             max_candidates,
             seed,
         )
-        self.egraph = EGraph()
         self.rtol = RTOL
         """Tolerance of the rule being verified (``RuleTable.tolerances``)."""
-        # Declared before any push: what is declared inside a push is popped with it.
-        self.egraph.run(analysis_ruleset().saturate())
+        self._scratch = EGraph()
+        """No rules: a round's terms are registered here first to see which tables they fill."""
+        self._declared: dict[tuple[str, str], EGraph] = {}
+        """(analysis ruleset, rule ruleset) -> an e-graph with both declared, for the current rule."""
 
     def verify(self, name: str) -> RuleVerification:
         """Verify one rule of the table (a ``KeyError`` for an unknown name)."""
@@ -254,9 +263,8 @@ class RuleVerifier:
 
     def _verify(self, result: RuleVerification) -> None:
         patterns = [parse_rule(egg_name, built) for egg_name, built in self.table.egg_rules[result.name]]
-        rules = self.table.ruleset_for([result.name])
         self.rtol = self.table.tolerances.get(result.name, RTOL)
-        self.egraph.run(rules)  # declared outside the rounds; the base e-graph is empty, so nothing fires
+        self._declared.clear()  # the previous rule's e-graphs
         target = max(1, math.ceil(self.min_instances / len(patterns)))
         fired = {p.egg_name: 0 for p in patterns}
         discarded: Counter[str] = Counter()
@@ -279,7 +287,7 @@ class RuleVerifier:
                     discarded[str(exc)] += 1
                 except (ArithmeticError, IndexError, KeyError, ValueError) as exc:
                     discarded[f"no valid values for this pattern ({type(exc).__name__})"] += 1
-            result.counterexample = self._check_batch(batch, rules, fired, discarded)
+            result.counterexample = self._check_batch(batch, result.name, fired, discarded)
             if result.counterexample is not None:
                 break
         result.candidates, result.variants_fired, result.discarded = used, fired, dict(discarded)
@@ -297,17 +305,40 @@ class RuleVerifier:
         result.ok = True
         result.detail = f"all terms agree on {result.instances_fired} instances x {self.seeds} seeds"
 
+    def _round(self, batch: list[Instance], name: str) -> tuple[SerializedEGraph, SerializedEGraph]:
+        """One round of rule ``name`` over the batch, in an e-graph declaring what may fire on it."""
+        from ..schedule import select
+
+        memo: dict[int, Any] = {}
+        actions = _round_actions(batch, memo)
+        self._scratch.push()
+        try:
+            self._scratch.register(*actions)
+            present = present_symbols(self._scratch)
+        finally:
+            self._scratch.pop()
+        selection = select([name], self.table, present)
+        assert selection is not None
+        rules = self.table.ruleset_for([name], selection.rewrites)
+        key = (str(selection.analysis.__egg_ident__.name), str(rules.__egg_ident__.name))
+        egraph = self._declared.get(key)
+        if egraph is None:  # declared before any push: what is declared inside a push is popped with it
+            egraph = self._declared[key] = EGraph()
+            egraph.run(selection.analysis.saturate())  # the e-graph is empty, so nothing fires
+            egraph.run(rules)
+        return _run_round(egraph, batch, actions, memo, selection.analysis, rules)
+
     def _check_batch(
-        self, batch: list[Instance], rules: Ruleset, fired: dict[str, int], discarded: Counter[str]
+        self, batch: list[Instance], name: str, fired: dict[str, int], discarded: Counter[str]
     ) -> Counterexample | None:
         if not batch:
             return None
         try:
-            pre, post = _run_round(self.egraph, batch, rules)
+            pre, post = self._round(batch, name)
         except _Conflict as exc:
             if len(batch) > 1:  # find the candidate: run them one by one
                 return next(
-                    (c for inst in batch if (c := self._check_batch([inst], rules, fired, discarded))), None
+                    (c for inst in batch if (c := self._check_batch([inst], name, fired, discarded))), None
                 )
             if exc.stage == "analysis":
                 discarded["the shape analysis rejects the instance"] += 1

@@ -144,7 +144,7 @@ def compiled_profile(path: str, feeds: dict[str, np.ndarray], rounds: int, threa
 
     single_threaded_blas()
     times = np.zeros((rounds, len(exe.runners)))
-    exe._run_steps(arrays)
+    exe.run_steps(arrays)
     for r in range(rounds):
         for i, run in enumerate(exe.runners):
             t0 = time.perf_counter()

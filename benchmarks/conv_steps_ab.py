@@ -47,7 +47,7 @@ def main() -> None:
         exe = compiled.executable_for(feeds)
         arrays = dict(exe.fixed)
         arrays.update({b.name: feeds[n] for n, b in exe.program.inputs})
-        exe._run_steps(arrays)
+        exe.run_steps(arrays)
         runs[gemm] = (compiled, exe, arrays, np.full(len(exe.runners), np.inf))
     for _ in range(args.rounds):  # the two forms interleaved, round by round
         for _, exe, arrays, best in runs.values():

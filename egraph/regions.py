@@ -8,7 +8,7 @@ regions. ``part_model`` makes a standalone model of a set of nodes; ``part_key``
 canonically (ops, attributes, shapes, dtypes, weight roles, and the values of every constant a
 rule guard can read), so two parts with one key are the same computation on other weights and
 one's optimized program can be replayed on the other (``rename_part``). ``replace_parts`` puts
-optimized parts back into the graph, ``cut_window`` finds the nodes around a cut, and
+optimized parts back into the graph, ``cut_windows`` finds the nodes around cuts, and
 ``eliminate_common_subexpressions`` merges what separately optimized parts recomputed.
 """
 
@@ -504,14 +504,10 @@ def topological(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[on
     return order
 
 
-def cut_window(model: onnx.ModelProto, cut: int, hops: int, span: int) -> list[int]:
-    """The nodes within ``hops`` edges (either way) of the tensors crossing the cut before node
-    ``cut``, among the ``span`` nodes on each side of it: where a rewrite spanning the cut matches."""
-    return cut_windows(model, [cut], hops, span)[0]
-
-
 def cut_windows(model: onnx.ModelProto, cuts: Sequence[int], hops: int, span: int) -> list[list[int]]:
-    """``cut_window`` for each cut, indexing the graph once."""
+    """For each cut (a node index), the nodes within ``hops`` edges (either way) of the tensors
+    crossing the cut before that node, among the ``span`` nodes on each side of it: where a rewrite
+    spanning the cut matches. The graph is indexed once for all cuts."""
     g = _Graph(model, {})
     return [_window(g, cut, hops, span) for cut in cuts]
 

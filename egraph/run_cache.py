@@ -17,7 +17,9 @@ members (``_add_decls``, ``_state``, ``_run_program``); without them it falls ba
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from egglog import EGraph, Schedule, bindings
@@ -51,7 +53,7 @@ def run(egraph: EGraph, schedule: Schedule) -> RunResult:
         state = egraph._state
         run_program = egraph._run_program
     except AttributeError:  # another egglog: the public path
-        return _public(egraph, schedule)
+        return run_public(egraph, schedule)
     cache = _CACHES.get(id(state))
     if cache is None or cache.state() is not state:
         _forget_dead()
@@ -65,22 +67,21 @@ def run(egraph: EGraph, schedule: Schedule) -> RunResult:
     assert isinstance(output, bindings.RunScheduleOutput)  # what EGraph.run asserts too
     report = output.report
     rule_decls = state.rule_name_to_command_decl
-    matches: dict[str, int] = {}
-    for key, n in report.num_matches_per_rule.items():
-        name = _name(cache, rule_decls, key)
-        matches[name] = matches.get(name, 0) + int(n)
-    seconds: dict[str, float] = {}
-    for key, dt in report.search_and_apply_time_per_rule.items():
-        name = _name(cache, rule_decls, key)
-        seconds[name] = seconds.get(name, 0.0) + dt.total_seconds()
-    return RunResult(bool(report.updated), matches, seconds)
+
+    def name(key: str) -> str:
+        known = cache.names.get(key)
+        if known is None:
+            known = cache.names[key] = decl_name(rule_decls[key])
+        return known
+
+    return _result(report.updated, report.num_matches_per_rule, report.search_and_apply_time_per_rule, name)
 
 
-def _name(cache: _StateCache, rule_decls: Any, key: str) -> str:
-    name = cache.names.get(key)
-    if name is None:
-        name = cache.names[key] = decl_name(rule_decls[key])
-    return name
+def run_public(egraph: EGraph, schedule: Schedule) -> RunResult:
+    """``egraph.run(schedule)`` through egglog's public path (the fallback, and what ``run`` is
+    checked against)."""
+    report = egraph.run(schedule)
+    return _result(report.updated, report.num_matches_per_rule, report.search_and_apply_time_per_rule, decl_name)
 
 
 def decl_name(decl: Any) -> str:
@@ -88,15 +89,16 @@ def decl_name(decl: Any) -> str:
     return str(getattr(decl, "name", None) or decl)
 
 
-def _public(egraph: EGraph, schedule: Schedule) -> RunResult:
-    report = egraph.run(schedule)
-    matches: dict[str, int] = {}
-    for decl, n in report.num_matches_per_rule.items():
-        matches[decl_name(decl)] = matches.get(decl_name(decl), 0) + int(n)
-    seconds: dict[str, float] = {}
-    for decl, dt in report.search_and_apply_time_per_rule.items():
-        seconds[decl_name(decl)] = seconds.get(decl_name(decl), 0.0) + dt.total_seconds()
-    return RunResult(bool(report.updated), matches, seconds)
+def _result(
+    updated: bool, matches: Mapping[Any, int], seconds: Mapping[Any, timedelta], name: Callable[[Any], str]
+) -> RunResult:
+    """A run report's figures summed per rule name (twin declarations share one)."""
+    result = RunResult(bool(updated))
+    for key, n in matches.items():
+        result.matches[name(key)] = result.matches.get(name(key), 0) + int(n)
+    for key, dt in seconds.items():
+        result.seconds[name(key)] = result.seconds.get(name(key), 0.0) + dt.total_seconds()
+    return result
 
 
 def _forget_dead() -> None:

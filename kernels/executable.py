@@ -510,11 +510,14 @@ class Executable:
         arrays.update((key, np.ascontiguousarray(value)) for key, value in given.items())
         previous = single_threaded_blas()  # process-wide in numpy's OpenBLAS: restored below
         try:
-            return self._run_steps(arrays)
+            return self.run_steps(arrays)
         finally:
             restore_blas_threads(previous)
 
-    def _run_steps(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run_steps(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every step in order on ``arrays`` (the fixed buffers and the inputs, by buffer name),
+        the outputs allocated into it: ``run`` without the native call, and what per-step
+        profiles prime before timing ``runners`` one by one."""
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
             arr = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])
@@ -523,7 +526,6 @@ class Executable:
         for runner in self.runners:
             runner(arrays)
         return outputs
-
 
     def _run_native(self, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Inputs copied into the buffers the task table points at (``copyto`` takes any layout),

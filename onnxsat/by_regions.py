@@ -348,7 +348,7 @@ def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 def rewrite_by_regions(session: Session) -> onnx.ModelProto:
     """The session's model optimized region by region (see the module docstring); fills the
     session's report (costs, the combined saturation report, ``report.regions``, stage times)."""
-    options, report = session.options, session.report
+    report = session.report
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -359,9 +359,7 @@ def rewrite_by_regions(session: Session) -> onnx.ModelProto:
         report.stage_seconds[f"regions-{name}"] = seconds[name]
         clock = now
 
-    if session.pool is not None or options.jobs <= 1:
-        return _by_regions(session, session.pool, lap, seconds)
-    with early_pool(session):  # a session driven stage by stage: its workers start now
+    with early_pool(session):  # a session driven stage by stage starts its workers now
         return _by_regions(session, session.pool, lap, seconds)
 
 

@@ -27,7 +27,7 @@ from onnxsat.egraph import run_cache
 from onnxsat.pipeline import Session
 
 if sys.argv[2] == "public":
-    schedule_module.run_cached = run_cache._public
+    schedule_module.run_cached = run_cache.run_public
 options = Options(verify=False)
 options = dataclasses.replace(options, budgets=dataclasses.replace(options.budgets, seconds=600.0))  # no time stop
 with Session(onnx.load(sys.argv[1]), options) as session:

@@ -26,7 +26,8 @@ from egglog import RewriteOrRule, Ruleset, Vec, function, i64, i64Like, relation
 from . import lang as L
 
 MAX_RANK = 6
-_BIG = 1 << 40
+_BIG = 1 << 50
+"""Below every dim the analysis writes (pair codes included): ``bdim``'s stand-in for a 1."""
 
 def is_one(x: i64) -> i64:
     """1 when ``x == 1`` else 0 (for integers)."""
@@ -43,21 +44,28 @@ def is_negative(x: i64) -> i64:
 
 
 PAIR_BASE = 1 << 40
-"""Symbolic dims at or below ``-PAIR_BASE`` stand for the broadcast of two other symbols."""
+"""Symbolic dims at or below ``-PAIR_BASE`` stand for the broadcast of two other symbols; they stay
+above ``-(PAIR_BASE + PAIR_SPAN)``, so a pair of pairs is a pair code too."""
+PAIR_SPAN = 1 << 39
 
 
 def bdim(a: i64, b: i64) -> i64:
     """The broadcast of two dims.
 
     Two different symbols give a third one named by the pair (either may be 1 at run time, so
-    the result is neither); the pair code is symmetric so ``a+b`` and ``b+a`` agree.
+    the result is neither). The pair code mixes both symbols, ordered so ``a+b`` and ``b+a``
+    agree, into ``PAIR_SPAN`` values: every digit of both enters, so a pair of pairs does not
+    collapse onto a pair of their parts (a code kept only low digits: bcast(bcast(s1, s2), s3)
+    was bcast(s2, s3)). ``_BIG`` lies below every code, so a 1 never wins against a symbol.
     """
     fa = a - is_one(a) * (_BIG + 1)
     fb = b - is_one(b) * (_BIG + 1)
     r = fa.max(fb)
     r = r + is_zero(r + _BIG) * (_BIG + 1)
     lo, hi = a.min(b), a.max(b)
-    pair = i64(0) - (i64(PAIR_BASE) + ((i64(0) - lo) % (1 << 20)) * (1 << 20) + (i64(0) - hi) % (1 << 20))
+    # -lo, -hi < 2^41 (PAIR_BASE + PAIR_SPAN), so the products stay far below 2^63
+    mixed = ((i64(0) - lo) * 1_000_003 + (i64(0) - hi) * 7_919) % PAIR_SPAN
+    pair = i64(0) - (i64(PAIR_BASE) + mixed)
     two_symbols = is_negative(a) * is_negative(b) * (i64(1) - is_zero(a - b))
     return r + two_symbols * (pair - r)
 

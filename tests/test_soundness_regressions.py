@@ -166,6 +166,46 @@ def test_a_size_preserving_window_keeps_the_symbol(node: onnx.NodeProto) -> None
         assert analysis_shape(program, "y") is not None
 
 
+def _broadcast_of_symbol_pairs() -> onnx.ModelProto:
+    """Swin's window merge as the TorchScript export leaves it: two tensors whose dims ONNX names
+    separately (here graph symbols a, b, c, d) are added, so each dim is the broadcast of a pair,
+    then added to a bias of lower rank and to a third symbol. The pair code lay below the
+    stand-in ``bdim`` used for a 1, so broadcasting it against the bias's padded 1 gave 1: the
+    analysis said [1, 1, 4], shape-of-known folded the Pad sizes computed from it, and onnxruntime
+    could not run the result (swin_t was refused)."""
+    nodes = [
+        helper.make_node("Add", ["x", "y"], ["xy"]),
+        helper.make_node("Add", ["xy", "bias"], ["biased"]),
+        helper.make_node("Add", ["biased", "z"], ["three"]),
+        helper.make_node("Shape", ["biased"], ["dims"]),
+        helper.make_node("Shape", ["three"], ["dims3"]),
+    ]
+    inputs = [vi("x", TP.FLOAT, ["a", "b", 4]), vi("y", TP.FLOAT, ["c", "d", 4]), vi("z", TP.FLOAT, ["e", "b", 4])]
+    bias = numpy_helper.from_array(np.arange(4, dtype=np.float32), "bias")
+    outputs = [out_vi("biased", TP.FLOAT, 3), out_vi("dims", TP.INT64, 1), out_vi("dims3", TP.INT64, 1)]
+    return make_model(nodes, inputs, outputs, 17, [bias])
+
+
+def test_a_broadcast_symbol_pair_stays_symbolic() -> None:
+    """Against a 1 a pair code stays itself; a pair of a pair and a symbol is a new code, not the
+    pair of the symbol and one of the first pair's parts (the old code kept only low digits)."""
+    with imported(_broadcast_of_symbol_pairs(), fresh=True) as program:
+        xy, biased, three = (analysis_shape(program, n) for n in ("xy", "biased", "three"))
+        z = analysis_shape(program, "z")
+        assert xy is not None and biased == xy and xy[0] < 0 and xy[1] < 0
+        assert three is not None and three[0] < 0 and three[0] not in (xy[0], z[0])
+        assert three[1] not in (xy[1], z[1]) and three[2] == 4
+
+
+def test_shapes_of_broadcast_pairs_are_not_folded_to_ones() -> None:
+    model = _broadcast_of_symbol_pairs()
+    out, report = onnxsat.optimize(model, onnxsat.Options(input_shapes={"x": [2, 3, 4], "y": [2, 3, 4], "z": [2, 3, 4]}))
+    assert report.dropped_rules == {} and report.verification.status == "passed"
+    out, report = onnxsat.optimize(model)
+    assert report.dropped_rules == {} and report.verification.status == "passed"
+    assert {n.op_type for n in out.graph.node} >= {"Shape"}  # the sizes are run-time values
+
+
 def test_float_adds_with_large_constants_are_not_reassociated() -> None:
     """(x + 1e8) - 1e8 in float32 rounds x to a multiple of 8; add-sub-const made it x + 0 and
     verification refused the model (the input is returned as is, still verified)."""

@@ -103,6 +103,10 @@ class Options:
     seed_invented_dims: bool = True
     """Seed the sizes ONNX shape inference names but cannot compute (``unk__0``) at import; a run in
     which a rewrite lets the analysis compute one (two shapes meet) is repeated without them."""
+    observe_shapes: bool = True
+    """Run the model once on onnxruntime for the sizes ONNX shape inference leaves open where they
+    provably cannot depend on the input values (``onnxsat.static_shapes``), and seed the analysis
+    with them; every graph input's shape must be fixed (declared or pinned)."""
     rule_retries: int = 2
     """When a rewrite is found unsound or verification fails: how many reruns without the rules
     found responsible, before the last resort, a run without rewrites (``onnxsat.pipeline``)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -136,8 +137,11 @@ class _Importer:
         seed_invented: bool = True,
         selection: Selection | None = None,
         deadline: float | None = None,
+        static_shapes: Mapping[str, tuple[int, ...]] | None = None,
     ):
         self.model = model
+        self.static_shapes = static_shapes or {}
+        """Sizes observed where they cannot depend on the data (``onnxsat.static_shapes``)."""
         self.deadline = deadline
         """``time.perf_counter()`` past which the import stops with ``TimeLimitError`` (None: never)."""
         self.node_total = 0
@@ -451,6 +455,10 @@ class _Importer:
         self.input_symbols = set(self.symbols.names)
         for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
             self.infos[vi.name] = _type_info(vi.type, self.symbols)
+        for name, dims in self.static_shapes.items():
+            known = self.infos.get(name)
+            if known is not None and known.dtype is not None:
+                self.infos[name] = TensorInfo(known.dtype, tuple(dims))
         initializers = {t.name: t for t in graph.initializer}
         input_names = [i.name for i in graph.input]
         overridable = {n for n in input_names if n in initializers and model.ir_version >= 4}
@@ -538,6 +546,7 @@ def from_onnx(
     warm: WarmEGraph | None = None,
     seed_invented: bool = True,
     time_limit: float | None = None,
+    static_shapes: Mapping[str, tuple[int, ...]] | None = None,
 ) -> Program:
     """Import a (checked) model into a fresh e-graph with its analyses run.
 
@@ -550,6 +559,8 @@ def from_onnx(
     of a new one. ``seed_invented=False``: sizes ONNX inference names but cannot compute
     (``unk__0``) are not seeded (see ``_Importer._seedable``). ``time_limit``: seconds from now
     after which the import of nodes stops with ``TimeLimitError`` (a huge graph within ``--time-limit``).
+    ``static_shapes``: sizes known by observation where ONNX inference leaves them open
+    (``onnxsat.static_shapes``), seeded like its own.
     """
     deadline = None if time_limit is None else time.perf_counter() + time_limit
 
@@ -562,12 +573,12 @@ def from_onnx(
         try:
             return _Importer(
                 model, input_shapes, True, seed_shapes=True, egraph=fresh(), seed_invented=seed_invented,
-                selection=selection, deadline=deadline,
+                selection=selection, deadline=deadline, static_shapes=static_shapes,
             ).run()
         except EggSmolError as exc:
             program = _Importer(
                 model, input_shapes, True, seed_shapes=False, egraph=fresh(), seed_invented=seed_invented,
-                selection=selection, deadline=deadline,
+                selection=selection, deadline=deadline, static_shapes=static_shapes,
             ).run()
             program.warnings.append(f"shape analysis disagreed with ONNX shape inference: {exc}".splitlines()[0])
             return program

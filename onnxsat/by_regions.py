@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -87,7 +87,7 @@ def use_regions(model: onnx.ModelProto, options: Options) -> bool:
 
 def part_options(options: Options, part: Part, upgrade: bool) -> Options:
     """The run's options for one part: not verified (the stitched model is), no dump, no progress,
-    the pins of the graph inputs it reads; without ``upgrade`` no conversion to a newer opset (a
+    no observed sizes of its own, the pins of the graph inputs it reads; without ``upgrade`` no conversion to a newer opset (a
     window is written at the opset of the graph around it)."""
     pins = {k: v for k, v in options.input_shapes.items() if k in part.inputs}
     return replace(
@@ -98,6 +98,7 @@ def part_options(options: Options, part: Part, upgrade: bool) -> Options:
         dump_dir=None,
         progress=False,
         measure=False,
+        observe_shapes=False,  # the whole graph's observed sizes are in the part's types already
         input_shapes=pins,
         upgrade_opset=options.upgrade_opset if upgrade else None,
     )
@@ -388,7 +389,7 @@ def _by_regions(
 ) -> onnx.ModelProto:
     options, report = session.options, session.report
     model = session.model
-    types = value_types(model)
+    types = with_static_shapes(value_types(model), session.static_shapes())
     ranges = partition(model, options.region_size)
     lap("partition")
     parts = _Parts(session, pool)
@@ -437,6 +438,18 @@ def _by_regions(
         seconds=seconds,
     )
     return folded
+
+
+def with_static_shapes(
+    types: dict[str, onnx.TypeProto], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, onnx.TypeProto]:
+    """``types`` with the observed sizes (``Session.static_shapes``) where inference left them open,
+    so each region's import seeds them like the whole graph's would."""
+    for name, dims in shapes.items():
+        known = types.get(name)
+        if known is not None and known.HasField("tensor_type") and known.tensor_type.elem_type:
+            types[name] = onnx.helper.make_tensor_type_proto(known.tensor_type.elem_type, list(dims))
+    return types
 
 
 def _combined(runs: list[SaturationReport]) -> SaturationReport:

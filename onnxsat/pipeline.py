@@ -171,6 +171,7 @@ class Session:
         the reference run so their start-up overlaps it (``by_regions.early_pool``); reruns share it."""
         self.deadline: float | None = None
         """``time.perf_counter()`` at which a whole-run time limit (``Budgets.whole_run``) ends."""
+        self._static_shapes: dict[str, tuple[int, ...]] | None = None
 
     def with_rules(self, rules: list[str]) -> Session:
         """A new session of the same model, options, report and reference with other rules (a rerun)."""
@@ -178,7 +179,21 @@ class Session:
         other.reference = self.reference
         other.pool = self.pool
         other.deadline = self.deadline
+        other._static_shapes = self._static_shapes
         return other
+
+    def static_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The sizes ONNX inference leaves open that cannot depend on the data, observed once on
+        onnxruntime (stage ``shapes``; ``onnxsat.static_shapes``); reruns share them."""
+        if self._static_shapes is None:
+            self._static_shapes = {}
+            if self.options.observe_shapes:
+                from onnxsat.static_shapes import observe
+
+                with self._stage("shapes"):
+                    pins = {k: list(v) for k, v in self.options.input_shapes.items()}
+                    self._static_shapes = observe(self.model, pins, pinned_dims(self.model, self.options))
+        return self._static_shapes
 
     def __enter__(self) -> Session:
         return self
@@ -208,6 +223,7 @@ class Session:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
         options, report = self.options, self.report
         self._held.enter_context(plugin_ops(self.loads))
+        static_shapes = self.static_shapes()
         start = import_symbols(self.model)  # only the rules that may fire on this model are declared
         with self._stage("declare"):  # the rules into a fresh e-graph (reused between runs of a process)
             key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
@@ -221,6 +237,7 @@ class Session:
                 warm=warm,
                 seed_invented=options.seed_invented_dims,
                 time_limit=None if self.deadline is None else self.deadline - time.perf_counter(),
+                static_shapes=static_shapes,
             )
         report.opset = program.opset
         report.unknown_ops = dict(program.unknown_ops)
@@ -462,6 +479,7 @@ def _verified_rewrite(session: Session) -> onnx.ModelProto:
         )
         again.reference = session.reference
         again.pool = session.pool
+        again._static_shapes = session._static_shapes
         return _dropping_rules(again)
 
 

@@ -33,7 +33,10 @@ def _assert_matches(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> 
     assert set(got) == set(want)
     for name, expected in want.items():
         assert got[name].shape == expected.shape, name
-        np.testing.assert_allclose(got[name], expected, rtol=RTOL, atol=ATOL, err_msg=name)
+        # float32 sums of a wide range (light_shufflenet's logits reach 4e6) differ by their order's
+        # rounding: each element within RTOL of its own value or 1e-4 of the output's largest
+        scale = float(np.max(np.abs(expected))) if expected.size and expected.dtype.kind == "f" else 0.0
+        np.testing.assert_allclose(got[name], expected, rtol=RTOL, atol=ATOL + 1e-4 * scale, err_msg=name)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@ both torch exporters, static and dynamic shapes, a KV-cache decode step, int8 QD
 written by benchmarks/realmodels/export.py, listed in INDEX.json) is optimized with the default
 options (verification on). The result is then checked here independently of onnxsat's own
 verification: on onnxruntime with seeded inputs of valid ranges, every output within
-1e-4 * max|ref| + 1e-6 of the original's, no more nodes and weight bytes than the input, and
+1e-4 * max|ref| + 1e-6 of the original's, no more nodes than the input, no more weight bytes
+unless the report says why (then at most 1% more: folded size arithmetic), and
 an estimated cost no higher than the input's. A refusal (exit-3
 VerificationError or any other onnxsat error) fails the test with its message.
 
@@ -122,7 +123,10 @@ def test_realmodel_optimizes_exactly(name: str) -> None:
             assert after <= 2 * before + 1e-6, f"{output}: {after:.3g} from float32, the original {before:.3g}"
     nodes_before, nodes_after = len(original.graph.node), len(optimized.graph.node)
     assert nodes_after <= nodes_before, f"{nodes_before} -> {nodes_after} nodes"
-    assert _weight_bytes(optimized) <= _weight_bytes(original), "weights grew"
+    weights_before, weights_after = _weight_bytes(original), _weight_bytes(optimized)
+    if weights_after > weights_before:  # allowed only where the report says why, and only a little
+        assert any(w.startswith("weight bytes ") for w in report.warnings), "weights grew unexplained"
+        assert weights_after <= weights_before * 1.01 + 4096, f"weights {weights_before} -> {weights_after}"
     assert report.cost_after <= report.cost_before, (
         f"estimated cost {report.cost_before} -> {report.cost_after}"
     )

@@ -55,6 +55,7 @@ def test_stages_return_their_artefacts_and_give_what_optimize_writes() -> None:
     assert [n.op_type for n in optimized.graph.node] == ["Relu"]
     assert list(session.report.stage_seconds) == [
         "rules",
+        "shapes",
         "declare",
         "import",
         "cost-before",

@@ -1,0 +1,160 @@
+"""Shapes ONNX inference cannot compute, observed on onnxruntime where they cannot depend on the data.
+
+Exporters compute sizes with the ops they have: TorchScript writes Swin's window padding as
+``Pad(x, Reshape(Transpose(Slice(Concat(.., Mod(Sub(4, Mod(Gather(Shape(x), 1), 4)), 4))))))``,
+ONNX shape inference gives up at the first such chain (``unk__N`` for every later tensor), and the
+e-graph's analysis only knows the sizes after rewrites fold the chain, too late for the rules that
+need them. onnx-simplifier and onnxslim get them by running the model. So does this module, and
+it proves each observed shape valid for every input:
+
+- With every graph input's shape fixed (declared or pinned), a tensor's shape depends on the
+  input *values* only through an op whose output size is read from a tensor it is given (a
+  Reshape target, Slice bounds, a Range's limits: `SIZE_OPERANDS`) or an op whose output size is
+  data-dependent by nature (NonZero, control flow, any op of another domain: `_dynamic`).
+- `data_free_shapes` follows both dependences through the graph: values derived from graph
+  inputs or random ops are data; a Shape or Size of a tensor with a data-free shape is not.
+- `observe` runs the model once on the verification inputs with a Shape node on each tensor that
+  is data-free but not fully inferred, and returns those sizes (an error, or a model that cannot
+  run, gives none: nothing is guessed).
+
+The importer seeds the analysis with them like any known shape (``from_onnx(static_shapes=..)``),
+so shape-of-known folds the size arithmetic on the first iteration, as it does for a model whose
+sizes ONNX inference computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import onnx
+from onnx import helper
+
+from onnxsat.base.modelio import topological_nodes
+from onnxsat.base.weightless import infer_shapes
+
+__all__ = ["SIZE_OPERANDS", "data_free_shapes", "observe"]
+
+_REDUCTIONS = (
+    "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
+    "ReduceProd", "ReduceSum", "ReduceSumSquare",
+)  # fmt: skip
+
+SIZE_OPERANDS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 3),
+    "ConstantOfShape": (0,), "Range": (0, 1, 2), "Squeeze": (1,), "Unsqueeze": (1,), "Split": (1,),
+    "Resize": (1, 2, 3), "Upsample": (1,), "TopK": (1,), "OneHot": (1,), "CenterCropPad": (1, 2),
+    "MaxUnpool": (2,), "DFT": (1, 2), "STFT": (1, 2, 3), "Col2Im": (1, 2), "AffineGrid": (1,),
+    "MelWeightMatrix": (0, 1, 2), "BlackmanWindow": (0,), "HannWindow": (0,), "HammingWindow": (0,),
+    **{op: (1,) for op in _REDUCTIONS},
+}  # fmt: skip
+"""Standard ops whose output size is read from the values of these operands."""
+
+_DATA_SHAPED = frozenset({
+    "NonZero", "Unique", "Compress", "NonMaxSuppression", "StringSplit", "StringNormalizer",
+    "If", "Loop", "Scan", "ImageDecoder", "Optional", "OptionalGetElement", "OptionalHasElement",
+    "SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert",
+    "SequenceLength", "SequenceMap", "SplitToSequence", "ConcatFromSequence",
+})  # fmt: skip
+"""Standard ops whose output size depends on the data (or on a subgraph) by nature."""
+
+_RANDOM = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"})
+"""Ops whose values are data (drawn at run time) whatever their inputs."""
+
+
+def _dynamic(node: onnx.NodeProto) -> bool:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _DATA_SHAPED:
+        return True
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return True
+    return not onnx.defs.has(node.op_type)
+
+
+def data_free_shapes(model: onnx.ModelProto) -> set[str]:
+    """Names of the main graph's node outputs whose shape is the same for every input value, given
+    the graph inputs' shapes (see the module docstring)."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    fed = {i.name for i in graph.input if i.name not in initializers or model.ir_version >= 4}
+    data = set(fed)  # values that depend on the inputs' values
+    shaped_by_data: set[str] = set()  # shapes that do
+    for node in topological_nodes(graph):  # an input's status is settled before its consumers'
+        inputs = [i for i in node.input if i]
+        if _dynamic(node) or any(i in shaped_by_data for i in inputs):
+            moved = True
+        else:
+            sizes = SIZE_OPERANDS.get(node.op_type, ())
+            moved = any(k < len(node.input) and node.input[k] in data for k in sizes)
+        if node.op_type in ("Shape", "Size"):
+            value_is_data = moved
+        else:
+            value_is_data = moved or node.op_type in _RANDOM or any(i in data for i in inputs)
+        for out in node.output:
+            if not out:
+                continue
+            if moved:
+                shaped_by_data.add(out)
+            if value_is_data:
+                data.add(out)
+    return {o for n in graph.node for o in n.output if o and o not in shaped_by_data}
+
+
+def _fixed_inputs(model: onnx.ModelProto, pins: Mapping[str, list[int]]) -> bool:
+    from onnxsat.verification_inputs import true_inputs
+
+    for vi in true_inputs(model):
+        if vi.name in pins:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            return False
+        if not all(d.HasField("dim_value") for d in tt.shape.dim):
+            return False
+    return True
+
+
+def _unknown(tp: onnx.TypeProto | None) -> bool:
+    if tp is None or not tp.HasField("tensor_type"):
+        return True
+    tt = tp.tensor_type
+    return not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim)
+
+
+def observe(
+    model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_values: Mapping[str, int]
+) -> dict[str, tuple[int, ...]]:
+    """Sizes of the tensors ONNX inference leaves open whose shapes are data-free, from one
+    onnxruntime run on seed 0's verification inputs (``pins``: the ``--input-shape`` pins,
+    ``dim_values`` the sizes they give symbols). Empty when any graph input's shape is open, when
+    nothing is left open, or when the model cannot be run."""
+    from onnxsat.verification import inference_session, run_session
+    from onnxsat.verification_inputs import make_inputs
+
+    if not _fixed_inputs(model, pins):
+        return {}
+    try:
+        inferred = infer_shapes(model, strict_mode=False, data_prop=True)
+    except Exception:
+        inferred = model
+    types = {v.name: v.type for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    free = data_free_shapes(model)
+    wanted = [o for n in model.graph.node for o in n.output if o in free and _unknown(types.get(o))]
+    if not wanted:
+        return {}
+    graph = model.graph
+    probes = [helper.make_node("Shape", [name], [f"{name}__onnxsat_shape"]) for name in wanted]
+    n_nodes, n_outputs = len(graph.node), len(graph.output)
+    try:  # the probes are appended to the caller's graph for the session's copy, then removed
+        graph.node.extend(probes)
+        graph.output.extend(helper.make_tensor_value_info(p.output[0], onnx.TensorProto.INT64, [None]) for p in probes)
+        session = inference_session(model, "disable_all")
+    except Exception:
+        return {}
+    finally:
+        del graph.node[n_nodes:]
+        del graph.output[n_outputs:]
+    try:
+        feeds = make_inputs(model, 0, dim_values)
+        got = run_session(session, feeds)
+    except Exception:
+        return {}
+    return {name: tuple(int(d) for d in got[p.output[0]]) for name, p in zip(wanted, probes, strict=True)}

@@ -1,0 +1,121 @@
+"""Sizes ONNX inference leaves open, observed on onnxruntime only where no input value can change them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import onnxsat
+from onnxsat.static_shapes import data_free_shapes, observe
+
+from .helpers_onnx import analysis_shape, make_model, out_vi, vi
+
+REALMODELS = Path(__file__).parent / "data" / "realmodels"
+
+
+def _ints(name: str, values: list[int]) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _window_pad(dims: list[int | str]) -> onnx.ModelProto:
+    """Swin's padding to a multiple of the window (4) on axis 1, sizes computed as TorchScript does:
+    Pad(x, Concat(0, 0, 0, 0, Mod(Sub(4, Mod(Shape(x)[1], 4)), 4), 0)); ONNX infers the
+    padded tensor as [unk, unk, unk] and the Reshape by windows after it the same."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["dims"]),
+        helper.make_node("Gather", ["dims", "one"], ["h"], axis=0),
+        helper.make_node("Mod", ["h", "four"], ["rem"]),
+        helper.make_node("Sub", ["four", "rem"], ["short"]),
+        helper.make_node("Mod", ["short", "four"], ["pad"]),
+        helper.make_node("Unsqueeze", ["pad", "zero"], ["pad1"]),
+        helper.make_node("Concat", ["zeros4", "pad1", "zero"], ["pads"], axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),
+        helper.make_node("Shape", ["padded"], ["pdims"]),
+        helper.make_node("Gather", ["pdims", "one"], ["ph"], axis=0),
+        helper.make_node("Div", ["ph", "four"], ["nwin"]),
+        helper.make_node("Unsqueeze", ["nwin", "zero"], ["nwin1"]),
+        helper.make_node("Concat", ["minus1", "nwin1", "four1", "last"], ["target"], axis=0),
+        helper.make_node("Reshape", ["padded", "target"], ["windows"]),
+        helper.make_node("Relu", ["windows"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array(4, np.int64), "four"),
+        _ints("zeros4", [0, 0, 0, 0]),
+        _ints("zero", [0]), _ints("minus1", [-1]), _ints("four1", [4]), _ints("last", [3]),
+    ]  # fmt: skip
+    return make_model(nodes, [vi("x", TP.FLOAT, dims)], [out_vi("y", TP.FLOAT, 4)], 17, inits)
+
+
+def test_sizes_computed_from_shapes_are_data_free_and_sizes_read_from_data_are_not() -> None:
+    nodes = [
+        helper.make_node("Shape", ["x"], ["dims"]),
+        helper.make_node("Reshape", ["x", "dims"], ["same"]),  # target from a shape: data-free
+        helper.make_node("Cast", ["t"], ["target"], to=TP.INT64),
+        helper.make_node("Reshape", ["x", "target"], ["by_data"]),  # target is an input's value
+        helper.make_node("Relu", ["by_data"], ["after"]),  # shaped by data through its input
+        helper.make_node("Shape", ["by_data"], ["its_dims"]),  # a size the data decides: data
+        helper.make_node("Expand", ["x", "its_dims"], ["expanded"]),
+        helper.make_node("NonZero", ["x"], ["where"]),  # data-dependent by nature
+        helper.make_node("Shape", ["where"], ["nz_dims"]),
+        helper.make_node("Add", ["x", "x"], ["doubled"]),  # data values, data-free shape
+        helper.make_node("RandomNormalLike", ["t"], ["noise"]),
+        helper.make_node("Cast", ["noise"], ["noise_ints"], to=TP.INT64),
+        helper.make_node("Reshape", ["x", "noise_ints"], ["by_noise"]),  # random values are data
+    ]
+    model = make_model(
+        nodes,
+        [vi("x", TP.FLOAT, [2, 3]), vi("t", TP.FLOAT, [2])],
+        [out_vi(n, TP.FLOAT, 2) for n in ("same", "after", "expanded", "doubled", "by_noise")],
+        17,
+    )
+    free = data_free_shapes(model)
+    assert {"dims", "same", "doubled", "target", "noise", "noise_ints"} <= free
+    assert not {"by_data", "after", "its_dims", "expanded", "where", "nz_dims", "by_noise"} & free
+
+
+def test_observed_sizes_are_the_run_time_ones() -> None:
+    model = _window_pad([1, 6, 3])
+    shapes = observe(model, {}, {})
+    assert shapes["padded"] == (1, 8, 3) and shapes["windows"] == (1, 2, 4, 3)
+    assert len(model.graph.node) == 15 and [o.name for o in model.graph.output] == ["y"]  # probes removed
+
+
+def test_nothing_is_observed_with_an_open_input_size() -> None:
+    assert observe(_window_pad(["n", 6, 3]), {}, {}) == {}
+    pinned = observe(_window_pad(["n", 6, 3]), {"x": [2, 6, 3]}, {"n": 2})
+    assert pinned["windows"] == (2, 2, 4, 3)
+
+
+def test_observed_sizes_seed_the_analysis_and_fold_the_size_arithmetic() -> None:
+    model = _window_pad([1, 6, 3])
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed" and report.dropped_rules == {}
+    ops = [n.op_type for n in out.graph.node]
+    assert "Shape" not in ops and "Mod" not in ops and ops.count("Reshape") <= 1
+    _, unobserved = onnxsat.optimize(model, onnxsat.Options(observe_shapes=False))
+    assert sum(unobserved.nodes_after.values()) > len(ops)
+
+
+def test_the_importer_seeds_observed_sizes() -> None:
+    from onnxsat.egraph.importer import from_onnx
+
+    model = _window_pad([1, 6, 3])
+    assert analysis_shape(from_onnx(model, seed_invented=False), "windows") is None
+    seeded = from_onnx(model, seed_invented=False, static_shapes=observe(model, {}, {}))
+    assert analysis_shape(seeded, "windows") == (1, 2, 4, 3)
+
+
+def test_swin_windows_fold_as_the_peers_fold_them() -> None:
+    """torchvision's swin_t (TorchScript, small configuration): its window padding and shift masks
+    are size arithmetic ONNX inference leaves open; observed, they fold (onnxslim gets 189 nodes,
+    this module's absence left 845)."""
+    model = onnx.load(REALMODELS / "swin_t-ts-static.onnx")
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed" and report.dropped_rules == {}
+    assert len(out.graph.node) <= 400, len(out.graph.node)
+    assert report.stage_seconds["shapes"] < 5

@@ -7,10 +7,24 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
 
 LIGHT_DIR = Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(p.name for p in LIGHT_DIR.glob("*.onnx"))
+HEAVY_LIGHT = frozenset({
+    "light_bvlc_alexnet.onnx", "light_densenet121.onnx", "light_inception_v2.onnx", "light_resnet50.onnx",
+    "light_vgg19.onnx", "light_zfnet512.onnx",
+})  # fmt: skip
+"""The largest light models: their random-weight, compiled and PTX runs are marked ``heavy`` (left out
+of the README's test command to keep CI under its time limit; ``pytest -m heavy`` runs them). Each
+still runs in ``test_light_model_optimizes_and_verifies``, and the smaller light models take the same
+paths with random weights."""
+
+
+def heavy_light(name: str) -> tuple:
+    """The marks of a light model's parametrized case in the heavy tests."""
+    return (pytest.mark.slow, pytest.mark.heavy) if name in HEAVY_LIGHT else (pytest.mark.slow,)
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 

@@ -34,7 +34,7 @@ from onnxsat.lowering.kernel_ir import (
 from onnxsat.lowering.loops import nest
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep
-from tests.models import EXAMPLES, LIGHT_DIR, LIGHT_MODELS, load_light
+from tests.models import EXAMPLES, LIGHT_DIR, LIGHT_MODELS, heavy_light, load_light
 from tests.test_examples_models import RUNNABLE, SYMBOLIC_DIMS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -207,7 +207,7 @@ def test_ptxas_verbose_output_parses() -> None:
 def _models() -> list:
     params = [pytest.param(("example", n), id=n) for n in RUNNABLE]
     for n in LIGHT_MODELS:
-        params.append(pytest.param(("light", n), id=n, marks=() if n in CHEAP_LIGHT else pytest.mark.slow))
+        params.append(pytest.param(("light", n), id=n, marks=() if n in CHEAP_LIGHT else heavy_light(n)))
     return params
 
 

@@ -16,7 +16,14 @@ import pytest
 import onnxsat
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
-from tests.models import EXAMPLES, LIGHT_MODELS, expose_pre_softmax, load_light, randomize_weights
+from tests.models import (
+    EXAMPLES,
+    LIGHT_MODELS,
+    expose_pre_softmax,
+    heavy_light,
+    load_light,
+    randomize_weights,
+)
 from tests.test_examples_models import RUNNABLE, _random_feeds
 
 CHEAP_LIGHT = {"light_squeezenet.onnx", "light_shufflenet.onnx", "light_inception_v1.onnx"}
@@ -40,7 +47,7 @@ def _assert_matches(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> 
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=() if n in CHEAP_LIGHT else pytest.mark.slow) for n in LIGHT_MODELS]
+    "name", [pytest.param(n, marks=() if n in CHEAP_LIGHT else heavy_light(n)) for n in LIGHT_MODELS]
 )
 def test_light_model_matches_onnxruntime(name: str) -> None:
     from onnxsat.verification import make_inputs

@@ -12,7 +12,7 @@ import pytest
 import onnxsat
 from onnxsat.verification import compare_models, make_inputs, run_ort
 
-from .models import EXAMPLES, LIGHT_MODELS, expose_pre_softmax, load_light, randomize_weights
+from .models import EXAMPLES, LIGHT_MODELS, expose_pre_softmax, heavy_light, load_light, randomize_weights
 
 
 def _optimize(model: onnx.ModelProto, **kw) -> tuple[onnx.ModelProto, onnxsat.Report]:
@@ -32,8 +32,7 @@ def test_light_model_optimizes_and_verifies(name: str) -> None:
     assert out.ByteSize() <= max(model.ByteSize() + (1 << 20), int(model.ByteSize() * 1.1))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", LIGHT_MODELS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=heavy_light(n)) for n in LIGHT_MODELS])
 def test_light_model_with_random_weights(name: str) -> None:
     model = expose_pre_softmax(randomize_weights(load_light(name), seed=1))
     out, report = _optimize(model)

@@ -389,7 +389,7 @@ def _by_regions(
 ) -> onnx.ModelProto:
     options, report = session.options, session.report
     model = session.model
-    types = with_static_shapes(value_types(model), session.static_shapes())
+    types = _with_static_shapes(value_types(model), session.static_shapes())
     ranges = partition(model, options.region_size)
     lap("partition")
     parts = _Parts(session, pool)
@@ -440,7 +440,7 @@ def _by_regions(
     return folded
 
 
-def with_static_shapes(
+def _with_static_shapes(
     types: dict[str, onnx.TypeProto], shapes: Mapping[str, tuple[int, ...]]
 ) -> dict[str, onnx.TypeProto]:
     """``types`` with the observed sizes (``Session.static_shapes``) where inference left them open,

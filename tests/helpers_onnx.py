@@ -395,6 +395,11 @@ def expected_opaque_reason(name: str) -> str | None:
 
 
 # ---------------------------------------------------------------- generated models
+def int64s(name: str, values: list[int]) -> onnx.TensorProto:
+    """An int64 vector initializer (shape, axes, pads and slice operands)."""
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
 def vi(name: str, elem: int, shape: Sequence[int | str | None]) -> onnx.ValueInfoProto:
     """A tensor value info; ``None`` dims are unknown (graph outputs need a shape to pass the checker)."""
     return helper.make_tensor_value_info(name, elem, shape)

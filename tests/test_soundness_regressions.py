@@ -20,11 +20,7 @@ import onnxsat
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.rules.schedule import saturate, select_rules
 
-from .helpers_onnx import analysis_shape, imported, make_model, out_vi, vi
-
-
-def _ints(name: str, values: list[int]) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.array(values, np.int64), name)
+from .helpers_onnx import analysis_shape, imported, int64s, make_model, out_vi, vi
 
 
 def _saturates(model: onnx.ModelProto, rules: tuple[str, ...] = (), *, seed_invented: bool = False) -> None:
@@ -46,7 +42,7 @@ def _computed_slice_end() -> onnx.ModelProto:
         helper.make_node("Slice", ["x", "zero", "end", "axis"], ["sliced"]),
         helper.make_node("Relu", ["sliced"], ["y"]),
     ]
-    inits = [_ints("four", [4]), _ints("zero", [0]), _ints("axis", [2])]
+    inits = [int64s("four", [4]), int64s("zero", [0]), int64s("axis", [2])]
     return make_model(nodes, [vi("x", TP.FLOAT, [2, 3, 8])], [out_vi("y", TP.FLOAT, 3)], 17, inits)
 
 
@@ -91,7 +87,7 @@ def _channel_split() -> onnx.ModelProto:
         helper.make_node("Relu", ["right"], ["r"]),
         helper.make_node("Concat", ["left", "r"], ["y"], axis=1),
     ]
-    inits = [_ints("zero", [0]), _ints("one", [1]), _ints("two", [2])]
+    inits = [int64s("zero", [0]), int64s("one", [1]), int64s("two", [2])]
     return make_model(nodes, [vi("x", TP.FLOAT, [1, 16, 8, 8])], [out_vi("y", TP.FLOAT, 4)], 17, inits)
 
 
@@ -125,14 +121,14 @@ def test_concat_with_a_negative_axis_left_by_import() -> None:
         helper.make_node("Neg", ["p"], ["np"]),
         helper.make_node("Concat", ["np", "q"], ["y"], axis=-1),
     ]
-    model = make_model(nodes, [vi("x", TP.FLOAT, [3, 8])], [out_vi("y", TP.FLOAT, 2)], 17, [_ints("two", [2])])
+    model = make_model(nodes, [vi("x", TP.FLOAT, [3, 8])], [out_vi("y", TP.FLOAT, 2)], 17, [int64s("two", [2])])
     _saturates(model)
 
 
 @pytest.mark.parametrize(
     ("op", "node", "extra"),
     [
-        ("Pad", helper.make_node("Pad", ["x", "pads"], ["y"]), [_ints("pads", [1, 0, 1, 0])]),
+        ("Pad", helper.make_node("Pad", ["x", "pads"], ["y"]), [int64s("pads", [1, 0, 1, 0])]),
         ("Concat", helper.make_node("Concat", ["x", "x"], ["y"], axis=0), []),
         ("MaxPool", helper.make_node("MaxPool", ["x4"], ["y"], kernel_shape=[3, 3], pads=[0, 1, 0, 1]), []),
     ],
@@ -143,7 +139,7 @@ def test_no_size_arithmetic_on_a_symbolic_dim(op: str, node: onnx.NodeProto, ext
     nodes = [node]
     if op == "MaxPool":
         nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["x4"]), node]
-        extra = [_ints("axes", [0, 1])]
+        extra = [int64s("axes", [0, 1])]
     model = make_model(nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4 if op == "MaxPool" else 2)], 17, extra)
     with imported(model, fresh=True) as program:
         assert analysis_shape(program, "y") is None
@@ -162,7 +158,7 @@ def test_a_size_preserving_window_keeps_the_symbol(node: onnx.NodeProto) -> None
     it is, so the output keeps the input's shape (rules that need a rank still fire)."""
     nodes = [helper.make_node("Unsqueeze", ["x", "axes"], ["x4"]), node]
     model = make_model(
-        nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4)], 17, [_ints("axes", [0, 1])]
+        nodes, [vi("x", TP.FLOAT, ["n", 4])], [out_vi("y", TP.FLOAT, 4)], 17, [int64s("axes", [0, 1])]
     )
     with imported(model, fresh=True) as program:
         assert analysis_shape(program, "y") == analysis_shape(program, "x4")

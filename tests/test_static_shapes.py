@@ -12,13 +12,9 @@ from onnx import helper, numpy_helper
 import onnxsat
 from onnxsat.static_shapes import data_free_shapes, observe
 
-from .helpers_onnx import analysis_shape, make_model, out_vi, vi
+from .helpers_onnx import analysis_shape, int64s, make_model, out_vi, vi
 
 REALMODELS = Path(__file__).parent / "data" / "realmodels"
-
-
-def _ints(name: str, values: list[int]) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.array(values, np.int64), name)
 
 
 def _window_pad(dims: list[int | str]) -> onnx.ModelProto:
@@ -45,8 +41,8 @@ def _window_pad(dims: list[int | str]) -> onnx.ModelProto:
     inits = [
         numpy_helper.from_array(np.array(1, np.int64), "one"),
         numpy_helper.from_array(np.array(4, np.int64), "four"),
-        _ints("zeros4", [0, 0, 0, 0]),
-        _ints("zero", [0]), _ints("minus1", [-1]), _ints("four1", [4]), _ints("last", [3]),
+        int64s("zeros4", [0, 0, 0, 0]),
+        int64s("zero", [0]), int64s("minus1", [-1]), int64s("four1", [4]), int64s("last", [3]),
     ]  # fmt: skip
     return make_model(nodes, [vi("x", TP.FLOAT, dims)], [out_vi("y", TP.FLOAT, 4)], 17, inits)
 

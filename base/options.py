@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+FOLD_GROWTH_FLOOR = 4096
+"""Bytes folding may add besides ``Options.fold_growth``: a small model's size constants fit."""
 PHASE_NAMES = ("algebra", "layout", "partial", "multi", "fusion")
 """The default schedule's in-tree phases (``rules/schedule.py`` builds them from these names); plugin
 families add ``plugin:FAMILY``."""
@@ -97,7 +100,11 @@ class Options:
     output) so fused nodes can be written as that opset's standard ops (RMSNormalization); it is
     converted only when the extracted program holds one. None keeps the model's opset."""
     materialize_constants: bool = False
-    """Fold weight-only subgraphs even where that makes the weights larger (by default it never does)."""
+    """Fold weight-only subgraphs however much larger that makes the weights (``fold_growth`` is ignored)."""
+    fold_growth: float = 0.01
+    """How much larger folding constants may make the weights: this fraction of the input's weight
+    bytes plus `FOLD_GROWTH_FLOOR` (0: never larger). Exporters compute tensors such as Swin's window
+    mask from sizes; folding them removes their subgraph and adds its output to the weights."""
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
     seed_invented_dims: bool = True
@@ -136,3 +143,12 @@ class Options:
     measure_rounds: int = 30
     measure_threads: int | None = None
     """onnxruntime intra-op threads while measuring (None: its default)."""
+
+    def fold_limit(self, input_weight_bytes: int) -> float:
+        """The most weight bytes folding constants may leave in a model whose input had
+        ``input_weight_bytes`` (``fold_growth``; no limit with ``materialize_constants``)."""
+        if self.materialize_constants:
+            return math.inf
+        if self.fold_growth <= 0:
+            return float(input_weight_bytes)
+        return input_weight_bytes * (1 + self.fold_growth) + FOLD_GROWTH_FLOOR

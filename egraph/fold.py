@@ -2,8 +2,8 @@
 
 Uniform values stay uniform: an elementwise op over uniform inputs is computed on one
 element and written back as ConstantOfShape, so folding a ConstantOfShape-weighted model
-never materializes its weights. A fold that would make the weights larger is left unfolded
-unless materialized constants are asked for.
+never materializes its weights. A fold that would make the weights larger than the caller's
+limit (by default: than they are) is left unfolded.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ ELEMENTWISE = {
     "Reciprocal", "Abs", "Identity", "Cast", "Clip", "LeakyRelu", "Where", "Gelu",
 }  # fmt: skip
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+QUANTIZATION = {"QuantizeLinear", "DequantizeLinear"}
+"""Never folded: a DequantizeLinear over an int8 weight is how onnxruntime finds the QDQ groups it
+runs as int8 kernels (folded, the weight would be float32, 4x the bytes, and the kernel float)."""
 
 
 @dataclass
@@ -57,27 +60,34 @@ def evaluate_node(
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 
-def fold_constants(model: onnx.ModelProto, *, materialize: bool = False) -> tuple[onnx.ModelProto, int]:
+def fold_constants(model: onnx.ModelProto, *, max_weight_bytes: float | None = None) -> tuple[onnx.ModelProto, int]:
     """Fold nodes whose inputs are all constant; returns the model and how many nodes were folded.
 
-    Unless ``materialize``, folding never makes the weights larger (`weight_bytes`): a fold whose
-    result is larger than the weights it frees (a transposed copy of a weight that other nodes
-    still read, as a tied embedding's; an Expand of a small weight) stays a node over the original
-    weight, which onnxruntime folds when it loads the model. Everything is folded first; while
-    the weights grew, the nodes that made the growth are kept and the model is folded again.
+    The folded model's weights (`weight_bytes`) stay within ``max_weight_bytes`` (default: the
+    model's own, so folding never makes them larger; ``math.inf``: no limit). A fold whose result
+    is larger than the weights it frees (a transposed copy of a weight that other nodes still
+    read, as a tied embedding's; an Expand of a small weight) costs bytes: everything is folded
+    first; while the weights are over the limit, the largest such folds are kept as nodes (over
+    the original weight, which onnxruntime folds when it loads the model) and the model is folded
+    again, so small ones (a window mask, a Range of positions) fit in what the limit leaves.
     """
-    limit = weight_bytes(model)
+    limit = weight_bytes(model) if max_weight_bytes is None else max_weight_bytes
     sizes = {t.name: _nbytes(t) for t in model.graph.initializer}
     keep: set[str] = set()
     memo: dict[int, list | None] = {}  # node index -> its folded outputs, the same in every round
     while True:
         folded, count, made = _fold(model, keep, memo)
-        if materialize or weight_bytes(folded) <= limit:
+        excess = weight_bytes(folded) - limit
+        if excess <= 0:
             return folded, count
-        growers = _growers(folded, made, sizes) - keep
+        growers = [m for m in _growers(folded, made, sizes) if m.node not in keep]
         if not growers:
             return folded, count  # nothing folded is left to unfold: the growth is not folding's
-        keep |= growers
+        for grower in growers:  # the largest first, until what they add covers the excess
+            keep.add(grower.node)
+            excess -= grower.nbytes
+            if excess <= 0:
+                break
 
 
 @dataclass
@@ -90,16 +100,14 @@ class _Made:
     nbytes: int
 
 
-def _growers(folded: onnx.ModelProto, made: dict[str, _Made], sizes: dict[str, int]) -> set[str]:
-    """Nodes whose folded results grow the weights: each live made tensor larger than its source
-    weights that died (``sizes``: the input's initializers); if none is, the largest live made
-    tensor's node (two copies of one dead weight each look free on their own)."""
+def _growers(folded: onnx.ModelProto, made: dict[str, _Made], sizes: dict[str, int]) -> list[_Made]:
+    """Folds that grow the weights, the largest first: each live made tensor larger than its
+    source weights that died (``sizes``: the input's initializers); if none is, the largest live
+    made tensor (two copies of one dead weight each look free on their own)."""
     live = {t.name for t in folded.graph.initializer}
-    alive = [m for name, m in made.items() if name in live]
-    if not alive:
-        return set()
-    growers = {m.node for m in alive if m.nbytes > sum(sizes.get(s, 0) for s in m.sources if s not in live)}
-    return growers or {max(alive, key=lambda m: m.nbytes).node}
+    alive = sorted((m for name, m in made.items() if name in live), key=lambda m: -m.nbytes)
+    growers = [m for m in alive if m.nbytes > sum(sizes.get(s, 0) for s in m.sources if s not in live)]
+    return growers or alive[:1]
 
 
 def _try_eval(node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]) -> list | None:
@@ -143,7 +151,7 @@ def _fold(
             uniform[node.output[0]] = _Uniform(fill.reshape(-1)[:1], dims)
             kept.append(node)
             continue
-        if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC or not all(const(i) for i in node.input):
+        if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC | QUANTIZATION or not all(const(i) for i in node.input):
             kept.append(node)
             continue
         if node.output and node.output[0] in keep:

@@ -388,7 +388,7 @@ def _by_regions(
     session: Session, pool: Pool | None, lap: Callable[[str], None], seconds: dict[str, float]
 ) -> onnx.ModelProto:
     options, report = session.options, session.report
-    model = session.model
+    model = session.source()
     types = _with_static_shapes(value_types(model), session.static_shapes())
     ranges = partition(model, options.region_size)
     lap("partition")

@@ -57,6 +57,17 @@ def seconds_arg(text: str) -> float:
     return value
 
 
+def _percent_arg(text: str) -> float:
+    """An argparse type: a finite, non-negative percentage."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite percentage of at least 0")
+    return value
+
+
 def add_plugin_flags(group: Any) -> None:
     """``--rules FILE``, ``--no-plugins`` and ``--strict-plugins``, shared by optimize and rules list/verify."""
     group.add_argument(
@@ -198,7 +209,15 @@ def add_model_output_flags(group: Any) -> None:
     group.add_argument(
         "--materialize-constants",
         action="store_true",
-        help="fold weight-only subgraphs even where the result makes the weights larger (a transposed copy of a weight still read elsewhere); by default folding never does",
+        help="fold weight-only subgraphs however much larger the weights get (a transposed copy of a weight still read elsewhere); by default by at most --fold-growth",
+    )
+    group.add_argument(
+        "--fold-growth",
+        metavar="PERCENT",
+        type=_percent_arg,
+        default=_DEFAULT_OPTIONS.fold_growth * 100,
+        help="how much larger folding constants may make the weights, in percent of the input's, plus 4 KiB"
+        " (a Range of positions, a window mask; the report states it) (default %(default)g; 0: never larger)",
     )
     group.add_argument("--no-verify", action="store_true", help="skip the numeric check against the original")
     add_region_flags(group)
@@ -412,6 +431,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         allow_unverified=args.allow_unverified,
         input_shapes=input_shapes,
         materialize_constants=args.materialize_constants,
+        fold_growth=args.fold_growth / 100,
         allow_contrib_ops=args.allow_contrib_ops,
         upgrade_opset=None if args.keep_opset else _DEFAULT_OPTIONS.upgrade_opset,
         progress=not (args.quiet or args.json),

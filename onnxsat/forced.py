@@ -75,7 +75,7 @@ class Saturated:
 
     def merged_weights(self, merge: Merge) -> tuple[str, ...]:
         """The original weight names of a merge's siblings, in part order (how people name a merge)."""
-        weight_of = {n.output[0]: n.input[1] for n in self.model.graph.node if len(n.input) > 1}
+        weight_of = {n.output[0]: n.input[1] for n in self.session.source().graph.node if len(n.input) > 1}
         names = []
         for eclass, _ in merge.parts:
             origin = self.egraph.origins.get(eclass)

@@ -39,6 +39,7 @@ from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_u
 from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
 from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
+from onnxsat.static_shapes import fold_sizes, static_sizes
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
 
@@ -172,6 +173,7 @@ class Session:
         self.deadline: float | None = None
         """``time.perf_counter()`` at which a whole-run time limit (``Budgets.whole_run``) ends."""
         self._static_shapes: dict[str, tuple[int, ...]] | None = None
+        self._source: onnx.ModelProto | None = None
 
     def with_rules(self, rules: list[str]) -> Session:
         """A new session of the same model, options, report and reference with other rules (a rerun)."""
@@ -180,20 +182,34 @@ class Session:
         other.pool = self.pool
         other.deadline = self.deadline
         other._static_shapes = self._static_shapes
+        other._source = self._source
         return other
 
     def static_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The sizes ONNX inference leaves open that cannot depend on the data, observed once on
-        onnxruntime (stage ``shapes``; ``onnxsat.static_shapes``); reruns share them."""
+        """The sizes that cannot depend on the input values, from ONNX inference and, where it
+        leaves them open, observed once on onnxruntime (stage ``shapes``; ``onnxsat.static_shapes``);
+        reruns share them. Empty without ``options.observe_shapes``."""
         if self._static_shapes is None:
             self._static_shapes = {}
             if self.options.observe_shapes:
-                from onnxsat.static_shapes import observe
-
                 with self._stage("shapes"):
                     pins = {k: list(v) for k, v in self.options.input_shapes.items()}
-                    self._static_shapes = observe(self.model, pins, pinned_dims(self.model, self.options))
+                    self._static_shapes = static_sizes(self.model, pins, pinned_dims(self.model, self.options))
         return self._static_shapes
+
+    def source(self) -> onnx.ModelProto:
+        """What the rewrite reads: the input with its `static_shapes` written as constants and its
+        weight-only subgraphs folded (stage ``fold``; ``static_shapes.fold_sizes``), so neither
+        the import nor the rules spend time on size arithmetic; reruns share it."""
+        if self._source is None:
+            shapes = self.static_shapes()
+            with self._stage("fold"):
+                self._source = fold_sizes(self.model, shapes, self.weight_limit())
+        return self._source
+
+    def weight_limit(self) -> float:
+        """The most weight bytes folding may leave (``Options.fold_limit`` of the input's)."""
+        return self.options.fold_limit(weight_bytes(self.model))
 
     def __enter__(self) -> Session:
         return self
@@ -223,8 +239,8 @@ class Session:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
         options, report = self.options, self.report
         self._held.enter_context(plugin_ops(self.loads))
-        static_shapes = self.static_shapes()
-        start = import_symbols(self.model)  # only the rules that may fire on this model are declared
+        source, static_shapes = self.source(), self.static_shapes()
+        start = import_symbols(source)  # only the rules that may fire on this model are declared
         with self._stage("declare"):  # the rules into a fresh e-graph (reused between runs of a process)
             key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
             warm = self._held.enter_context(warm_egraph(key, declared, selection))
@@ -232,7 +248,7 @@ class Session:
             self.deadline = time.perf_counter() + options.budgets.seconds
         with self._stage("import"):
             program = from_onnx(
-                self.model,
+                source,
                 {k: list(v) for k, v in options.input_shapes.items()},
                 warm=warm,
                 seed_invented=options.seed_invented_dims,
@@ -330,7 +346,7 @@ class Session:
         """The chosen program as an ONNX model, constants folded (stage ``export``) and checked by
         onnx's full checker (stage ``check``)."""
         with self._stage("export"):
-            folded, _ = fold_constants(self.unfolded(graph), materialize=self.options.materialize_constants)
+            folded, _ = fold_constants(self.unfolded(graph), max_weight_bytes=self.weight_limit())
         return self._checked(folded)
 
     def unfolded(self, graph: ExtractedGraph | None = None) -> onnx.ModelProto:
@@ -350,7 +366,7 @@ class Session:
         """``exported`` with its constants folded (stage ``export``), checked against what the original
         passes (stage ``check``) and dumped: the model ``verify`` then compares."""
         with self._stage("export"):
-            folded, _ = fold_constants(exported, materialize=self.options.materialize_constants)
+            folded, _ = fold_constants(exported, max_weight_bytes=self.weight_limit())
         return self._checked(folded)
 
     def _checked(self, folded: onnx.ModelProto) -> onnx.ModelProto:
@@ -377,14 +393,14 @@ class Session:
         ``options.region_nodes`` nodes goes region by region (``onnxsat.by_regions``)."""
         from onnxsat.by_regions import rewrite_by_regions, use_regions
 
-        if use_regions(self.model, self.options):
+        if use_regions(self.source(), self.options):
             try:
                 return rewrite_by_regions(self)
             except PartitionError as exc:
                 self.report.warnings.append(f"saturated whole, not by regions: {one_line(exc)}")
         elif self.options.jobs > 1:
             self.report.warnings.append(
-                f"--jobs {self.options.jobs} unused: the graph of {len(self.model.graph.node)} nodes is saturated"
+                f"--jobs {self.options.jobs} unused: the graph of {len(self.source().graph.node)} nodes is saturated"
                 " whole in one process (--jobs spreads region-wise saturation: see --region-nodes)"
             )
         self.load()
@@ -452,7 +468,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
 
         with _stage(report, "measure", options.progress):
             optimized = keep_if_faster(model, optimized, options, report)
-    optimized = _never_worse(model, optimized, report, materialized=options.materialize_constants)
+    optimized = _never_worse(model, optimized, report, session.weight_limit())
     report.nodes_after = _op_counts(optimized)
     report.opset_after = _default_opset(optimized)
     report.file_bytes_after = serialized_size(optimized)
@@ -480,6 +496,7 @@ def _verified_rewrite(session: Session) -> onnx.ModelProto:
         again.reference = session.reference
         again.pool = session.pool
         again._static_shapes = session._static_shapes
+        again._source = session._source
         return _dropping_rules(again)
 
 
@@ -513,7 +530,7 @@ def _attempt(session: Session) -> onnx.ModelProto:
             raise _InventedSizeMet(exc.detail) from exc
         from onnxsat.minimize import find_unsound_rules
 
-        culprits = find_unsound_rules(session.model, session.options, session.rules, exc.iteration)
+        culprits = find_unsound_rules(session.source(), session.options, session.rules, exc.iteration)
         raise UnsoundRewriteError(culprits, exc.detail) from exc
     if session.options.verify:
         if _default_opset(optimized) > _default_opset(session.model) and not _matches(session, optimized):
@@ -540,26 +557,31 @@ def _matches(session: Session, optimized: onnx.ModelProto) -> bool:
     return result.ok or bool(result.skipped_reason)
 
 
-def _never_worse(
-    model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report, *, materialized: bool = False
-) -> onnx.ModelProto:
+def _never_worse(model: onnx.ModelProto, optimized: onnx.ModelProto, report: Report, weight_limit: float) -> onnx.ModelProto:
     """The input itself when the result is worse than it: a higher estimated cost, or more nodes
     or weight bytes at no lower cost. Growth the cost model prices lower is kept, with a warning
-    that says so (a verified merge of parallel MatMuls adds a Split); weight bytes may grow when
-    the user asked for ``materialized`` constants. Folding itself never grows them
-    (``egraph.fold``): this is the last line of defence, not where growth is prevented."""
+    that says so (a verified merge of parallel MatMuls adds a Split); weight bytes may grow up to
+    ``weight_limit`` (`Session.weight_limit`: constants folded) for fewer nodes or a lower cost,
+    with a warning that says by how much. Folding itself stays within that limit (``egraph.fold``): this is the last line of
+    defence, not where growth is prevented."""
     cheaper = report.cost_after < report.cost_before
     growth = []
     nodes_before, nodes_after = len(model.graph.node), len(optimized.graph.node)
     if nodes_after > nodes_before:
         growth.append(f"nodes {nodes_before} -> {nodes_after}")
     bytes_before, bytes_after = weight_bytes(model), weight_bytes(optimized)
-    if bytes_after > bytes_before and not materialized:  # folded constants grow the file when asked
+    folded = bytes_before < bytes_after <= weight_limit and (cheaper or nodes_after < nodes_before)
+    if bytes_after > bytes_before and not folded:  # within the limit, growth must buy something
         growth.append(f"weight bytes {bytes_before:,} -> {bytes_after:,}")
     costs = f"estimated cost {report.cost_before:,.1f} -> {report.cost_after:,.1f} us"
     if cheaper or (not growth and report.cost_after <= report.cost_before * (1 + 1e-9)):
         if growth:
             report.warnings.append(f"{', '.join(growth)}: kept because the cost model prices the result lower ({costs})")
+        if folded:
+            report.warnings.append(
+                f"weight bytes {bytes_before:,} -> {bytes_after:,} (+{(bytes_after - bytes_before) / max(bytes_before, 1):.2%}):"
+                " subgraphs of constants folded into tensors (within --fold-growth; 0 keeps them as nodes)"
+            )
         return optimized
     report.kept_original = "; ".join([costs, *growth])
     report.warnings.append(f"the optimized model was not better than the input ({report.kept_original}): the input is returned")

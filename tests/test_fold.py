@@ -1,6 +1,8 @@
-"""Weight-only subgraphs fold at export without making the weights larger (unless asked)."""
+"""Weight-only subgraphs fold without making the weights larger than the run allows (`Options.fold_growth`)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import onnx
@@ -121,7 +123,7 @@ def test_a_transposed_copy_of_a_weight_still_read_elsewhere_stays_a_node() -> No
     folded, _ = fold_constants(model)
     assert [n.op_type for n in folded.graph.node] == ["Gather", "Transpose", "MatMul"]
     assert weight_bytes(folded) == weight_bytes(model)
-    materialized, _ = fold_constants(model, materialize=True)
+    materialized, _ = fold_constants(model, max_weight_bytes=math.inf)
     assert [n.op_type for n in materialized.graph.node] == ["Gather", "MatMul"]
     assert weight_bytes(materialized) == 2 * weight_bytes(model)
     out, report = onnxsat.optimize(model)
@@ -137,3 +139,37 @@ def test_two_copies_of_a_weight_that_dies_are_not_both_made() -> None:
     folded, _ = fold_constants(model)
     assert weight_bytes(folded) <= weight_bytes(model)
     onnx.checker.check_model(folded, full_check=True)
+
+
+def test_small_growing_folds_fit_in_the_limit_and_the_largest_stays_a_node() -> None:
+    """A Range of positions (1 KiB) and an Expand of a row (2 MiB) both make the weights larger:
+    within a limit of 2 KiB more, the Range is folded and the Expand is kept over its row; the
+    default run (1% + 4 KiB) does the same and its report says by how much the weights grew."""
+    row = numpy_helper.from_array(np.arange(256, dtype=np.float32).reshape(1, 256), "row")
+    inits = [
+        row,
+        numpy_helper.from_array(np.array([2048, 256], dtype=np.int64), "shape"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "start"),
+        numpy_helper.from_array(np.array(256.0, np.float32), "limit"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "delta"),
+    ]
+    nodes = [
+        helper.make_node("Range", ["start", "limit", "delta"], ["positions"]),
+        helper.make_node("Add", ["x", "positions"], ["shifted"]),
+        helper.make_node("Expand", ["row", "shape"], ["big"]),
+        helper.make_node("Transpose", ["big"], ["bt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["shifted", "bt"], ["y"]),
+    ]
+    x = helper.make_tensor_value_info("x", TP.FLOAT, [4, 256])
+    graph = helper.make_graph(nodes, "fold", [x], [helper.make_tensor_value_info("y", TP.FLOAT, [4, 2048])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    folded, count = fold_constants(model, max_weight_bytes=weight_bytes(model) + 2048)
+    assert count == 1 and [n.op_type for n in folded.graph.node] == ["Add", "Expand", "Transpose", "MatMul"]
+    assert weight_bytes(folded) == weight_bytes(model) + 1024 - 12  # the Range's scalars died
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    assert "Range" not in {n.op_type for n in out.graph.node} and "Expand" in {n.op_type for n in out.graph.node}
+    assert [w for w in report.warnings if w.startswith("weight bytes ") and "within --fold-growth" in w]
+    _, none_grown = onnxsat.optimize(model, onnxsat.Options(fold_growth=0))
+    assert none_grown.nodes_after.get("Range") == 1

@@ -56,6 +56,7 @@ def test_stages_return_their_artefacts_and_give_what_optimize_writes() -> None:
     assert list(session.report.stage_seconds) == [
         "rules",
         "shapes",
+        "fold",
         "declare",
         "import",
         "cost-before",

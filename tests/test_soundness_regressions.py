@@ -17,6 +17,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxsat
+from onnxsat.base.modelio import weight_bytes
 from onnxsat.egraph.importer import from_onnx
 from onnxsat.rules.schedule import saturate, select_rules
 
@@ -318,8 +319,14 @@ def test_a_result_with_more_nodes_at_no_lower_cost_returns_the_input() -> None:
     grown.CopyFrom(model)
     grown.graph.node.append(helper.make_node("Identity", ["m0"], ["spare"]))
     report = Report(cost_before=10.0, cost_after=10.0)
-    assert pipeline._never_worse(model, grown, report) is model
+    assert pipeline._never_worse(model, grown, report, weight_bytes(model)) is model
     assert "nodes 3 -> 4" in report.kept_original
     cheaper = Report(cost_before=10.0, cost_after=8.0)
-    assert pipeline._never_worse(model, grown, cheaper) is grown
+    assert pipeline._never_worse(model, grown, cheaper, weight_bytes(model)) is grown
     assert any("prices the result lower" in w for w in cheaper.warnings)
+    heavier = onnx.ModelProto()
+    heavier.CopyFrom(model)
+    heavier.graph.initializer.append(numpy_helper.from_array(np.zeros(8, np.float32), "folded"))
+    same = Report(cost_before=10.0, cost_after=10.0)  # weights within the folding limit, nothing bought
+    assert pipeline._never_worse(model, heavier, same, weight_bytes(model) + 4096) is model
+    assert "weight bytes" in same.kept_original

@@ -10,7 +10,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxsat
-from onnxsat.static_shapes import data_free_shapes, observe
+from onnxsat.static_shapes import data_free_shapes, fold_sizes, static_sizes
 
 from .helpers_onnx import analysis_shape, int64s, make_model, out_vi, vi
 
@@ -76,15 +76,31 @@ def test_sizes_computed_from_shapes_are_data_free_and_sizes_read_from_data_are_n
 
 def test_observed_sizes_are_the_run_time_ones() -> None:
     model = _window_pad([1, 6, 3])
-    shapes = observe(model, {}, {})
+    shapes = static_sizes(model, {}, {})
     assert shapes["padded"] == (1, 8, 3) and shapes["windows"] == (1, 2, 4, 3)
     assert len(model.graph.node) == 15 and [o.name for o in model.graph.output] == ["y"]  # probes removed
 
 
 def test_nothing_is_observed_with_an_open_input_size() -> None:
-    assert observe(_window_pad(["n", 6, 3]), {}, {}) == {}
-    pinned = observe(_window_pad(["n", 6, 3]), {"x": [2, 6, 3]}, {"n": 2})
-    assert pinned["windows"] == (2, 2, 4, 3)
+    open_size = static_sizes(_window_pad(["n", 6, 3]), {}, {})
+    assert "x" not in open_size and "padded" not in open_size and "windows" not in open_size
+    pinned = static_sizes(_window_pad(["n", 6, 3]), {"x": [2, 6, 3]}, {"n": 2})
+    assert pinned["x"] == (2, 6, 3) and pinned["windows"] == (2, 2, 4, 3)
+
+
+def test_known_sizes_are_written_as_constants_before_the_import() -> None:
+    """Every Shape of a tensor whose size is known for every input becomes a constant, and the
+    size arithmetic over it folds away: only the Pad (by constant amounts), the Reshape and the Relu are left."""
+    model = _window_pad([1, 6, 3])
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    folded = fold_sizes(model, static_sizes(model, {}, {}), max_weight_bytes=1e9)
+    assert [n.op_type for n in folded.graph.node] == ["Pad", "Reshape", "Relu"]
+    pads = next(t for t in folded.graph.initializer if t.name == folded.graph.node[0].input[1])
+    assert numpy_helper.to_array(pads).tolist() == [0, 0, 0, 0, 2, 0]
+    assert model == before  # the caller's model is not changed
+    unknown = fold_sizes(model, {}, max_weight_bytes=1e9)
+    assert [n.op_type for n in unknown.graph.node] == [n.op_type for n in model.graph.node]
 
 
 def test_observed_sizes_seed_the_analysis_and_fold_the_size_arithmetic() -> None:
@@ -102,16 +118,17 @@ def test_the_importer_seeds_observed_sizes() -> None:
 
     model = _window_pad([1, 6, 3])
     assert analysis_shape(from_onnx(model, seed_invented=False), "windows") is None
-    seeded = from_onnx(model, seed_invented=False, static_shapes=observe(model, {}, {}))
+    seeded = from_onnx(model, seed_invented=False, static_shapes=static_sizes(model, {}, {}))
     assert analysis_shape(seeded, "windows") == (1, 2, 4, 3)
 
 
 def test_swin_windows_fold_as_the_peers_fold_them() -> None:
     """torchvision's swin_t (TorchScript, small configuration): its window padding and shift masks
-    are size arithmetic ONNX inference leaves open; observed, they fold (onnxslim gets 189 nodes,
-    this module's absence left 845)."""
+    are size arithmetic ONNX inference leaves open; observed, they fold before the import (205
+    nodes; onnxslim gets 189, this module's absence left 845), the masks within the growth limit."""
     model = onnx.load(REALMODELS / "swin_t-ts-static.onnx")
     out, report = onnxsat.optimize(model)
     assert report.verification.status == "passed" and report.dropped_rules == {}
-    assert len(out.graph.node) <= 400, len(out.graph.node)
+    assert len(out.graph.node) <= 220, len(out.graph.node)
+    assert not {"ScatterND", "Range", "ConstantOfShape", "Shape"} & {n.op_type for n in out.graph.node}
     assert report.stage_seconds["shapes"] < 5

@@ -31,6 +31,7 @@ from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
 from .program import OpaqueNode, Program, TensorInfo
 from .reach import Selection, language_symbols, present_symbols, symbol
+from .run_cache import run
 from .shapes import analysis_ruleset
 from .warm import WarmEGraph
 
@@ -150,6 +151,8 @@ class _Importer:
         self.symbols = _Symbols()
         self.infos: dict[str, TensorInfo] = {}
         self.terms: dict[str, Any] = {}
+        self._shape_terms: dict[str, Any] = {}
+        self._known_shaped: set[str] = set()
         self.names: list[str] = []
         self.weights: dict[str, onnx.TensorProto] = {}
         self.weight_digests: dict[tuple[int, tuple[int, ...], str], str] = {}
@@ -410,14 +413,14 @@ class _Importer:
         pending = list(self.pending_shapes)
         while True:
             self._check_deadline(self.node_total, self.node_total)
-            self.egraph.run(self._analysis().saturate())
-            missing = [n for n in pending if self.egraph.lookup_function_value(L.shape(self.terms[n])) is None]
+            run(self.egraph, self._analysis().saturate())  # the report unread: not built in Python
+            missing = [n for n in pending if not self._shaped(n)]
             frontier = [n for n in missing if self._inputs_shaped(n)] if self.trust_onnx_shapes else []
             filled = []
             for name in frontier:
                 info = self.infos.get(name)
                 if info is not None and info.dims is not None and self._seedable(info.dims):
-                    filled.append(set_(L.shape(self.terms[name])).to(_dims_vec(tuple(info.dims))))
+                    filled.append(set_(self._shape_term(name)).to(_dims_vec(tuple(info.dims))))
             if not filled:
                 return
             self.egraph.register(*filled)
@@ -438,8 +441,25 @@ class _Importer:
         if producer is None:
             return True
         for inp in producer.input:
-            if inp and inp in self.terms and self.egraph.lookup_function_value(L.shape(self.terms[inp])) is None:
+            if inp and inp in self.terms and not self._shaped(inp):
                 return False
+        return True
+
+    def _shape_term(self, name: str) -> Any:
+        """``shape(term)`` of tensor ``name``, built once: building an egglog expression costs
+        ~0.5 ms, and a deep graph's analysis loop asks for each pending one every round."""
+        term = self._shape_terms.get(name)
+        if term is None:
+            term = self._shape_terms[name] = L.shape(self.terms[name])
+        return term
+
+    def _shaped(self, name: str) -> bool:
+        """Whether the analysis has a shape for tensor ``name`` (once it has, it keeps it)."""
+        if name in self._known_shaped:
+            return True
+        if self.egraph.lookup_function_value(self._shape_term(name)) is None:
+            return False
+        self._known_shaped.add(name)
         return True
 
     # ------------------------------------------------------------ driver

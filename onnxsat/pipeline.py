@@ -407,14 +407,25 @@ class Session:
         self.saturate()
         graph = self.extract()
         if self.original is not None and graph.cost > self.original.cost:
-            # The saturated e-graph still holds the original program, so an extraction dearer than
-            # it is a miss of the extractor (greedy choices are local): the original's is kept.
-            self.report.warnings.append(
-                f"extraction found {graph.cost:,.1f} us, above the input's {self.original.cost:,.1f} us:"
-                " the input's program is kept"
-            )
-            graph = self.original
-            self.report.cost_after = graph.cost
+            graph = self._better_than_greedy(graph, self.original)
+        return self.export(graph)
+
+    def _better_than_greedy(self, greedy: ExtractedGraph, original: ExtractedGraph) -> ExtractedGraph:
+        """The saturated e-graph still holds the original program, so an extraction dearer than it
+        is a miss of the greedy extractor (its choices are local; sharing-heavy shape arithmetic
+        of dynamic-axes exports misleads it): the ILP extractor, started from the original's
+        program, searches again within ``options.ilp_time_limit``; the original's is the fallback."""
+        report = self.report
+        found = f"extraction found {greedy.cost:,.1f} us, above the input's {original.cost:,.1f} us"
+        if greedy.method == "greedy-dag":
+            graph = self.extract(extractor="ilp", warm_start=original)
+            if graph.cost < original.cost:
+                report.warnings.append(f"{found}: the ILP extractor, started from the input's program, found {graph.cost:,.1f} us")
+                return graph
+        report.warnings.append(f"{found}: the input's program is kept")
+        report.cost_after, report.extractor, report.extraction_gap = original.cost, greedy.method, None
+        return original
+
         return self.export(graph)
 
 

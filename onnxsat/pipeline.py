@@ -426,8 +426,6 @@ class Session:
         report.cost_after, report.extractor, report.extraction_gap = original.cost, greedy.method, None
         return original
 
-        return self.export(graph)
-
 
 def cost_model(options: Options) -> CostModel:
     """The built-in profile of ``options.target``, or the calibrated ``options.cost_profile`` file."""

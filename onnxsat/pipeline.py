@@ -39,7 +39,7 @@ from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_u
 from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
 from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
-from onnxsat.static_shapes import fold_sizes, static_sizes
+from onnxsat.static_shapes import Dims, fold_sizes, fully_known, static_sizes
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
 
@@ -172,7 +172,7 @@ class Session:
         the reference run so their start-up overlaps it (``by_regions.early_pool``); reruns share it."""
         self.deadline: float | None = None
         """``time.perf_counter()`` at which a whole-run time limit (``Budgets.whole_run``) ends."""
-        self._static_shapes: dict[str, tuple[int, ...]] | None = None
+        self._sizes: dict[str, Dims] | None = None
         self._source: onnx.ModelProto | None = None
 
     def with_rules(self, rules: list[str]) -> Session:
@@ -181,30 +181,35 @@ class Session:
         other.reference = self.reference
         other.pool = self.pool
         other.deadline = self.deadline
-        other._static_shapes = self._static_shapes
+        other._sizes = self._sizes
         other._source = self._source
         return other
 
     def static_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The tensors whose every size is known for every input value (`sizes`): what the
+        importer seeds and regions carry in their types."""
+        return fully_known(self.sizes())
+
+    def sizes(self) -> dict[str, Dims]:
         """The sizes that cannot depend on the input values, from ONNX inference and, where it
         leaves them open, observed once on onnxruntime (stage ``shapes``; ``onnxsat.static_shapes``);
         reruns share them. Empty without ``options.observe_shapes``."""
-        if self._static_shapes is None:
-            self._static_shapes = {}
+        if self._sizes is None:
+            self._sizes = {}
             if self.options.observe_shapes:
                 with self._stage("shapes"):
                     pins = {k: list(v) for k, v in self.options.input_shapes.items()}
-                    self._static_shapes = static_sizes(self.model, pins, pinned_dims(self.model, self.options))
-        return self._static_shapes
+                    self._sizes = static_sizes(self.model, pins, pinned_dims(self.model, self.options))
+        return self._sizes
 
     def source(self) -> onnx.ModelProto:
-        """What the rewrite reads: the input with its `static_shapes` written as constants and its
+        """What the rewrite reads: the input with its known `sizes` written as constants and its
         weight-only subgraphs folded (stage ``fold``; ``static_shapes.fold_sizes``), so neither
         the import nor the rules spend time on size arithmetic; reruns share it."""
         if self._source is None:
-            shapes = self.static_shapes()
+            sizes = self.sizes()
             with self._stage("fold"):
-                self._source = fold_sizes(self.model, shapes, self.weight_limit())
+                self._source = fold_sizes(self.model, sizes, self.weight_limit())
         return self._source
 
     def weight_limit(self) -> float:
@@ -504,7 +509,7 @@ def _verified_rewrite(session: Session) -> onnx.ModelProto:
         )
         again.reference = session.reference
         again.pool = session.pool
-        again._static_shapes = session._static_shapes
+        again._sizes = session._sizes
         again._source = session._source
         return _dropping_rules(again)
 

@@ -36,7 +36,7 @@ from onnxsat.base.modelio import model_shell, topological_nodes
 from onnxsat.base.weightless import infer_shapes
 from onnxsat.egraph.fold import fold_constants
 
-__all__ = ["SIZE_OPERANDS", "data_free_shapes", "fold_sizes", "observe", "static_sizes"]
+__all__ = ["SIZE_OPERANDS", "Dims", "data_free_shapes", "fold_sizes", "fully_known", "observe", "static_sizes"]
 
 _REDUCTIONS = (
     "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean", "ReduceMin",
@@ -123,13 +123,16 @@ def _unknown(tp: onnx.TypeProto | None) -> bool:
     return not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim)
 
 
-def static_sizes(
-    model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_values: Mapping[str, int]
-) -> dict[str, tuple[int, ...]]:
-    """Every fully known shape of a tensor whose shape cannot depend on the input values: the
-    initializers', the graph inputs' (declared), ONNX inference's for data-free tensors, and what
-    `observe` sees of the data-free ones inference leaves open (``pins``: the ``--input-shape``
-    pins, ``dim_values`` the sizes they give symbols)."""
+Dims = tuple[int | str | None, ...]
+"""A tensor's sizes: a number, the name of a graph input's symbolic size it equals (ONNX
+inference's ``dim_param``: a batch, a sequence), or None (not known)."""
+
+
+def static_sizes(model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_values: Mapping[str, int]) -> dict[str, Dims]:
+    """The sizes that cannot depend on the input values, per tensor of known rank: the
+    initializers', the graph inputs' (declared), ONNX inference's for data-free tensors (a
+    symbolic size is None), and what `observe` sees of the data-free ones inference leaves open
+    (``pins``: the ``--input-shape`` pins, ``dim_values`` the sizes they give symbols)."""
     try:
         inferred = infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:
@@ -138,18 +141,33 @@ def static_sizes(
     types = {v.name: v.type for v in [*inferred.graph.value_info, *inferred.graph.output, *graph.input]}
     free = data_free_shapes(model)
     inputs = {i.name for i in graph.input}  # an initializer that is also an input may be fed: its declared shape holds
-    known = {t.name: tuple(int(d) for d in t.dims) for t in graph.initializer if t.name not in inputs}
+    known: dict[str, Dims] = {t.name: tuple(int(d) for d in t.dims) for t in graph.initializer if t.name not in inputs}
+    symbols = {d.dim_param for i in graph.input if i.name not in pins for d in _dims(i.type) if d.dim_param}
     for name in [i.name for i in graph.input] + sorted(free):
-        tp = types.get(name)
         if name in pins:
             known[name] = tuple(pins[name])
-        elif not _unknown(tp):
-            assert tp is not None
-            known[name] = tuple(d.dim_value for d in tp.tensor_type.shape.dim)
-    wanted = [o for n in graph.node for o in n.output if o in free and o not in known]
+        elif name in types and types[name].tensor_type.HasField("shape"):
+            known[name] = tuple(
+                d.dim_value if d.HasField("dim_value") else d.dim_param if d.dim_param in symbols else None
+                for d in _dims(types[name])
+            )
+    wanted = [o for n in graph.node for o in n.output if o in free and not _all_numbers(known.get(o))]
     if wanted and _fixed_inputs(model, pins):
         known.update(observe(model, wanted, dim_values))
     return known
+
+
+def fully_known(sizes: Mapping[str, Dims]) -> dict[str, tuple[int, ...]]:
+    """The tensors of ``sizes`` whose every size is a number."""
+    return {name: dims for name, dims in sizes.items() if _all_numbers(dims)}  # type: ignore[misc]
+
+
+def _all_numbers(dims: Dims | None) -> bool:
+    return dims is not None and all(isinstance(d, int) for d in dims)
+
+
+def _dims(tp: onnx.TypeProto) -> list[onnx.TensorShapeProto.Dimension]:
+    return list(tp.tensor_type.shape.dim) if tp.HasField("tensor_type") else []
 
 
 def observe(model: onnx.ModelProto, names: list[str], dim_values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
@@ -179,32 +197,98 @@ def observe(model: onnx.ModelProto, names: list[str], dim_values: Mapping[str, i
     return {name: tuple(int(d) for d in got[p.output[0]]) for name, p in zip(names, probes, strict=True)}
 
 
-def fold_sizes(model: onnx.ModelProto, sizes: Mapping[str, tuple[int, ...]], max_weight_bytes: float) -> onnx.ModelProto:
-    """``model`` with each Shape and Size of a tensor in ``sizes`` (`static_sizes`) written as a
-    constant and the weight-only subgraphs that leaves folded within ``max_weight_bytes``
+def fold_sizes(model: onnx.ModelProto, sizes: Mapping[str, Dims], max_weight_bytes: float) -> onnx.ModelProto:
+    """``model`` with each Shape and Size of a tensor whose ``sizes`` (`static_sizes`) are all
+    numbers written as a constant, each Gather of sizes from a Shape of a partly symbolic one
+    written as a constant where they are numbers (the heads of a dynamic-axes attention) and read
+    from the graph input where it is that input's symbol (the batch: every layer's Gathers of it
+    are then one), and the weight-only subgraphs that leaves folded within ``max_weight_bytes``
     (``egraph.fold``): what onnx-simplifier does before it looks at a graph. TorchScript's Swin
-    export goes from 6,261 nodes to 581 before the e-graph sees it, where importing it whole
-    took most of the run."""
+    export goes from 6,261 nodes to 581 before the e-graph sees it, where importing it whole took
+    most of the run."""
     graph = model.graph
     constants: list[onnx.TensorProto] = []
     kept: list[onnx.NodeProto] = []
+    values = {t.name: t for t in graph.initializer}
+    partial: dict[str, Dims] = {}  # Shape outputs with some sizes not numbers
+    symbols = _SymbolReader(model, sizes)
     for node in graph.node:
-        dims = sizes.get(node.input[0]) if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") else None
-        if dims is None:
+        value = None
+        standard = node.domain in ("", "ai.onnx")
+        if standard and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            values[node.output[0]] = node.attribute[0].t  # TorchScript's Gather indices
+        if standard and node.op_type in ("Shape", "Size") and node.input[0] in sizes:
+            dims = sizes[node.input[0]]
+            if node.op_type == "Shape":
+                sliced = tuple(_shape_slice(dims, node))
+                if _all_numbers(sliced):
+                    value = np.array(sliced, dtype=np.int64)
+                else:
+                    partial[node.output[0]] = sliced
+            elif _all_numbers(dims):
+                value = np.array(math.prod(dims), dtype=np.int64)  # type: ignore[arg-type]
+        elif standard and node.op_type == "Gather" and node.input[0] in partial:
+            picked = _gathered(partial[node.input[0]], values.get(node.input[1]), node)
+            if picked is not None and _all_numbers(picked[0]):
+                value = np.array(picked[0], dtype=np.int64).reshape(picked[1])
+            elif picked is not None and len(picked[0]) == 1 and isinstance(picked[0][0], str):
+                node = symbols.read(picked[0][0], picked[1], node)
+        if value is None:
             kept.append(node)
             continue
-        value = np.array(_shape_slice(dims, node) if node.op_type == "Shape" else math.prod(dims), dtype=np.int64)
         constants.append(numpy_helper.from_array(value, node.output[0]))
-    if not constants:
+    if not constants and not symbols.nodes:
         return fold_constants(model, max_weight_bytes=max_weight_bytes)[0]
     shell = model_shell(model, {"node", "initializer"})
-    shell.graph.node.extend(kept)
-    shell.graph.initializer.extend(graph.initializer)
-    shell.graph.initializer.extend(constants)
+    shell.graph.node.extend(symbols.nodes + kept)
+    shell.graph.initializer.extend([*graph.initializer, *constants, *symbols.indices])
     return fold_constants(shell, max_weight_bytes=max_weight_bytes)[0]
 
 
-def _shape_slice(dims: tuple[int, ...], node: onnx.NodeProto) -> list[int]:
+class _SymbolReader:
+    """Gathers of a graph input's symbolic size rewired to one Shape of the first input that has it."""
+
+    def __init__(self, model: onnx.ModelProto, sizes: Mapping[str, Dims]):
+        self.first: dict[str, tuple[str, int]] = {}
+        for vi in model.graph.input:
+            for axis, dim in enumerate(sizes.get(vi.name, ())):
+                if isinstance(dim, str):
+                    self.first.setdefault(dim, (vi.name, axis))
+        self.taken = {o for n in model.graph.node for o in n.output} | {t.name for t in model.graph.initializer}
+        self.nodes: list[onnx.NodeProto] = []
+        self.indices: list[onnx.TensorProto] = []
+        self.shapes: dict[str, str] = {}
+
+    def read(self, symbol: str, index_shape: tuple[int, ...], gather: onnx.NodeProto) -> onnx.NodeProto:
+        """``gather`` reading ``symbol`` from its input's shape instead (same output, same index shape)."""
+        name, axis = self.first[symbol]
+        shape = self.shapes.get(name)
+        if shape is None:
+            shape = self.shapes[name] = self._fresh(f"{name}__onnxsat_shape")
+            self.nodes.append(helper.make_node("Shape", [name], [shape]))
+        index = self._fresh(f"{gather.output[0]}__onnxsat_axis")
+        self.indices.append(numpy_helper.from_array(np.array(axis, np.int64).reshape(index_shape), index))
+        return helper.make_node("Gather", [shape, index], list(gather.output), name=gather.name, axis=0)
+
+    def _fresh(self, name: str) -> str:
+        while name in self.taken:
+            name += "_"
+        self.taken.add(name)
+        return name
+
+
+def _gathered(dims: Dims, indices: onnx.TensorProto | None, node: onnx.NodeProto) -> tuple[Dims, tuple[int, ...]] | None:
+    """What Gather picks from a shape vector of sizes ``dims`` with constant ``indices``, and the
+    indices' shape; None when the indices are not a constant in range."""
+    if indices is None or any(a.name == "axis" and helper.get_attribute_value(a) not in (0, -1) for a in node.attribute):
+        return None
+    at = numpy_helper.to_array(indices)
+    if at.dtype.kind not in "iu" or at.ndim > 1 or not all(-len(dims) <= int(i) < len(dims) for i in at.reshape(-1)):
+        return None
+    return tuple(dims[int(i)] for i in at.reshape(-1)), tuple(at.shape)
+
+
+def _shape_slice(dims: Dims, node: onnx.NodeProto) -> list[int | str | None]:
     """What Shape's ``start`` and ``end`` (opset 15) keep of ``dims``: negatives count from the end, clamped."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     rank = len(dims)

@@ -83,7 +83,8 @@ def test_observed_sizes_are_the_run_time_ones() -> None:
 
 def test_nothing_is_observed_with_an_open_input_size() -> None:
     open_size = static_sizes(_window_pad(["n", 6, 3]), {}, {})
-    assert "x" not in open_size and "padded" not in open_size and "windows" not in open_size
+    assert open_size["x"] == ("n", 6, 3)
+    assert None in open_size.get("padded", (None,)) and None in open_size.get("windows", (None,))
     pinned = static_sizes(_window_pad(["n", 6, 3]), {"x": [2, 6, 3]}, {"n": 2})
     assert pinned["x"] == (2, 6, 3) and pinned["windows"] == (2, 2, 4, 3)
 
@@ -101,6 +102,31 @@ def test_known_sizes_are_written_as_constants_before_the_import() -> None:
     assert model == before  # the caller's model is not changed
     unknown = fold_sizes(model, {}, max_weight_bytes=1e9)
     assert [n.op_type for n in unknown.graph.node] == [n.op_type for n in model.graph.node]
+
+
+def test_known_sizes_of_a_symbolic_shape_are_gathered_as_constants() -> None:
+    """A dynamic-axes attention reads its head count from Shape(x)[1] where x is [batch, 4, seq,
+    16]: that Gather is the constant 4, the batch's stays a Gather."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["dims"]),
+        helper.make_node("Gather", ["dims", "one"], ["heads"], axis=0),
+        helper.make_node("Gather", ["dims", "zero_scalar"], ["batch"], axis=0),
+        helper.make_node("Unsqueeze", ["heads", "zero"], ["heads1"]),
+        helper.make_node("Unsqueeze", ["batch", "zero"], ["batch1"]),
+        helper.make_node("Concat", ["batch1", "heads1", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1, np.int64), "one"),
+        numpy_helper.from_array(np.array(0, np.int64), "zero_scalar"),
+        int64s("zero", [0]), int64s("minus1", [-1]),
+    ]  # fmt: skip
+    model = make_model(nodes, [vi("x", TP.FLOAT, ["b", 4, "s", 16])], [out_vi("y", TP.FLOAT, 3)], 17, inits)
+    folded = fold_sizes(model, static_sizes(model, {}, {}), max_weight_bytes=1e9)
+    assert [n.op_type for n in folded.graph.node] == ["Shape", "Gather", "Unsqueeze", "Concat", "Reshape"]
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    assert len(out.graph.node) <= len(folded.graph.node)
 
 
 def test_observed_sizes_seed_the_analysis_and_fold_the_size_arithmetic() -> None:

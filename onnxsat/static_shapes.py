@@ -17,9 +17,11 @@ it proves each observed shape valid for every input:
   is data-free but not fully inferred, and returns those sizes (an error, or a model that cannot
   run, gives none: nothing is guessed). It needs every graph input's shape fixed.
 
-`static_sizes` gathers these with every size inference does know. `fold_sizes` writes each Shape
-of such a tensor as a constant and folds the size arithmetic over it before the import (what
-onnx-simplifier does), and the importer seeds the analysis with the sizes of the tensors left
+`static_sizes` gathers these with every size inference does know (numbers, or a graph input's
+symbol by name). `fold_sizes` writes each Shape of a fully known tensor, and each Gather of known
+sizes from a partly symbolic Shape, as a constant, reads each graph-input symbol from one Shape
+of that input, and folds the size arithmetic over them before the import (what onnx-simplifier
+does); the importer seeds the analysis with the sizes of the tensors left
 (``from_onnx(static_shapes=..)``), as it does for a model whose sizes ONNX inference computes.
 """
 
@@ -130,8 +132,9 @@ inference's ``dim_param``: a batch, a sequence), or None (not known)."""
 
 def static_sizes(model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_values: Mapping[str, int]) -> dict[str, Dims]:
     """The sizes that cannot depend on the input values, per tensor of known rank: the
-    initializers', the graph inputs' (declared), ONNX inference's for data-free tensors (a
-    symbolic size is None), and what `observe` sees of the data-free ones inference leaves open
+    initializers', the graph inputs' (declared), ONNX inference's for data-free tensors (a size
+    it names after a graph input's symbol keeps that name, as the importer trusts it; any other
+    unknown size is None), and what `observe` sees of the data-free ones inference leaves open
     (``pins``: the ``--input-shape`` pins, ``dim_values`` the sizes they give symbols)."""
     try:
         inferred = infer_shapes(model, strict_mode=False, data_prop=True)

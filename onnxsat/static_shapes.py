@@ -118,13 +118,6 @@ def _fixed_inputs(model: onnx.ModelProto, pins: Mapping[str, list[int]]) -> bool
     return True
 
 
-def _unknown(tp: onnx.TypeProto | None) -> bool:
-    if tp is None or not tp.HasField("tensor_type"):
-        return True
-    tt = tp.tensor_type
-    return not tt.HasField("shape") or not all(d.HasField("dim_value") for d in tt.shape.dim)
-
-
 Dims = tuple[int | str | None, ...]
 """A tensor's sizes: a number, the name of a graph input's symbolic size it equals (ONNX
 inference's ``dim_param``: a batch, a sequence), or None (not known)."""

@@ -10,7 +10,7 @@ from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
 import onnxsat
-from onnxsat.static_shapes import data_free_shapes, fold_sizes, static_sizes
+from onnxsat.static_shapes import data_free_shapes, fold_sizes, fully_known, static_sizes
 
 from .helpers_onnx import analysis_shape, int64s, make_model, out_vi, vi
 
@@ -144,7 +144,7 @@ def test_the_importer_seeds_observed_sizes() -> None:
 
     model = _window_pad([1, 6, 3])
     assert analysis_shape(from_onnx(model, seed_invented=False), "windows") is None
-    seeded = from_onnx(model, seed_invented=False, static_shapes=static_sizes(model, {}, {}))
+    seeded = from_onnx(model, seed_invented=False, static_shapes=fully_known(static_sizes(model, {}, {})))
     assert analysis_shape(seeded, "windows") == (1, 2, 4, 3)
 
 

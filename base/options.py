@@ -105,6 +105,14 @@ class Options:
     """How much larger folding constants may make the weights: this fraction of the input's weight
     bytes plus `FOLD_GROWTH_FLOOR` (0: never larger). Exporters compute tensors such as Swin's window
     mask from sizes; folding them removes their subgraph and adds its output to the weights."""
+    fold_elements: int | None = None
+    """Before the import, fold a weight-only subgraph only where its result has at most this many
+    elements or all are equal (None: any size). A region's run sets it (``onnxsat.by_regions``): its
+    program is replayed on twins with other weights; the stitched model is folded whole."""
+    declare_symbols: frozenset[str] = frozenset()
+    """Tables whose rules are declared besides those the model's import fills (``egraph.reach``). A
+    region's run gets the whole graph's (``onnxsat.by_regions``), so every region declares one rule
+    set and reuses one e-graph (rules whose tables a region lacks never match in it)."""
     minimize_seconds: float = 120.0
     """Time budget for finding a minimal failing rule set when verification fails."""
     seed_invented_dims: bool = True

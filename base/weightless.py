@@ -4,10 +4,12 @@ ONNX shape inference takes a ModelProto, serializes it for its C++ side and pars
 back: on a whole model that is three transient copies of every weight (a 436 MB BERT peaked
 1.3 GB above its own size in shape inference alone). Shape inference reads initializers' types
 and dims, and values only of shape-like inputs (Reshape's shape, Slice's starts, ...), which are
-small. So `infer_shapes` runs it on a shell whose main-graph initializers of at least
-`WEIGHTLESS_MIN_BYTES` are external references to a file that does not exist: the same
-dims and dtype, no bytes. A pass that did read such a value fails on that node as it does for
-weights kept in their file (`onnxsat.base.lazy_weights`, same threshold), never on invented values.
+small. So `infer_shapes` runs it on a shell whose large main-graph initializers are external
+references to a file that does not exist: the same dims and dtype, no bytes. Large means at least
+`WEIGHTLESS_MIN_BYTES` (the lazy-weight threshold, `onnxsat.base.lazy_weights`), or at least
+`FLOAT_WEIGHTLESS_MIN_BYTES` for a float tensor: no op reads a float tensor of a thousand values as
+a size, and a decoder's weights are many tensors below a MiB. A pass that did read such a value
+fails on that node as it does for weights kept in their file, never on invented values.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from .modelio import model_shell
 
 WEIGHTLESS_MIN_BYTES = LAZY_MIN_BYTES
 """Smaller initializers keep their bytes: shape-like constants must stay readable."""
+FLOAT_WEIGHTLESS_MIN_BYTES = 4096
+"""Float initializers from this size on lose their bytes (float scales of Resize are a few values)."""
+_FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 _MISSING = "onnxsat-weightless.absent"
 
 
@@ -45,21 +50,38 @@ def weightless(model: ModelProto, location: str = _MISSING) -> ModelProto:
     return shell
 
 
-def has_large_weights(model: ModelProto) -> bool:
-    """Whether `weightless` leaves out any bytes of ``model``."""
-    return any(_large(t) for t in model.graph.initializer)
+def has_large_weights(model: ModelProto, *, float_min_bytes: int = FLOAT_WEIGHTLESS_MIN_BYTES) -> bool:
+    """Whether `weightless` leaves out any bytes of ``model`` (``float_min_bytes``: whether it would
+    with that float threshold; `WEIGHTLESS_MIN_BYTES` asks for tensors of a MiB or more)."""
+    return any(_large(t, float_min_bytes) for t in model.graph.initializer)
 
 
-def _large(tensor: TensorProto) -> bool:
-    """Raw bytes of at least `WEIGHTLESS_MIN_BYTES` of a plain dtype, judged from dims (reading
-    ``raw_data`` or its size would copy it); strings in raw_data are left for the checker to refuse."""
+def _large(tensor: TensorProto, float_min_bytes: int = FLOAT_WEIGHTLESS_MIN_BYTES) -> bool:
+    """Raw bytes of at least `WEIGHTLESS_MIN_BYTES` (``float_min_bytes`` for a float) of a plain
+    dtype, judged from dims (reading ``raw_data`` or its size would copy it); strings in raw_data
+    are left for the checker to refuse."""
     if not tensor.HasField("raw_data") or tensor.data_type == TensorProto.STRING:
         return False
     try:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     except Exception:  # packed and unknown types: kept whole
         return False
-    return math.prod(tensor.dims) * itemsize >= WEIGHTLESS_MIN_BYTES
+    size = math.prod(tensor.dims) * itemsize
+    return size >= (float_min_bytes if tensor.data_type in _FLOATS else WEIGHTLESS_MIN_BYTES)
+
+
+def restore_weights(shell: ModelProto, model: ModelProto) -> bool:
+    """Put ``model``'s bytes back into the initializers a pass kept from `weightless` ``model``
+    (matched by name, dtype and dims); False, and ``shell`` half restored, when one is unmatched."""
+    originals = {t.name: t for t in model.graph.initializer if _large(t)}
+    for tensor in shell.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL or not any(e.value == _MISSING for e in tensor.external_data):
+            continue
+        original = originals.get(tensor.name)
+        if original is None or original.data_type != tensor.data_type or list(original.dims) != list(tensor.dims):
+            return False
+        tensor.CopyFrom(original)
+    return True
 
 
 def infer_shapes(model: ModelProto, **kwargs: Any) -> ModelProto:

@@ -27,6 +27,13 @@ QUANTIZATION = {"QuantizeLinear", "DequantizeLinear"}
 runs as int8 kernels (folded, the weight would be float32, 4x the bytes, and the kernel float)."""
 
 
+_T = onnx.TensorProto
+_NUMPY_NATIVE = {
+    _T.FLOAT, _T.DOUBLE, _T.FLOAT16, _T.BOOL, _T.INT8, _T.INT16, _T.INT32, _T.INT64,
+    _T.UINT8, _T.UINT16, _T.UINT32, _T.UINT64,
+}  # fmt: skip
+
+
 @dataclass
 class _Uniform:
     value: np.ndarray  # one element, with the dtype
@@ -37,7 +44,16 @@ def evaluate_node(
     node: onnx.NodeProto, inputs: list[np.ndarray | None], opset: list[onnx.OperatorSetIdProto]
 ) -> list:
     """``node``'s outputs on ``inputs`` (None: an absent optional input) by onnx.reference; raises
-    what onnx.reference raises."""
+    what onnx.reference raises. A Constant with a tensor value and an Identity are read directly
+    (an exporter writes hundreds; onnx.reference builds a model for each)."""
+    if node.domain in ("", "ai.onnx"):
+        if node.op_type == "Identity" and len(inputs) == 1 and inputs[0] is not None:
+            return [inputs[0]]
+        attrs = node.attribute
+        if node.op_type == "Constant" and len(attrs) == 1 and attrs[0].name == "value":
+            value = attrs[0].t
+            if value.data_location == onnx.TensorProto.DEFAULT and value.data_type in _NUMPY_NATIVE:
+                return [numpy_helper.to_array(value)]  # external data and exotic types: as onnx.reference reads them
     names = [f"in{i}" if a is not None else "" for i, a in enumerate(inputs)]
     proto = onnx.NodeProto()
     proto.CopyFrom(node)
@@ -60,7 +76,9 @@ def evaluate_node(
     return list(ReferenceEvaluator(model).run(None, feeds))
 
 
-def fold_constants(model: onnx.ModelProto, *, max_weight_bytes: float | None = None) -> tuple[onnx.ModelProto, int]:
+def fold_constants(
+    model: onnx.ModelProto, *, max_weight_bytes: float | None = None, max_elements: int | None = None
+) -> tuple[onnx.ModelProto, int]:
     """Fold nodes whose inputs are all constant; returns the model and how many nodes were folded.
 
     The folded model's weights (`weight_bytes`) stay within ``max_weight_bytes`` (default: the
@@ -70,13 +88,15 @@ def fold_constants(model: onnx.ModelProto, *, max_weight_bytes: float | None = N
     first; while the weights are over the limit, the largest such folds are kept as nodes (over
     the original weight, which onnxruntime folds when it loads the model) and the model is folded
     again, so small ones (a window mask, a Range of positions) fit in what the limit leaves.
+    ``max_elements``: a node whose result is a tensor of more elements, not all equal, stays a node
+    (a region's program replayed on twins must not hold values computed from its own weights).
     """
     limit = weight_bytes(model) if max_weight_bytes is None else max_weight_bytes
     sizes = {t.name: _nbytes(t) for t in model.graph.initializer}
     keep: set[str] = set()
     memo: dict[int, list | None] = {}  # node index -> its folded outputs, the same in every round
     while True:
-        folded, count, made = _fold(model, keep, memo)
+        folded, count, made = _fold(model, keep, memo, max_elements)
         excess = weight_bytes(folded) - limit
         if excess <= 0:
             return folded, count
@@ -124,10 +144,11 @@ def _nbytes(tensor: onnx.TensorProto) -> int:
 
 
 def _fold(
-    model: onnx.ModelProto, keep: set[str], memo: dict[int, list | None]
+    model: onnx.ModelProto, keep: set[str], memo: dict[int, list | None], max_elements: int | None = None
 ) -> tuple[onnx.ModelProto, int, dict[str, _Made]]:
-    """Fold every node with constant inputs except those whose first output is in ``keep``; also
-    returns the dense tensors it made. ``memo`` keeps each node's evaluation (None: it failed)."""
+    """Fold every node with constant inputs except those whose first output is in ``keep`` or that
+    make a dense tensor of more than ``max_elements``; also returns the dense tensors it made.
+    ``memo`` keeps each node's evaluation (None: it failed)."""
 
     graph = model.graph
     inputs = {i.name for i in graph.input}
@@ -183,6 +204,9 @@ def _fold(
             continue
         if not all(isinstance(o, np.ndarray) for o in outs):
             kept.append(node)  # a sequence, map or optional (SequenceEmpty) is no tensor initializer
+            continue
+        if max_elements is not None and any(np.size(o) > max_elements and not _is_uniform(o) for o in outs):
+            kept.append(node)
             continue
         for name, out in zip(node.output, outs, strict=True):
             out = np.asarray(out)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from egglog import EggSmolError, EGraph, Vec, i64, set_, union
+from egglog import EggSmolError, EGraph
 from onnx import helper, numpy_helper
 
 from ..base.errors import TimeLimitError
@@ -26,10 +26,11 @@ from ..base.modelio import topological_nodes
 from ..base.weightless import infer_shapes
 from . import const_eval
 from . import lang as L
+from .commands import Commands, Term, int_vec, lit_float, lit_int, lit_string
 from .live import live_analysis
 from .ops import OPS, OpSpec
 from .ops.registry import ImportNode, IntsConst, SplatConst, Unsupported
-from .program import OpaqueNode, Program, TensorInfo
+from .program import OpaqueNode, Program, TensorInfo, TensorRefs
 from .reach import Selection, language_symbols, present_symbols, symbol
 from .run_cache import run
 from .shapes import analysis_ruleset
@@ -45,9 +46,9 @@ _SPLAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProt
 
 
 @functools.lru_cache(maxsize=4096)
-def _dims_vec(dims: tuple[int, ...]) -> Vec[i64]:
-    """A shape literal (cached: building egglog expressions is the slow part of import)."""
-    return L.ivec(list(dims))
+def _dims_vec(dims: tuple[int, ...]) -> Term:
+    """A shape literal (one command object per distinct shape)."""
+    return int_vec(dims)
 
 
 class _Symbols:
@@ -85,10 +86,10 @@ def _small_magnitude(tensor: onnx.TensorProto) -> bool:
     if tensor.data_type not in _FLOAT_TYPES or np.prod(tensor.dims) > _SMALL_CHECK_ELEMENTS:
         return False
     try:
-        values = tensor_array(tensor).astype(np.float64)
+        values = tensor_array(tensor)
     except Exception:  # external data not loaded, or a type numpy cannot hold
         return False
-    return bool(np.all(np.abs(values) <= L.SMALL_MAGNITUDE))
+    return bool(np.all(np.abs(values) <= L.SMALL_MAGNITUDE))  # in its own dtype: 4096 is exact in each; NaN fails
 
 
 def _constant_tensor(node: onnx.NodeProto) -> onnx.TensorProto | None:
@@ -148,10 +149,13 @@ class _Importer:
         self.node_total = 0
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.egraph = egraph
+        self.commands = Commands(egraph)
+        """The import's actions, sent as egglog commands (``egraph.commands``)."""
         self.symbols = _Symbols()
         self.infos: dict[str, TensorInfo] = {}
-        self.terms: dict[str, Any] = {}
-        self._shape_terms: dict[str, Any] = {}
+        self.terms: dict[str, Term] = {}
+        """Original tensor name -> its ``tensor_ref`` marker term."""
+        self.indices: dict[str, int] = {}
         self._known_shaped: set[str] = set()
         self.names: list[str] = []
         self.weights: dict[str, onnx.TensorProto] = {}
@@ -167,37 +171,46 @@ class _Importer:
         self.node_meta: dict[str, tuple[str, str, str]] = {}
         self.trust_onnx_shapes = trust_onnx_shapes
         self.seed_shapes = seed_shapes
-        self.actions: list[Any] = []
         self.input_symbols: set[int] = set()
         self.seed_invented = seed_invented
         self.selection = selection
 
     # ------------------------------------------------------------ helpers
-    def _bind(self, name: str, expr: Any, *, leaf: bool = False) -> Any:
+    def _call(self, fn: Any, *args: Term) -> Term:
+        return self.commands.call(fn, *args)
+
+    def _bind(self, name: str, expr: Term, *, leaf: bool = False) -> Term:
         """Bind original tensor ``name`` to ``expr`` through its ``tensor_ref`` marker."""
         index = len(self.names)
         self.names.append(name)
-        ref = L.tensor_ref(index)
-        self.actions.append(union(ref).with_(expr))
+        ref = self._call(L.tensor_ref, lit_int(index))
+        self.commands.union(ref, expr)
         self.terms[name] = ref
+        self.indices[name] = index
         info = self.infos.get(name)
         if info is not None and info.dtype:
-            self.actions.append(set_(L.dtype(ref)).to(i64(info.dtype)))
+            self.commands.set(L.dtype, [ref], lit_int(info.dtype))
         known = info is not None and info.dims is not None and all(d >= 0 for d in info.dims)
         if info is not None and info.dims is not None and (leaf or (known and self.seed_shapes)):
-            self.actions.append(set_(L.shape(ref)).to(_dims_vec(tuple(info.dims))))
+            self.commands.set(L.shape, [ref], _dims_vec(tuple(info.dims)))
         elif not leaf:
             self.pending_shapes.append(name)
         return ref
 
-    def _const_term(self, ref: IntsConst | SplatConst) -> Any:
+    def _const_term(self, ref: IntsConst | SplatConst) -> Term:
         if isinstance(ref, IntsConst):
-            return L.Tensor.ints(L.ivec(ref.values), ref.rank)
-        return L.Tensor.splat(float(ref.value), _dims_vec(tuple(ref.dims)), ref.dtype)
+            return self._call(L.Tensor.ints, _dims_vec(tuple(ref.values)), lit_int(ref.rank))
+        return self._splat(float(ref.value), tuple(ref.dims), ref.dtype)
 
-    def _input_term(self, ref: Any) -> Any:
+    def _splat(self, value: float, dims: tuple[int, ...], dtype: int) -> Term:
+        return self._call(L.Tensor.splat, lit_float(value), _dims_vec(dims), lit_int(dtype))
+
+    def _weight(self, name: str) -> Term:
+        return self._call(L.Tensor.weight, lit_string(name))
+
+    def _input_term(self, ref: Any) -> Term:
         if ref is None or ref == "":
-            return L.Tensor.none()
+            return self._call(L.Tensor.none)
         if isinstance(ref, IntsConst | SplatConst):
             return self._const_term(ref)
         return self.terms[ref]
@@ -220,22 +233,22 @@ class _Importer:
         if tensor.data_type == onnx.TensorProto.INT64 and len(tensor.dims) <= 1 and np.prod(tensor.dims) <= SMALL_INTS:
             values = tuple(int(v) for v in tensor_array(tensor).reshape(-1))
             self.int_values[name] = values
-            self._bind(name, L.Tensor.ints(L.ivec(values), len(tensor.dims)), leaf=True)
+            self._bind(name, self._call(L.Tensor.ints, _dims_vec(values), lit_int(len(tensor.dims))), leaf=True)
             return
         if 0 < np.prod(tensor.dims) <= SMALL_SPLAT and tensor.data_type in _SPLAT_TYPES:
             array = tensor_array(tensor)
             flat = array.reshape(-1)
             if np.all(flat == flat[0]) and float(flat[0]) == flat[0]:
-                self._bind(name, L.Tensor.splat(float(flat[0]), _dims_vec(tuple(tensor.dims)), tensor.data_type), leaf=True)
+                self._bind(name, self._splat(float(flat[0]), tuple(tensor.dims), tensor.data_type), leaf=True)
                 return
         twin = self._tied_weight(name, tensor)
         if twin is not None:  # weight tying: an equal tensor is the same leaf, so CSE merges its users
-            self._bind(name, L.Tensor.weight(twin), leaf=True)
+            self._bind(name, self._weight(twin), leaf=True)
             return
         self.weights[name] = tensor
-        self._bind(name, L.Tensor.weight(name), leaf=True)
+        self._bind(name, self._weight(name), leaf=True)
         if _small_magnitude(tensor):
-            self.actions.append(L.small_const(L.Tensor.weight(name)))
+            self.commands.fact(L.small_const, self._weight(name))
 
     def _tied_weight(self, name: str, tensor: onnx.TensorProto) -> str | None:
         """An earlier weight with the same type, dims and values, else None (this one is remembered)."""
@@ -300,7 +313,7 @@ class _Importer:
                 if node.attribute:
                     fill = numpy_helper.to_array(node.attribute[0].t).reshape(-1)
                     value, dtype = float(fill[0]), node.attribute[0].t.data_type
-                self._bind(node.output[0], L.Tensor.splat(value, _dims_vec(tuple(dims)), dtype))
+                self._bind(node.output[0], self._splat(value, tuple(dims), dtype))
                 if np.prod(dims) <= const_eval.MAX_ELEMENTS:
                     self.small_values[node.output[0]] = np.full(dims, fill[0], fill.dtype)
                 return True
@@ -315,16 +328,16 @@ class _Importer:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             if attrs.get("is_test", 1) == 0 and self.opset < 7:
                 raise Unsupported("Dropout in training mode")
-            self._bind(node.output[0], L.identity(self.terms[node.input[0]]))
+            self._bind(node.output[0], self._call(L.identity, self.terms[node.input[0]]))
             return True
         if op == "Sum" and node.input:
             if self.opset < 7:  # the Adds it becomes: onnxruntime implements Add from opset 7 only
                 raise Unsupported(f"Sum at opset {self.opset}: its Adds would need opset 7")
             acc = self.terms[node.input[0]]
             for name in node.input[1:]:
-                acc = L.add(acc, self.terms[name])
+                acc = self._call(L.add, acc, self.terms[name])
             if len(node.input) == 1:
-                acc = L.identity(acc)
+                acc = self._call(L.identity, acc)
             self._bind(node.output[0], acc)
             return True
         return False
@@ -363,15 +376,22 @@ class _Importer:
         if spec.indexed_outputs:
             for i, out in enumerate(outs):
                 if out:
-                    self._bind(out, spec.ctor(*args, *values, i))
+                    self._bind(out, self._call(spec.ctor, *args, *values, lit_int(i)))
             return
         if any(o and self._used(o) for o in outs[1:]):
             raise Unsupported("extra outputs are used")
-        self._bind(outs[0], spec.ctor(*args, *values))
+        self._bind(outs[0], self._call(spec.ctor, *args, *values))
 
-    def _input_args(self, spec: OpSpec, inputs: list[Any]) -> list[Any]:
+    def _tlist(self, items: list[Term]) -> Term:
+        """A ``TList`` term (``cons`` cells ending in ``nil``), like ``lang.tlist``."""
+        out = self._call(L.TList.nil)
+        for item in reversed(items):
+            out = self._call(L.TList.cons, item, out)
+        return out
+
+    def _input_args(self, spec: OpSpec, inputs: list[Any]) -> list[Term]:
         if spec.variadic:
-            return [L.tlist([self._input_term(i) for i in inputs])]
+            return [self._tlist([self._input_term(i) for i in inputs])]
         args = []
         for pos, decl in enumerate(spec.inputs):
             ref = inputs[pos] if pos < len(inputs) else None
@@ -392,10 +412,10 @@ class _Importer:
                         captured.append(name)
         inputs = [self._input_term(n if n else None) for n in node.input] + [self.terms[n] for n in captured]
         self.opaque[index] = OpaqueNode(node, len(node.input), captured)
-        args = L.tlist(inputs)
+        args = self._tlist(inputs)
         for i, out in enumerate(node.output):
             if out:
-                self._bind(out, L.opaque(index, args, i), leaf=True)
+                self._bind(out, self._call(L.opaque, lit_int(index), args, lit_int(i)), leaf=True)
 
     def _check_deadline(self, imported: int, total: int) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:
@@ -416,14 +436,13 @@ class _Importer:
             run(self.egraph, self._analysis().saturate())  # the report unread: not built in Python
             missing = [n for n in pending if not self._shaped(n)]
             frontier = [n for n in missing if self._inputs_shaped(n)] if self.trust_onnx_shapes else []
-            filled = []
             for name in frontier:
                 info = self.infos.get(name)
                 if info is not None and info.dims is not None and self._seedable(info.dims):
-                    filled.append(set_(self._shape_term(name)).to(_dims_vec(tuple(info.dims))))
-            if not filled:
+                    self.commands.set(L.shape, [self.terms[name]], _dims_vec(tuple(info.dims)))
+            if not self.commands.queue:
                 return
-            self.egraph.register(*filled)
+            self.commands.send()
             done = set(frontier)
             pending = [n for n in missing if n not in done]
 
@@ -445,19 +464,11 @@ class _Importer:
                 return False
         return True
 
-    def _shape_term(self, name: str) -> Any:
-        """``shape(term)`` of tensor ``name``, built once: building an egglog expression costs
-        ~0.5 ms, and a deep graph's analysis loop asks for each pending one every round."""
-        term = self._shape_terms.get(name)
-        if term is None:
-            term = self._shape_terms[name] = L.shape(self.terms[name])
-        return term
-
     def _shaped(self, name: str) -> bool:
         """Whether the analysis has a shape for tensor ``name`` (once it has, it keeps it)."""
         if name in self._known_shaped:
             return True
-        if self.egraph.lookup_function_value(self._shape_term(name)) is None:
+        if self.commands.lookup(L.shape, self.terms[name]) is None:
             return False
         self._known_shaped.add(name)
         return True
@@ -484,7 +495,7 @@ class _Importer:
         overridable = {n for n in input_names if n in initializers and model.ir_version >= 4}
         true_inputs = [n for n in input_names if n not in initializers or n in overridable]
         for name in true_inputs:
-            self._bind(name, L.Tensor.input(name), leaf=True)
+            self._bind(name, self._call(L.Tensor.input, lit_string(name)), leaf=True)
         nodes = topological_nodes(graph)
         self.node_total = len(nodes)
         for name, tensor in initializers.items():
@@ -501,12 +512,10 @@ class _Importer:
             self._check_deadline(index, len(nodes))
             self._import_node(index, node)
         self._check_deadline(len(nodes), len(nodes))
-        outputs = [(o.name, self.terms[o.name]) for o in graph.output]
-        self.actions.append(set_(L.model_opset()).to(i64(self.opset)))  # rules creating ops guard on it
-        for k, (_, ref) in enumerate(outputs):
-            self.actions.append(union(L.graph_output(k)).with_(ref))
-        for start in range(0, len(self.actions), 2000):
-            self.egraph.register(*self.actions[start : start + 2000])
+        self.commands.set(L.model_opset, [], lit_int(self.opset))  # rules creating ops guard on it
+        for k, o in enumerate(graph.output):
+            self.commands.union(self._call(L.graph_output, lit_int(k)), self.terms[o.name])
+        self.commands.send()
         if self.selection is not None and not present_symbols(self.egraph) <= self.selection.available:
             self.selection = None  # the import wrote a table its selection did not foresee: all rules
         self._fill_shapes()
@@ -516,7 +525,7 @@ class _Importer:
             egraph=self.egraph,
             model=model,
             opset=self.opset,
-            outputs=outputs,
+            outputs=[(o.name, L.tensor_ref(self.indices[o.name])) for o in graph.output],
             names=self.names,
             weights=self.weights,
             opaque=self.opaque,
@@ -526,7 +535,7 @@ class _Importer:
             node_meta=self.node_meta,
             unknown_ops=Counter(self.program_unknown),
             opaque_reasons=Counter(self.opaque_reasons),
-            terms=self.terms,
+            terms=TensorRefs(self.indices),
             infos=self.infos,
             selection=self.selection,
         )
@@ -548,14 +557,14 @@ def _pin_inputs(model: onnx.ModelProto, pins: dict[str, list[int]]) -> onnx.Mode
     return pinned
 
 
-def _literal(kind: str, value: Any) -> Any:
+def _literal(kind: str, value: Any) -> Term:
     if kind == "int":
-        return i64(int(value))
+        return lit_int(value)
     if kind == "float":
-        return float(value)
+        return lit_float(value)
     if kind == "string":
-        return str(value)
-    return L.ivec([int(v) for v in value])
+        return lit_string(value)
+    return _dims_vec(tuple(int(v) for v in value))
 
 
 def from_onnx(

@@ -14,6 +14,8 @@ from __future__ import annotations
 import onnx
 from onnx import version_converter
 
+from ..base.weightless import has_large_weights, restore_weights, weightless
+
 UPGRADE_DOMAIN = "onnxsat.upgrade"
 """Domain of the nodes that become default-domain ops once the model is converted."""
 
@@ -36,12 +38,24 @@ def has_placeholders(model: onnx.ModelProto) -> bool:
 def convert_whole_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """``model`` with every node at ``opset`` and the placeholder nodes moved to the default domain.
 
-    Raises ``UpgradeError`` when the converter fails (the caller writes the chains instead).
+    The converter gets the model without its large weights (`weightless`: serializing them for
+    its C++ side was most of its time) and they are put back after; where that fails (an adapter
+    that rewrote a weight), the whole model is converted. Raises ``UpgradeError`` when the
+    converter fails (the caller writes the chains instead).
     """
-    try:
-        converted = version_converter.convert_version(model, opset)
-    except Exception as exc:  # the converter raises RuntimeError, ValueError or C++ errors
-        raise UpgradeError(f"onnx.version_converter to opset {opset} failed: {str(exc).splitlines()[0]}") from exc
+    converted = None
+    if has_large_weights(model):
+        try:
+            converted = version_converter.convert_version(weightless(model), opset)
+        except Exception:  # an adapter that reads weight values: converted whole below
+            converted = None
+        if converted is not None and not restore_weights(converted, model):
+            converted = None
+    if converted is None:
+        try:
+            converted = version_converter.convert_version(model, opset)
+        except Exception as exc:  # the converter raises RuntimeError, ValueError or C++ errors
+            raise UpgradeError(f"onnx.version_converter to opset {opset} failed: {str(exc).splitlines()[0]}") from exc
     if default_opset(converted) != opset:
         raise UpgradeError(f"onnx.version_converter left the model at opset {default_opset(converted)}")
     for node in converted.graph.node:

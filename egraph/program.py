@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,24 @@ import onnx
 from egglog import EGraph, Ruleset
 
 from . import lang as L
+
+
+class TensorRefs(Mapping[str, Any]):
+    """Original tensor name -> its ``tensor_ref`` marker as an egglog expression, built on access
+    (the import itself writes egglog commands, ``egraph.commands``; expressions are for callers
+    that query the e-graph through egglog's Python API)."""
+
+    def __init__(self, indices: Mapping[str, int]):
+        self._indices = indices
+
+    def __getitem__(self, name: str) -> Any:
+        return L.tensor_ref(self._indices[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
 
 
 @dataclass
@@ -51,8 +70,8 @@ class Program:
     """First output name -> (op_type, node name, doc_string) of original nodes."""
     unknown_ops: Counter[str] = field(default_factory=Counter)
     opaque_reasons: Counter[str] = field(default_factory=Counter)
-    terms: dict[str, Any] = field(default_factory=dict)
-    """Original tensor name -> its term (an egglog let binding)."""
+    terms: Mapping[str, Any] = field(default_factory=dict)
+    """Original tensor name -> its ``tensor_ref`` expression (``TensorRefs``)."""
     infos: dict[str, TensorInfo] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     selection: Any = None

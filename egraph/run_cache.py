@@ -71,7 +71,7 @@ def run(egraph: EGraph, schedule: Schedule) -> RunResult:
     def name(key: str) -> str:
         known = cache.names.get(key)
         if known is None:
-            known = cache.names[key] = decl_name(rule_decls[key])
+            known = cache.names[key] = _decl_name_once(rule_decls[key])
         return known
 
     return _result(report.updated, report.num_matches_per_rule, report.search_and_apply_time_per_rule, name)
@@ -82,6 +82,18 @@ def run_public(egraph: EGraph, schedule: Schedule) -> RunResult:
     checked against)."""
     report = egraph.run(schedule)
     return _result(report.updated, report.num_matches_per_rule, report.search_and_apply_time_per_rule, decl_name)
+
+
+_DECL_NAMES: dict[int, tuple[Any, str]] = {}
+"""id of a rule declaration -> (it, its name): a pushed state is a new one with the same rule
+declarations, and naming a declaration without a name prints it whole (milliseconds each)."""
+
+
+def _decl_name_once(decl: Any) -> str:
+    known = _DECL_NAMES.get(id(decl))
+    if known is None or known[0] is not decl:
+        known = _DECL_NAMES[id(decl)] = (decl, decl_name(decl))
+    return known[1]
 
 
 def decl_name(decl: Any) -> str:

@@ -40,6 +40,7 @@ import onnx
 from onnxsat.base.errors import one_line
 from onnxsat.base.options import Options
 from onnxsat.base.report import RegionSummary, Report, SaturationReport
+from onnxsat.egraph.importer import import_symbols
 from onnxsat.egraph.opset_upgrade import UpgradeError, convert_whole_model
 from onnxsat.egraph.regions import (
     SMALL_CONSTANT,
@@ -85,9 +86,10 @@ def use_regions(model: onnx.ModelProto, options: Options) -> bool:
     return 0 < options.region_nodes < len(model.graph.node)
 
 
-def part_options(options: Options, part: Part, upgrade: bool) -> Options:
+def part_options(options: Options, part: Part, upgrade: bool, symbols: frozenset[str] = frozenset()) -> Options:
     """The run's options for one part: not verified (the stitched model is), no dump, no progress,
-    no observed sizes of its own, the pins of the graph inputs it reads; without ``upgrade`` no conversion to a newer opset (a
+    no observed sizes of its own, no large constants folded from its weights, the rules of the tables
+    ``symbols`` declared (the whole graph's: one declared e-graph for every part), the pins of the graph inputs it reads; without ``upgrade`` no conversion to a newer opset (a
     window is written at the opset of the graph around it)."""
     pins = {k: v for k, v in options.input_shapes.items() if k in part.inputs}
     return replace(
@@ -99,6 +101,8 @@ def part_options(options: Options, part: Part, upgrade: bool) -> Options:
         progress=False,
         measure=False,
         observe_shapes=False,  # the whole graph's observed sizes are in the part's types already
+        fold_elements=SMALL_CONSTANT,  # keyed by value (part_key): the program stays replayable
+        declare_symbols=options.declare_symbols | symbols,
         input_shapes=pins,
         upgrade_opset=options.upgrade_opset if upgrade else None,
     )
@@ -304,7 +308,8 @@ class _Parts:
         """Solve the parts ``chosen`` (indices into ``planned``) into ``self.solved``; returns
         each one's warnings."""
         session = self.session
-        options = [part_options(session.options, planned[k][1], upgrade) for k in chosen]
+        symbols = import_symbols(session.source())
+        options = [part_options(session.options, planned[k][1], upgrade, symbols) for k in chosen]
 
         def here(i: int) -> Outcome:
             part = planned[chosen[i]][1]

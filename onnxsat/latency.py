@@ -170,7 +170,10 @@ def ort_session(
         shell, folder = lazy_weights.ort_model(model)
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         return ort.InferenceSession(shell, so, providers=providers)
-    if weightless.has_large_weights(model) or modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
+    if (
+        weightless.has_large_weights(model, float_min_bytes=weightless.WEIGHTLESS_MIN_BYTES)
+        or modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES
+    ):
         # From bytes, onnxruntime's wrapper keeps the serialized model and onnxruntime parses a
         # second copy before making its tensors: three copies of every weight. From a file whose
         # large weights are external data it holds only its own.

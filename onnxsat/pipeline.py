@@ -39,7 +39,7 @@ from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_u
 from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
 from onnxsat.rules.registry import RuleTable
 from onnxsat.rules.schedule import UnsoundRuleError, check_phase_budgets, declarations, saturate, select_rules
-from onnxsat.static_shapes import Dims, fold_sizes, fully_known, static_sizes
+from onnxsat.static_shapes import Dims, fold_sizes, fully_known, reads_new_sizes, static_sizes
 from onnxsat.verification import Reference, VerificationResult
 from onnxsat.verification_inputs import pinned_dims
 
@@ -186,30 +186,45 @@ class Session:
         return other
 
     def static_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The tensors whose every size is known for every input value (`sizes`): what the
-        importer seeds and regions carry in their types."""
+        """The tensors of `source` whose every size is known for every input value (`sizes`): what
+        the importer seeds and regions carry in their types."""
+        self.source()
         return fully_known(self.sizes())
 
     def sizes(self) -> dict[str, Dims]:
-        """The sizes that cannot depend on the input values, from ONNX inference and, where it
-        leaves them open, observed once on onnxruntime (stage ``shapes``; ``onnxsat.static_shapes``);
+        """The sizes that cannot depend on the input values (stage ``shapes``;
+        ``onnxsat.static_shapes``): ONNX inference's of the input until `source` is built, then
+        those of the source, where inference leaves them open observed once on onnxruntime;
         reruns share them. Empty without ``options.observe_shapes``."""
         if self._sizes is None:
             self._sizes = {}
             if self.options.observe_shapes:
                 with self._stage("shapes"):
-                    pins = {k: list(v) for k, v in self.options.input_shapes.items()}
-                    self._sizes = static_sizes(self.model, pins, pinned_dims(self.model, self.options))
+                    self._sizes = static_sizes(self.model, *self._pins(), observed=False)
         return self._sizes
+
+    def _pins(self) -> tuple[dict[str, list[int]], dict[str, int]]:
+        return {k: list(v) for k, v in self.options.input_shapes.items()}, pinned_dims(self.model, self.options)
 
     def source(self) -> onnx.ModelProto:
         """What the rewrite reads: the input with its known `sizes` written as constants and its
         weight-only subgraphs folded (stage ``fold``; ``static_shapes.fold_sizes``), so neither
-        the import nor the rules spend time on size arithmetic; reruns share it."""
+        the import nor the rules spend time on size arithmetic; reruns share it. The sizes are
+        then those of the folded model, where inference sees through what folding made constant
+        (an attention mask's Expand of a folded shape) and observation has less left to run;
+        sizes that finds for a Shape still in it are folded too."""
         if self._source is None:
             sizes = self.sizes()
             with self._stage("fold"):
-                self._source = fold_sizes(self.model, sizes, self.weight_limit())
+                source = fold_sizes(self.model, sizes, self.weight_limit(), self.options.fold_elements)
+            if self.options.observe_shapes:
+                with self._stage("shapes"):
+                    later = static_sizes(source, *self._pins())
+                if reads_new_sizes(source, sizes, later):
+                    with self._stage("fold"):
+                        source = fold_sizes(source, later, self.weight_limit(), self.options.fold_elements)
+                self._sizes = later
+            self._source = source
         return self._source
 
     def weight_limit(self) -> float:
@@ -246,6 +261,8 @@ class Session:
         self._held.enter_context(plugin_ops(self.loads))
         source, static_shapes = self.source(), self.static_shapes()
         start = import_symbols(source)  # only the rules that may fire on this model are declared
+        if start is not None:
+            start |= options.declare_symbols
         with self._stage("declare"):  # the rules into a fresh e-graph (reused between runs of a process)
             key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
             warm = self._held.enter_context(warm_egraph(key, declared, selection))

@@ -123,12 +123,15 @@ Dims = tuple[int | str | None, ...]
 inference's ``dim_param``: a batch, a sequence), or None (not known)."""
 
 
-def static_sizes(model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_values: Mapping[str, int]) -> dict[str, Dims]:
+def static_sizes(
+    model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_values: Mapping[str, int], *, observed: bool = True
+) -> dict[str, Dims]:
     """The sizes that cannot depend on the input values, per tensor of known rank: the
     initializers', the graph inputs' (declared), ONNX inference's for data-free tensors (a size
     it names after a graph input's symbol keeps that name, as the importer trusts it; any other
     unknown size is None), and what `observe` sees of the data-free ones inference leaves open
-    (``pins``: the ``--input-shape`` pins, ``dim_values`` the sizes they give symbols)."""
+    (``pins``: the ``--input-shape`` pins, ``dim_values`` the sizes they give symbols; without
+    ``observed``, inference's alone)."""
     try:
         inferred = infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception:
@@ -148,9 +151,23 @@ def static_sizes(model: onnx.ModelProto, pins: Mapping[str, list[int]], dim_valu
                 for d in _dims(types[name])
             )
     wanted = [o for n in graph.node for o in n.output if o in free and not _all_numbers(known.get(o))]
-    if wanted and _fixed_inputs(model, pins):
+    if observed and wanted and _fixed_inputs(model, pins):
         known.update(observe(model, wanted, dim_values))
     return known
+
+
+def reads_new_sizes(model: onnx.ModelProto, before: Mapping[str, Dims], after: Mapping[str, Dims]) -> bool:
+    """Whether a Shape or Size node of ``model`` reads a tensor with more sizes known in ``after``
+    than in ``before`` (so `fold_sizes` with ``after`` has more to fold)."""
+
+    def numbers(dims: Dims | None) -> int:
+        return sum(isinstance(d, int) for d in dims or ())
+
+    for node in model.graph.node:
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") and node.input:
+            if numbers(after.get(node.input[0])) > numbers(before.get(node.input[0])):
+                return True
+    return False
 
 
 def fully_known(sizes: Mapping[str, Dims]) -> dict[str, tuple[int, ...]]:
@@ -193,13 +210,15 @@ def observe(model: onnx.ModelProto, names: list[str], dim_values: Mapping[str, i
     return {name: tuple(int(d) for d in got[p.output[0]]) for name, p in zip(names, probes, strict=True)}
 
 
-def fold_sizes(model: onnx.ModelProto, sizes: Mapping[str, Dims], max_weight_bytes: float) -> onnx.ModelProto:
+def fold_sizes(
+    model: onnx.ModelProto, sizes: Mapping[str, Dims], max_weight_bytes: float, max_elements: int | None = None
+) -> onnx.ModelProto:
     """``model`` with each Shape and Size of a tensor whose ``sizes`` (`static_sizes`) are all
     numbers written as a constant, each Gather of sizes from a Shape of a partly symbolic one
     written as a constant where they are numbers (the heads of a dynamic-axes attention) and read
     from the graph input where it is that input's symbol (the batch: every layer's Gathers of it
     are then one), and the weight-only subgraphs that leaves folded within ``max_weight_bytes``
-    (``egraph.fold``): what onnx-simplifier does before it looks at a graph. TorchScript's Swin
+    and ``max_elements`` (``egraph.fold``): what onnx-simplifier does before it looks at a graph. TorchScript's Swin
     export goes from 6,261 nodes to 581 before the e-graph sees it, where importing it whole took
     most of the run."""
     graph = model.graph
@@ -234,11 +253,11 @@ def fold_sizes(model: onnx.ModelProto, sizes: Mapping[str, Dims], max_weight_byt
             continue
         constants.append(numpy_helper.from_array(value, node.output[0]))
     if not constants and not symbols.nodes:
-        return fold_constants(model, max_weight_bytes=max_weight_bytes)[0]
+        return fold_constants(model, max_weight_bytes=max_weight_bytes, max_elements=max_elements)[0]
     shell = model_shell(model, {"node", "initializer"})
     shell.graph.node.extend(symbols.nodes + kept)
     shell.graph.initializer.extend([*graph.initializer, *constants, *symbols.indices])
-    return fold_constants(shell, max_weight_bytes=max_weight_bytes)[0]
+    return fold_constants(shell, max_weight_bytes=max_weight_bytes, max_elements=max_elements)[0]
 
 
 class _SymbolReader:

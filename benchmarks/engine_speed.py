@@ -19,15 +19,20 @@ CPU seconds (user + system) likewise; CPU is less sensitive to other load than w
 The decoder scaling curve (``--decoders DIR``): a Llama-style decoder (hidden 256, 4 heads,
 sequence 128, TorchScript export) at each of ``--layers``, exported once into DIR by this script
 run with ``--export-decoders`` in the export environment (torch, transformers). Each size is
-optimized without verification, whole-graph and with ``--region-nodes``, and gives nodes before
-and after, wall and CPU time, and peak RSS.
+optimized without verification with the default options, whole-graph (``--region-nodes 0``) and
+with ``--region-nodes``, and gives nodes before and after, wall and CPU time, and peak RSS.
+
+Beside each corpus model, onnxruntime's session from the file and one run of the original (the
+verification floor's yardstick), and the engine issue's per-model floors; ``--fixed-rounds N``
+also measures the fixed-cost floor (``small_cnn``, ``rules list``, bare imports) over N
+interleaved rounds of fresh processes.
 
 Every row records the 1-minute load average before it; on a loaded machine only ratios measured
 in the same run mean anything.
 
     /work/venv-export/bin/python benchmarks/engine_speed.py --export-decoders /tmp/decoders
     python benchmarks/engine_speed.py --quick
-    python benchmarks/engine_speed.py --corpus /work/realmodels-full --decoders /tmp/decoders \\
+    python benchmarks/engine_speed.py --corpus /work/realmodels-full --decoders /tmp/decoders --fixed-rounds 30 \\
         --peers-python /work/venv-export/bin/python --markdown benchmarks/results/engine_speed.md
 """
 
@@ -163,6 +168,50 @@ def run_peer(tool: str, src: Path, work: Path, timeout: float, python: str) -> R
     return run
 
 
+ORT_ONCE = """
+import json, sys, time
+import onnx, onnxruntime as ort
+from onnxsat.verification_inputs import make_inputs
+feeds = make_inputs(onnx.load(sys.argv[1]), 0)
+start = time.perf_counter()
+session = ort.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+session.run(None, {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+"""onnxruntime on the original, as a user runs it: a session from the file (default level) and one run
+on seed 0's verification inputs; what the verification floor is measured against."""
+
+
+def run_ort_once(src: Path, timeout: float) -> Run:
+    code, stdout, run = run_child([sys.executable, "-c", ORT_ONCE, str(src)], timeout)
+    if code == 0:
+        run.seconds = round(json.loads(stdout)["seconds"], 3)
+    return run
+
+
+def run_fixed(rounds: int) -> dict[str, Any]:
+    """The fixed-cost floor: ``optimize examples/small_cnn.onnx`` (verification on), ``rules list``
+    and importing onnx, onnxruntime and egglog alone, each in a fresh process, ``rounds`` times
+    interleaved (after one warm-up of each, which fills the rule cache); medians of wall seconds."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "small_cnn.opt.onnx"
+        commands = {
+            "small_cnn": [sys.executable, "-m", "onnxsat", "optimize", str(ROOT / "examples" / "small_cnn.onnx"), "-o", str(out), "--quiet"],
+            "rules_list": [sys.executable, "-m", "onnxsat", "rules", "list"],
+            "imports": [sys.executable, "-c", "import onnx, onnxruntime, egglog"],
+        }
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for round_ in range(rounds + 1):
+            for name, cmd in commands.items():
+                code, _, run = run_child(cmd, 120)
+                if code != 0:
+                    raise SystemExit(f"{name}: {run.status}")
+                if round_:
+                    times[name].append(run.wall)
+    medians = {name: round(sorted(t)[len(t) // 2], 3) for name, t in times.items()}
+    return {"rounds": rounds, "load": _load(), **medians}
+
+
 def peers_available(python: str) -> list[str]:
     found = []
     for tool in PEERS:
@@ -242,6 +291,7 @@ def measure_corpus(
         row: dict[str, Any] = {"model": name, "nodes": record.get("nodes"), "mb": round(weight_mb(path), 1)}
         row["load"] = _load()
         row["onnxsat"] = asdict(run_onnxsat(path, work, timeout, []))
+        row["ort_once"] = asdict(run_ort_once(path, timeout))
         for tool in peers:
             row[tool] = asdict(run_peer(tool, path, work, timeout, python))
         row["load_after"] = _load()
@@ -259,7 +309,8 @@ def measure_decoders(directory: Path, layers: list[int], region_nodes: int, time
             continue
         path = directory / record["file"]
         row: dict[str, Any] = {"layers": n, "nodes": record["nodes"], "mb": round(weight_mb(path), 1), "load": _load()}
-        row["whole"] = asdict(run_onnxsat(path, work, timeout, ["--no-verify"]))
+        row["default"] = asdict(run_onnxsat(path, work, timeout, ["--no-verify"]))
+        row["whole"] = asdict(run_onnxsat(path, work, timeout, ["--no-verify", "--region-nodes", "0"]))
         row["regions"] = asdict(run_onnxsat(path, work, timeout, ["--no-verify", "--region-nodes", str(region_nodes)]))
         row["load_after"] = _load()
         print(json.dumps(row), flush=True)
@@ -279,9 +330,41 @@ def _cell(run: dict[str, Any], key: str = "seconds") -> str:
     return _s(run.get(key)) if run["status"] in ("ok", "unverified") else run["status"][:40]
 
 
-def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], header: dict[str, str]) -> str:
+def _floors(row: dict[str, Any]) -> dict[str, bool | None]:
+    """The engine issue's per-model floors on one corpus row (None: not measurable): onnxsat without
+    verification <= max(3x onnxslim, onnxslim + 2 s), both whole processes (a user waits for the
+    command); verification <= 3x onnxruntime's session and one run of the original; peak RSS <=
+    the model's bytes + 1 GiB."""
+    o, slim, ort_once = row["onnxsat"], row.get("onnxslim"), row.get("ort_once")
+    ok = o["status"] in ("ok", "unverified")
+    speed = None
+    if ok and slim is not None and slim["status"] == "ok" and o.get("seconds") is not None:
+        speed = o["seconds"] <= max(3 * slim["wall"], slim["wall"] + 2)
+    verify = None
+    if ok and ort_once is not None and ort_once.get("seconds") and o.get("verify") is not None:
+        verify = o["verify"] <= 3 * ort_once["seconds"]
+    return {"speed": speed, "verify": verify, "rss": (o["rss_mb"] <= row["mb"] + 1024) if ok else None}
+
+
+def _mark(flag: bool | None) -> str:
+    return "-" if flag is None else ("yes" if flag else "**no**")
+
+
+def render(
+    corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], header: dict[str, str], fixed: dict | None = None
+) -> str:
     lines = ["# Engine speed: onnxsat optimize on real models, beside the peers", ""]
     lines += [f"- {k}: {v}" for k, v in header.items()]
+    if fixed:
+        lines += [
+            "",
+            f"## Fixed cost (fresh processes, median of {fixed['rounds']} interleaved rounds, load {fixed['load']})",
+            "",
+            f"- `onnxsat optimize examples/small_cnn.onnx` (verification on): {fixed['small_cnn']:.2f} s"
+            f" (floor 2.5 s); above importing onnx, onnxruntime and egglog alone ({fixed['imports']:.2f} s):"
+            f" {fixed['small_cnn'] - fixed['imports']:.2f} s (floor 1.5 s)",
+            f"- `onnxsat rules list`: {fixed['rules_list']:.2f} s (floor 1.5 s)",
+        ]
     if corpus_rows:
         lines += [
             "",
@@ -289,9 +372,9 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
             "",
             "onnxsat: whole process (imports, verification included) / without verification (wall less the"
             " report's verification stages) / verification / nodes / peak RSS / CPU. Peers: their optimize"
-            " call (process wall) / nodes / peak RSS. Ratio: onnxsat without verification over the best"
-            " peer's optimize call; CPU ratio: onnxsat's whole process (verification included) over the"
-            " best peer's whole process, the figure least changed by load.",
+            " call (process wall) / nodes / peak RSS. ORT once: onnxruntime's session from the file and one run"
+            " of the original. Floors: no-verify time <= max(3x, +2 s) onnxslim's process; verification <= 3x"
+            " ORT once; RSS <= file MB + 1024.",
             "",
         ]
         head = "| model | nodes | MB | load | onnxsat wall | no verify | verify | nodes | RSS MB | CPU s |"
@@ -299,7 +382,8 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
         for tool in peers:
             head += f" {tool} s (wall) | nodes | RSS MB |"
             rule += "---|---|---|"
-        lines += [head + " ratio | CPU ratio |", rule + "---|---|"]
+        lines += [head + " ORT once s | time floor | verify floor | RSS floor |", rule + "---|---|---|---|"]
+        met = {"speed": [0, 0], "verify": [0, 0], "rss": [0, 0]}
         for row in corpus_rows:
             o = row["onnxsat"]
             cells = [
@@ -307,14 +391,13 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
                 str(row["nodes"]),
                 str(row["mb"]),
                 f"{row['load']:.1f}",
-                _cell(o, "wall"),
+                _cell(o, "wall") if o["status"] in ("ok", "unverified") else o["status"][:40],
                 _cell(o),
                 _s(o.get("verify")),
                 str(o.get("nodes") or "-"),
                 f"{o['rss_mb']:.0f}",
                 f"{o['cpu']:.1f}",
             ]
-            best = best_cpu = None
             for tool in peers:
                 p = row[tool]
                 ok = p["status"] == "ok"
@@ -323,38 +406,43 @@ def render(corpus_rows: list[dict], decoder_rows: list[dict], peers: list[str], 
                     str(p.get("nodes") or "-"),
                     f"{p['rss_mb']:.0f}",
                 ]
-                if ok and p.get("seconds") is not None:
-                    best = p["seconds"] if best is None else min(best, p["seconds"])
-                if ok:
-                    best_cpu = p["cpu"] if best_cpu is None else min(best_cpu, p["cpu"])
-            ratio = o.get("seconds") / best if best and o.get("seconds") is not None else None
-            cells.append("-" if ratio is None else f"{ratio:.1f}x")
-            cells.append(f"{o['cpu'] / best_cpu:.1f}x" if best_cpu else "-")
+            cells.append(_s((row.get("ort_once") or {}).get("seconds")))
+            floors = _floors(row)
+            for key, flag in floors.items():
+                if flag is not None:
+                    met[key][0] += int(flag)
+                    met[key][1] += 1
+            cells += [_mark(floors["speed"]), _mark(floors["verify"]), _mark(floors["rss"])]
             lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Floors met: " + ", ".join(f"{k} {a}/{b}" for k, (a, b) in met.items())]
     if decoder_rows:
+        modes = [m for m in ("default", "whole", "regions") if m in decoder_rows[0]]
         lines += [
             "",
             "## Decoder scaling (hidden 256, 4 heads, sequence 128; no verification)",
             "",
-            "| layers | nodes | MB | load | whole: wall s | nodes after | RSS MB | CPU s"
-            " | regions: wall s | nodes after | RSS MB | CPU s |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "default: the default options (graphs above `--region-nodes` 3,000 by regions); whole:"
+            " `--region-nodes 0`; regions: the run's `--region-nodes`.",
+            "",
+            "| layers | nodes | MB | load |" + "".join(f" {m}: wall s | nodes after | RSS MB | CPU s |" for m in modes),
+            "|---|---|---|---|" + "---|---|---|---|" * len(modes),
         ]
         for row in decoder_rows:
             cells = [str(row["layers"]), str(row["nodes"]), str(row["mb"]), f"{row['load']:.1f}"]
-            for key in ("whole", "regions"):
+            for key in modes:
                 r = row[key]
                 cells += [_cell(r, "wall"), str(r.get("nodes") or "-"), f"{r['rss_mb']:.0f}", f"{r['cpu']:.1f}"]
             lines.append("| " + " | ".join(cells) + " |")
         eight = next((r for r in decoder_rows if r["layers"] == 8), None)
         last = decoder_rows[-1]
         if eight is not None and last["layers"] > 8:
-            for key in ("whole", "regions"):
+            lines.append("")
+            for key in modes:
                 a, b = eight[key], last[key]
                 if a["status"] == "ok" and b["status"] == "ok":
                     lines.append(
-                        f"\n{key}: {last['layers']} layers / 8 layers = {b['wall'] / a['wall']:.1f}x wall"
-                        f" ({b['cpu'] / a['cpu']:.1f}x CPU)"
+                        f"- {key}: {last['layers']} layers / 8 layers = {b['wall'] / a['wall']:.2f}x wall"
+                        f" ({b['cpu'] / a['cpu']:.2f}x CPU)"
                     )
     return "\n".join(lines) + "\n"
 
@@ -373,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per tool per model")
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     parser.add_argument("--markdown", type=Path, help="write the results as markdown")
+    parser.add_argument("--fixed-rounds", type=int, default=0, help="also measure the fixed-cost floor over N rounds")
     parser.add_argument(
         "--render", type=Path, nargs="+", metavar="JSON", help="measure nothing: render earlier --json files as one table"
     )
@@ -381,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
         parts = [json.loads(path.read_text()) for path in args.render]
         header = {f"{k} ({i + 1})": v for i, part in enumerate(parts) for k, v in part["header"].items()}
         peers = [t for t in PEERS if any(t in row for part in parts for row in part["corpus"])]
+        fixed = next((part["fixed"] for part in parts if part.get("fixed")), None)
         text = render(
-            [r for part in parts for r in part["corpus"]], [r for part in parts for r in part["decoders"]], peers, header
+            [r for part in parts for r in part["corpus"]], [r for part in parts for r in part["decoders"]], peers, header, fixed
         )
         if args.markdown:
             args.markdown.write_text(text)
@@ -400,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         "load average at start (1 min)": str(_load()),
         "cores": str(os.cpu_count()),
     }
+    fixed = run_fixed(args.fixed_rounds) if args.fixed_rounds else None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         models = [] if args.no_corpus else corpus(directory, args.only)
@@ -408,9 +499,10 @@ def main(argv: list[str] | None = None) -> int:
             measure_decoders(args.decoders, layers, args.region_nodes, args.timeout, work) if args.decoders else []
         )
     header["load average at end (1 min)"] = str(_load())
-    text = render(corpus_rows, decoder_rows, peers, header)
+    text = render(corpus_rows, decoder_rows, peers, header, fixed)
     if args.json:
-        args.json.write_text(json.dumps({"header": header, "corpus": corpus_rows, "decoders": decoder_rows}, indent=1))
+        payload = {"header": header, "fixed": fixed, "corpus": corpus_rows, "decoders": decoder_rows}
+        args.json.write_text(json.dumps(payload, indent=1))
     if args.markdown:
         args.markdown.write_text(text)
     print(text)

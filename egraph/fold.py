@@ -244,8 +244,16 @@ def _rebuild(
     new_dense: list[onnx.TensorProto],
     new_uniform: list[str],
 ) -> onnx.ModelProto:
-    """Kept nodes, a ConstantOfShape per new uniform value, and only the live initializers."""
+    """Kept nodes, a ConstantOfShape per new uniform value, and only the live initializers;
+    ``model`` itself when that is all of it (rebuilding copies every weight)."""
     graph = model.graph
+    if not new_dense and not new_uniform and len(kept) == len(graph.node):
+        live = _live_nodes(list(kept), [o.name for o in graph.output])
+        used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)
+        used |= {i.name for i in graph.input}
+        same_order = [tuple(n.output) for n in live] == [tuple(n.output) for n in graph.node]
+        if same_order and all(t.name in used for t in graph.initializer):
+            return model
     nodes = list(kept)
     inits = list(graph.initializer) + new_dense
     taken = {t.name for t in inits} | {o for n in kept for o in n.output} | {i.name for i in graph.input}

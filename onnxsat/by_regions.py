@@ -55,6 +55,7 @@ from onnxsat.egraph.regions import (
     replace_parts,
     value_types,
 )
+from onnxsat.rules.schedule import select
 
 if TYPE_CHECKING:
     from onnxsat.jobs import Pool
@@ -240,6 +241,17 @@ class _Parts:
         self.runs: list[SaturationReport] = []
         self.cost_before = 0.0
         self.cost_after = 0.0
+        self._symbols: frozenset[str] | None = None
+
+    def symbols(self) -> frozenset[str]:
+        """Every table the whole graph's rules may fill (``egraph.reach``): what each part declares
+        rules for, so regions and windows (which hold the fused ops regions wrote) share one
+        declared e-graph."""
+        if self._symbols is None:
+            session = self.session
+            selection = select(session.rules, session.table, import_symbols(session.source()))
+            self._symbols = selection.available if selection is not None else frozenset()
+        return self._symbols
 
     def optimize(
         self, model: onnx.ModelProto, parts: list[list[int]], tag: str, types: dict[str, onnx.TypeProto]
@@ -308,8 +320,7 @@ class _Parts:
         """Solve the parts ``chosen`` (indices into ``planned``) into ``self.solved``; returns
         each one's warnings."""
         session = self.session
-        symbols = import_symbols(session.source())
-        options = [part_options(session.options, planned[k][1], upgrade, symbols) for k in chosen]
+        options = [part_options(session.options, planned[k][1], upgrade, self.symbols()) for k in chosen]
 
         def here(i: int) -> Outcome:
             part = planned[chosen[i]][1]

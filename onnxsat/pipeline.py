@@ -264,7 +264,9 @@ class Session:
         if start is not None:
             start |= options.declare_symbols
         with self._stage("declare"):  # the rules into a fresh e-graph (reused between runs of a process)
-            key, declared, selection = declarations(self.rules, options.budgets, self.table, start)
+            key, declared, selection = declarations(
+                self.rules, options.budgets, self.table, start, eager=bool(options.declare_symbols)
+            )
             warm = self._held.enter_context(warm_egraph(key, declared, selection))
         if options.budgets.whole_run and self.deadline is None:
             self.deadline = time.perf_counter() + options.budgets.seconds

@@ -360,12 +360,20 @@ def schedule_rulesets(enabled: list[str], budgets: Budgets, table: RuleTable | N
 
 
 def declarations(
-    enabled: list[str], budgets: Budgets, table: RuleTable | None = None, start: frozenset[str] | None = None
+    enabled: list[str],
+    budgets: Budgets,
+    table: RuleTable | None = None,
+    start: frozenset[str] | None = None,
+    *,
+    eager: bool = False,
 ) -> tuple[tuple[str, ...], list[Schedule], Selection | None]:
     """What a run of the default schedule declares into its e-graph, and a key naming it: the
     analysis, then each phase's rewrite step (for ``egraph.warm.warm_egraph``). With ``start`` (the
     tables a model's import fills, ``egraph.importer.import_symbols``) only the rules that may fire
-    on it (``select``), which the returned selection names."""
+    on it (``select``), which the returned selection names; then only the analysis the import runs
+    first, the rest declared as it can first match, unless ``eager``: every rule that can match
+    from ``start`` at once too (a region's run, whose reused e-graph serves every region: rules
+    declared under its push would be dropped with each region)."""
     table = table or RuleTable.default()
     selection = select(enabled, table, start)
     phases = schedule_rulesets(enabled, budgets, table)
@@ -377,7 +385,10 @@ def declarations(
     # Only what the import runs first is declared here; the rest as it can first match (``egraph.live``).
     first = live_analysis(selection.analysis_rules, start)
     key = ("live", *_selection_key(selection, phases))
-    return key, [first.saturate()], selection
+    if not eager:
+        return key, [first.saturate()], selection
+    rewrites = [run(live_rewrites(names, table, selection.rewrites, start)) for names in phases]
+    return key, [first.saturate(), *rewrites], selection
 
 
 _KEYS: dict[tuple[object, ...], str] = {}

@@ -44,7 +44,7 @@ def check_model_full(model: ModelProto) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
         path = Path(tmp) / "model.onnx"
-        save_model_atomic(model, path, external_data=True)
+        save_model_atomic(model, path, external_data=True, durable=False)
         onnx.checker.check_model(str(path), full_check=True)
 
 

@@ -502,8 +502,11 @@ def save_model_atomic(
     *,
     external_data: bool = False,
     input_path: str | Path | None = None,
+    durable: bool = True,
 ) -> None:
-    """Write `model` to `path` atomically (temp file in the same directory, then `os.replace`).
+    """Write `model` to `path` atomically (temp file in the same directory, then `os.replace`),
+    synced to disk unless not ``durable`` (a temporary copy for onnxruntime or the checker, which
+    a crash loses with its directory anyway: syncing a large model's bytes costs seconds).
 
     With `external_data=True`, or automatically when the model would not fit in one protobuf
     (2 GiB), initializers of at least `EXTERNAL_SIZE_THRESHOLD` bytes go to the sidecar
@@ -534,7 +537,8 @@ def save_model_atomic(
             with open(data_tmp, "wb") as f:
                 shell = _externalized_copy(model, f, sidecar.name)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.chmod(data_tmp, mode)
             payload = _serialize(shell)
         else:
@@ -544,14 +548,16 @@ def save_model_atomic(
         with open(model_tmp, "wb") as f:
             f.write(payload)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(model_tmp, mode)
         if use_external:
             os.replace(data_tmp, sidecar)
             sidecar_replaced = True
         os.replace(model_tmp, out)
         temps.clear()
-        disk_cache.fsync_dir(out.parent)
+        if durable:
+            disk_cache.fsync_dir(out.parent)
     except OSError as e:
         if sidecar_replaced and not sidecar_existed:
             with contextlib.suppress(OSError):

@@ -50,6 +50,11 @@ def weightless(model: ModelProto, location: str = _MISSING) -> ModelProto:
     return shell
 
 
+def stripped(model: ModelProto) -> list[TensorProto]:
+    """The initializers `weightless` leaves without bytes, in order."""
+    return [t for t in model.graph.initializer if _large(t)]
+
+
 def has_large_weights(model: ModelProto, *, float_min_bytes: int = FLOAT_WEIGHTLESS_MIN_BYTES) -> bool:
     """Whether `weightless` leaves out any bytes of ``model`` (``float_min_bytes``: whether it would
     with that float threshold; `WEIGHTLESS_MIN_BYTES` asks for tensors of a MiB or more)."""

@@ -170,18 +170,40 @@ def ort_session(
         shell, folder = lazy_weights.ort_model(model)
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         return ort.InferenceSession(shell, so, providers=providers)
-    if (
-        weightless.has_large_weights(model, float_min_bytes=weightless.WEIGHTLESS_MIN_BYTES)
-        or modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES
-    ):
+    if weightless.has_large_weights(model):
         # From bytes, onnxruntime's wrapper keeps the serialized model and onnxruntime parses a
-        # second copy before making its tensors: three copies of every weight. From a file whose
-        # large weights are external data it holds only its own.
+        # second copy before making its tensors: three copies of every weight. Handed over as
+        # arrays (one copy, which onnxruntime uses in place) beside the model without their bytes.
+        session = _with_weight_arrays(model, so, providers)
+        if session is not None:
+            return session
+    if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
         with tempfile.TemporaryDirectory(prefix="onnxsat-latency-") as tmp:
             path = Path(tmp) / "model.onnx"
-            modelio.save_model_atomic(model, path, external_data=True)
+            modelio.save_model_atomic(model, path, external_data=True, durable=False)
             return ort.InferenceSession(str(path), so, providers=providers)  # weights read at creation
     return ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+
+
+def _with_weight_arrays(
+    model: onnx.ModelProto, so: ort.SessionOptions, providers: list[str]
+) -> ort.InferenceSession | None:
+    """A session of ``model`` whose large weights onnxruntime gets as arrays; None where it does
+    not take them so (a dtype numpy holds but onnxruntime's arrays do not, a shell over 2 GiB)."""
+    shell = weightless.weightless(model)
+    if modelio.serialized_size(shell) > modelio.MAX_PROTO_BYTES:
+        return None
+    try:
+        names, values = [], []
+        for tensor in weightless.stripped(model):
+            names.append(tensor.name)
+            values.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(lazy_weights.tensor_array(tensor))))
+        so.add_external_initializers(names, values)
+    except Exception:  # e.g. bfloat16 or float8 arrays
+        return None
+    session = ort.InferenceSession(shell.SerializeToString(), so, providers=providers)
+    session._onnxsat_weights = values  # type: ignore[attr-defined]  # the arrays live as long as it
+    return session
 
 
 def compare_models(

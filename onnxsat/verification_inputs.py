@@ -400,9 +400,8 @@ def _known_shapes(
 
 
 def _inferred_static_shapes(model: ModelProto) -> dict[str, tuple[int | None, ...]]:
-    """Static shapes from onnx shape inference; dims it cannot pin down are None."""
-    if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
-        return {}
+    """Static shapes from onnx shape inference (of the model without its large weights: sizing a
+    whole model costs as much as serializing it); dims it cannot pin down are None."""
     try:
         inferred = infer_shapes(model)
     except Exception:

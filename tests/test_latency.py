@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -84,3 +85,28 @@ def test_measure_ships_the_cleaned_original_when_onnxruntime_cannot_run_the_mode
     assert report.measured is not None and report.measured["shipped"] == "cleaned-original"
     assert "MyOp" in report.measured["unmeasured"] and "cannot time" in report.measured["summary"]
     assert any("--measure" in w for w in report.warnings)
+
+
+def test_a_session_gets_large_weights_as_arrays_and_computes_what_the_file_does() -> None:
+    """A real export (weights of 4 KiB and more go to onnxruntime as arrays, not serialized): the
+    same outputs as onnxruntime's own session of the model, which keeps them alive."""
+    import onnxruntime as ort
+
+    from onnxsat.base.weightless import stripped
+    from onnxsat.latency import ort_session
+    from onnxsat.verification_inputs import make_inputs
+
+    model = onnx.load(str(Path(__file__).parent / "data" / "realmodels" / "llama-ts-static.onnx"))
+    assert stripped(model)
+    feeds = make_inputs(model, 0)
+    session = ort_session(model, level="disable")
+    assert len(session._onnxsat_weights) == len(stripped(model))
+    names = {i.name for i in session.get_inputs()}
+    got = session.run(None, {k: v for k, v in feeds.items() if k in names})
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        None, {k: v for k, v in feeds.items() if k in names}
+    )
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)

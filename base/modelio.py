@@ -349,19 +349,13 @@ def _type_name(data_type: int) -> str:
 def _run_checker(model: ModelProto, p: Path) -> None:
     # The checker resolves external data relative to the model file only when given a path, and a
     # proto over 2 GiB cannot be handed to its C++ side at all; otherwise check the (possibly
-    # reordered) in-memory model, its large weights as placeholders (``check_model_full``: the
-    # checker reads no weight values, `_check_tensor_sizes` checked their bytes).
-    from .model_check import check_model_full  # it builds on this module
-
+    # reordered) in-memory model.
     use_path = _has_external_refs(model) or serialized_size(model) > MAX_PROTO_BYTES
     # full_check adds strict shape and type inference: a model whose declared types or shapes do not
     # fit its ops (Add of float and int64, a Transpose perm of the wrong rank) is bad input, not
     # something for the rewrite rules to trip over later.
     try:
-        if use_path:
-            onnx.checker.check_model(str(p), full_check=True)
-        else:
-            check_model_full(model)
+        onnx.checker.check_model(str(p) if use_path else model, full_check=True)
     except Exception as e:
         raise BadInputError(f"invalid ONNX model: {one_line(e)}") from e
 

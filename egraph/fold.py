@@ -248,9 +248,7 @@ def _rebuild(
     ``model`` itself when that is all of it (rebuilding copies every weight)."""
     graph = model.graph
     if not new_dense and not new_uniform and len(kept) == len(graph.node):
-        live = _live_nodes(list(kept), [o.name for o in graph.output])
-        used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)
-        used |= {i.name for i in graph.input}
+        live, used = _live_and_used(list(kept), graph)
         same_order = [tuple(n.output) for n in live] == [tuple(n.output) for n in graph.node]
         if same_order and all(t.name in used for t in graph.initializer):
             return model
@@ -267,16 +265,22 @@ def _rebuild(
         value = numpy_helper.from_array(u.value.reshape(1), "value")
         nodes.append(helper.make_node("ConstantOfShape", [shape_name], [name], value=value))
     out = model_shell(model, {"node", "initializer"})
-    live = _live_nodes(nodes, [o.name for o in graph.output])
+    live, used = _live_and_used(nodes, graph)
     out.graph.node.extend(live)
-    used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)
-    used |= {i.name for i in graph.input}  # overridable inputs keep their default initializer
     seen: set[str] = set()
     for t in inits:
         if t.name in used and t.name not in seen:
             seen.add(t.name)
             out.graph.initializer.append(t)
     return out
+
+
+def _live_and_used(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The nodes of ``nodes`` that reach an output of ``graph``, and every name they, the outputs
+    and the graph inputs read (overridable inputs keep their default initializer)."""
+    live = _live_nodes(nodes, [o.name for o in graph.output])
+    used = {i for n in live for i in n.input} | {o.name for o in graph.output} | _subgraph_reads(live)
+    return live, used | {i.name for i in graph.input}
 
 
 def _subgraph_reads(nodes: list[onnx.NodeProto]) -> set[str]:

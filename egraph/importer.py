@@ -46,8 +46,8 @@ _SPLAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProt
 
 
 @functools.lru_cache(maxsize=4096)
-def _dims_vec(dims: tuple[int, ...]) -> Term:
-    """A shape literal (one command object per distinct shape)."""
+def _int_vec(dims: tuple[int, ...]) -> Term:
+    """A ``Vec[i64]`` literal (a shape, a small int constant): one command object per distinct value."""
     return int_vec(dims)
 
 
@@ -192,18 +192,18 @@ class _Importer:
             self.commands.set(L.dtype, [ref], lit_int(info.dtype))
         known = info is not None and info.dims is not None and all(d >= 0 for d in info.dims)
         if info is not None and info.dims is not None and (leaf or (known and self.seed_shapes)):
-            self.commands.set(L.shape, [ref], _dims_vec(tuple(info.dims)))
+            self.commands.set(L.shape, [ref], _int_vec(tuple(info.dims)))
         elif not leaf:
             self.pending_shapes.append(name)
         return ref
 
     def _const_term(self, ref: IntsConst | SplatConst) -> Term:
         if isinstance(ref, IntsConst):
-            return self._call(L.Tensor.ints, _dims_vec(tuple(ref.values)), lit_int(ref.rank))
+            return self._call(L.Tensor.ints, _int_vec(tuple(ref.values)), lit_int(ref.rank))
         return self._splat(float(ref.value), tuple(ref.dims), ref.dtype)
 
     def _splat(self, value: float, dims: tuple[int, ...], dtype: int) -> Term:
-        return self._call(L.Tensor.splat, lit_float(value), _dims_vec(dims), lit_int(dtype))
+        return self._call(L.Tensor.splat, lit_float(value), _int_vec(dims), lit_int(dtype))
 
     def _weight(self, name: str) -> Term:
         return self._call(L.Tensor.weight, lit_string(name))
@@ -233,7 +233,7 @@ class _Importer:
         if tensor.data_type == onnx.TensorProto.INT64 and len(tensor.dims) <= 1 and np.prod(tensor.dims) <= SMALL_INTS:
             values = tuple(int(v) for v in tensor_array(tensor).reshape(-1))
             self.int_values[name] = values
-            self._bind(name, self._call(L.Tensor.ints, _dims_vec(values), lit_int(len(tensor.dims))), leaf=True)
+            self._bind(name, self._call(L.Tensor.ints, _int_vec(values), lit_int(len(tensor.dims))), leaf=True)
             return
         if 0 < np.prod(tensor.dims) <= SMALL_SPLAT and tensor.data_type in _SPLAT_TYPES:
             array = tensor_array(tensor)
@@ -439,7 +439,7 @@ class _Importer:
             for name in frontier:
                 info = self.infos.get(name)
                 if info is not None and info.dims is not None and self._seedable(info.dims):
-                    self.commands.set(L.shape, [self.terms[name]], _dims_vec(tuple(info.dims)))
+                    self.commands.set(L.shape, [self.terms[name]], _int_vec(tuple(info.dims)))
             if not self.commands.queue:
                 return
             self.commands.send()
@@ -564,7 +564,7 @@ def _literal(kind: str, value: Any) -> Term:
         return lit_float(value)
     if kind == "string":
         return lit_string(value)
-    return _dims_vec(tuple(int(v) for v in value))
+    return _int_vec(tuple(int(v) for v in value))
 
 
 def from_onnx(

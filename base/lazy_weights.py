@@ -1,13 +1,14 @@
-"""Weights that stay in their external-data file while a model is optimized.
+"""Weights that stay in their file while a model is optimized.
 
-A model past 2 GiB keeps its weights in a sidecar file. Loading them into the ModelProto and then
-copying protos (import, export, fold, the optimized model next to the original) would hold them
-several times over. Instead ``load_model(..., lazy_external_data=True)`` leaves each large
-main-graph initializer as an external reference marked with the real directory its location
-is relative to, under a key that holds a random token of this process (`BASE_KEY`): a model file
+Loading a model's weights into the ModelProto and then copying protos (import, export, fold, the
+optimized model next to the original) would hold them several times over, and protobuf's upb
+backend even sizes a message by encoding it. Instead ``load_model(..., lazy=True)`` leaves each
+large main-graph initializer, embedded in the model file (found by `onnxsat.base.wire`) or in an
+external-data file, as an external reference marked with the real directory its location is
+relative to, under a key that holds a random token of this process (`BASE_KEY`): a model file
 cannot forge the marker, and `onnxsat.base.external_data` refuses any key outside ONNX's spec on load.
 Such a *lazy* tensor costs a few bytes to copy; its values are read only where a value is needed
-(`tensor_array`), onnxruntime maps it from the file (`ort_model`), and saving streams its bytes
+(`tensor_array`), onnxruntime reads it from the file (`ort_model`), and saving streams its bytes
 from the source file (`copy_bytes`). The marker never reaches a written file, the checker or onnxruntime.
 """
 
@@ -15,10 +16,13 @@ from __future__ import annotations
 
 import math
 import secrets
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from onnxsat.base.external_data import ExternalRef
@@ -26,7 +30,12 @@ from onnxsat.base.external_data import ExternalRef
 BASE_KEY = f"onnxsat-lazy-{secrets.token_hex(16)}"
 """The lazy marker's key: unknown outside this process, so no file can carry it."""
 LAZY_MIN_BYTES = 1 << 20
-"""Smaller external tensors are loaded: shape-like constants must be readable by shape inference."""
+"""Smaller tensors are loaded: shape-like constants must be readable by shape inference."""
+WEIGHT_LAZY_MIN_BYTES = 4096
+"""Tensors of other types than `SIZE_TYPES` stay in their file from this size on: no op reads a float
+(or int8, bool) tensor as a size, and a decoder's weights are many tensors below a MiB."""
+SIZE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+"""Types whose tensors may be read as sizes (shapes, axes, indices)."""
 _CHUNK = 64 << 20
 
 _PACKED = {
@@ -51,16 +60,26 @@ def _plain_dtype(data_type: int) -> np.dtype | None:
     return dt.newbyteorder("<") if dt.kind in "fiucb" else None
 
 
+def worth_leaving(data_type: int, dims: tuple[int, ...], length: int) -> bool:
+    """Whether a tensor of ``length`` raw bytes stays in its file: a plain dtype whose length is
+    dims x itemsize, at least `LAZY_MIN_BYTES` for `SIZE_TYPES` and `WEIGHT_LAZY_MIN_BYTES` otherwise."""
+    dt = _plain_dtype(data_type)
+    if dt is None or length != math.prod(dims) * dt.itemsize:
+        return False
+    return length >= (LAZY_MIN_BYTES if data_type in SIZE_TYPES else WEIGHT_LAZY_MIN_BYTES)
+
+
 def mark_lazy(tensor: TensorProto, ref: ExternalRef) -> bool:
-    """Mark an external tensor of at least `LAZY_MIN_BYTES` as lazy; False leaves it to be loaded.
+    """Mark a tensor whose bytes are at ``ref`` as lazy if `worth_leaving`; False leaves it to be
+    loaded.
 
     ``ref`` is its reference as `external_data.resolve` checked it (a regular file inside the
-    model's directory, symbolic links followed; offset and length within the file). Only plain
-    dtypes whose length is dims x itemsize are marked.
+    model's directory, symbolic links followed; offset and length within the file), or the
+    ``raw_data`` of an initializer embedded in the model file (``onnxsat.base.wire``).
     """
-    dt = _plain_dtype(tensor.data_type)
-    if dt is None or ref.length < LAZY_MIN_BYTES or ref.length != math.prod(tensor.dims) * dt.itemsize:
+    if not worth_leaving(tensor.data_type, tuple(tensor.dims), ref.length):
         return False
+    tensor.data_location = TensorProto.EXTERNAL
     _set_external(tensor, [("location", ref.location), ("offset", str(ref.offset)), ("length", str(ref.length))])
     entry = tensor.external_data.add()
     entry.key, entry.value = BASE_KEY, str(ref.root)
@@ -145,6 +164,27 @@ def unmarked_copy(model: ModelProto) -> ModelProto:
     return shell
 
 
+def check_with_placeholders(
+    model: ModelProto,
+    max_proto_bytes: int,
+    strip: Callable[[ModelProto, Path], ModelProto] | None = None,
+) -> bool:
+    """``onnx.checker`` (full check) on a `placeholder_copy` of ``model``, its other large weights
+    also left out by ``strip`` (given the copy and a directory for placeholder files); False,
+    checking nothing, when neither leaves anything out or the copy is past ``max_proto_bytes``."""
+    if not lazy_initializers(model) and strip is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
+        shell = placeholder_copy(model, Path(tmp))
+        if strip is not None:
+            shell = strip(shell, Path(tmp))
+        if shell.ByteSize() > max_proto_bytes:
+            return False
+        (Path(tmp) / "model.onnx").write_bytes(shell.SerializeToString())
+        onnx.checker.check_model(str(Path(tmp) / "model.onnx"), full_check=True)
+    return True
+
+
 def placeholder_copy(model: ModelProto, directory: Path) -> ModelProto:
     """A copy for the structural checker, to be saved in ``directory``: every lazy tensor points
     into one sparse file of zeros there (no disk used, no values read: the checker checks only
@@ -185,6 +225,9 @@ def ort_model(model: ModelProto) -> tuple[bytes, str]:
 
 __all__ = [
     "LAZY_MIN_BYTES",
+    "SIZE_TYPES",
+    "WEIGHT_LAZY_MIN_BYTES",
+    "check_with_placeholders",
     "copy_bytes",
     "is_lazy",
     "lazy_bytes",
@@ -196,4 +239,5 @@ __all__ = [
     "tensor_array",
     "placeholder_copy",
     "unmarked_copy",
+    "worth_leaving",
 ]

@@ -19,33 +19,27 @@ _PLACEHOLDER = "weights.placeholder"
 def check_model_full(model: ModelProto) -> None:
     """`onnx.checker` with full_check, also past protobuf's 2 GiB limit.
 
-    The checker's C++ side cannot take such a proto in memory, so a large model is checked from a
-    temporary external-data copy (written next to nothing the user owns). Lazy weights
-    (`onnxsat.base.lazy_weights`) point into a sparse placeholder file instead: the checker reads no
-    values, and the real file was checked when the model was loaded.
+    The checker reads no weight values, and serializing them for its C++ side would be three
+    copies of every weight: lazy weights (`onnxsat.base.lazy_weights`, whose file was checked when
+    the model was loaded) and large in-memory ones point into placeholder files instead. A model
+    still too large for one proto is checked from a temporary external-data copy (written next to
+    nothing the user owns).
     """
-    if lazy_weights.lazy_initializers(model):
-        with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
-            shell = lazy_weights.placeholder_copy(model, Path(tmp))
-            if shell.ByteSize() <= MAX_PROTO_BYTES:
-                (Path(tmp) / "model.onnx").write_bytes(shell.SerializeToString())
-                onnx.checker.check_model(str(Path(tmp) / "model.onnx"), full_check=True)
-                return
-    elif serialized_size(model) <= MAX_PROTO_BYTES:
-        if not has_large_weights(model):
-            onnx.checker.check_model(model, full_check=True)
+    if lazy_weights.lazy_initializers(model) or has_large_weights(model):
+        if lazy_weights.check_with_placeholders(model, MAX_PROTO_BYTES, _strip_large):
             return
-        # The checker reads no weight values: large weights point into an empty placeholder file
-        # instead of being serialized for its C++ side (three copies of every weight).
-        with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
-            (Path(tmp) / _PLACEHOLDER).touch()
-            (Path(tmp) / "model.onnx").write_bytes(weightless(model, _PLACEHOLDER).SerializeToString())
-            onnx.checker.check_model(str(Path(tmp) / "model.onnx"), full_check=True)
+    elif serialized_size(model) <= MAX_PROTO_BYTES:
+        onnx.checker.check_model(model, full_check=True)
         return
     with tempfile.TemporaryDirectory(prefix="onnxsat-check-") as tmp:
         path = Path(tmp) / "model.onnx"
         save_model_atomic(model, path, external_data=True, durable=False)
         onnx.checker.check_model(str(path), full_check=True)
+
+
+def _strip_large(model: ModelProto, directory: Path) -> ModelProto:
+    (directory / _PLACEHOLDER).touch()
+    return weightless(model, _PLACEHOLDER)
 
 
 def check_model_as_original(optimized: ModelProto, original: ModelProto) -> None:

@@ -14,14 +14,15 @@ import heapq
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
-from onnxsat.base import disk_cache, external_data, lazy_weights
+from onnxsat.base import disk_cache, external_data, lazy_weights, wire
 from onnxsat.base.errors import BadInputError, OnnxsatError, one_line
 
 __all__ = [
@@ -89,14 +90,12 @@ _TENSOR_DATA_FIELDS = frozenset(
 # loading
 
 
-def load_model(
-    path: str | Path, *, load_external_data: bool = True, lazy_external_data: bool = False
-) -> ModelProto:
+def load_model(path: str | Path, *, load_external_data: bool = True, lazy: bool = False) -> ModelProto:
     """Load and validate an ONNX model, raising `BadInputError` with a one-line message.
 
-    With ``lazy_external_data``, large external initializers are not read into memory but stay
-    references into their file (see `onnxsat.base.lazy_weights`); everything in onnxsat that reads,
-    checks, runs or saves a model follows them.
+    With ``lazy``, large initializers are not read into memory but stay references into their file,
+    the model file itself or an external-data file (see `onnxsat.base.lazy_weights`); everything
+    in onnxsat that reads, checks, runs or saves a model follows them.
 
     Beyond `onnx.checker`, this rejects what the checker lets through or reports poorly
     (garbage that parses as protobuf, opsets newer than the installed onnx, cycles, dangling
@@ -104,20 +103,20 @@ def load_model(
     outside the model's directory). A graph whose nodes are acyclic but not in topological order
     is reordered in memory; the file is never written.
     """
-    return load_model_and_sources(
-        path, load_external_data=load_external_data, lazy_external_data=lazy_external_data
-    )[0]
+    return load_model_and_sources(path, load_external_data=load_external_data, lazy=lazy)[0]
 
 
 def load_model_and_sources(
-    path: str | Path, *, load_external_data: bool = True, lazy_external_data: bool = False
+    path: str | Path, *, load_external_data: bool = True, lazy: bool = False
 ) -> tuple[ModelProto, frozenset[Path]]:
     """`load_model`, plus the real paths of every file the model was read from (the model file and
     each external-data file, whatever the tensor's size): what an output must never replace."""
     p = Path(path)
     _check_input_file(p)
     try:
-        model = onnx.load_model(str(p), load_external_data=False)
+        model = _parse_lazily(p) if lazy else None
+        if model is None:
+            model = onnx.load_model(str(p), load_external_data=False)
     except OSError as e:
         raise BadInputError(f"{p}: cannot read file ({e.strerror or e})") from e
     except Exception as e:
@@ -130,12 +129,29 @@ def load_model_and_sources(
         _check_structure(model.graph, frozenset(), "")
         _sort_graphs_in_place(model.graph)
         if load_external_data and _has_external_refs(model):
-            sources |= _load_external(model, p.parent, lazy=lazy_external_data)
+            sources |= _load_external(model, p.parent, lazy=lazy)
         _check_tensor_sizes(model)
         _run_checker(model, p)
     except BadInputError as e:
         raise BadInputError(f"{p}: {e}") from e
     return model, frozenset(sources)
+
+
+def _parse_lazily(p: Path) -> ModelProto | None:
+    """The model of file ``p`` with its large embedded initializers left in the file as lazy
+    tensors (`onnxsat.base.wire`); None when it has none or an unusual layout."""
+    real = Path(os.path.realpath(p))
+    cut = wire.embedded_weights(real, lazy_weights.worth_leaving)
+    if cut is None:
+        return None
+    shell, weights = cut
+    model = ModelProto()
+    model.ParseFromString(shell)
+    for weight in weights:
+        ref = external_data.ExternalRef(real, weight.offset, weight.length, real.name, real.parent)
+        if not lazy_weights.mark_lazy(model.graph.initializer[weight.index], ref):
+            return None  # the parsed tensor is not what the file's layout said: parse it whole
+    return model
 
 
 def _load_external(model: ModelProto, base_dir: Path, *, lazy: bool) -> set[Path]:
@@ -347,14 +363,17 @@ def _type_name(data_type: int) -> str:
 
 
 def _run_checker(model: ModelProto, p: Path) -> None:
-    # The checker resolves external data relative to the model file only when given a path, and a
-    # proto over 2 GiB cannot be handed to its C++ side at all; otherwise check the (possibly
-    # reordered) in-memory model.
-    use_path = _has_external_refs(model) or serialized_size(model) > MAX_PROTO_BYTES
     # full_check adds strict shape and type inference: a model whose declared types or shapes do not
     # fit its ops (Add of float and int64, a Transpose perm of the wrong rank) is bad input, not
     # something for the rewrite rules to trip over later.
     try:
+        # Lazy weights point into a placeholder (their files were checked above); else the checker
+        # resolves external data relative to the model file only when given a path, and a proto
+        # over 2 GiB cannot be handed to its C++ side at all; otherwise check the (possibly
+        # reordered) in-memory model.
+        if lazy_weights.check_with_placeholders(model, MAX_PROTO_BYTES):
+            return
+        use_path = _has_external_refs(model) or serialized_size(model) > MAX_PROTO_BYTES
         onnx.checker.check_model(str(p) if use_path else model, full_check=True)
     except Exception as e:
         raise BadInputError(f"invalid ONNX model: {one_line(e)}") from e
@@ -517,8 +536,6 @@ def save_model_atomic(
             raise BadInputError(f"external data path {sidecar} is a directory")
         if input_path is not None and _same_file(sidecar, Path(input_path)):
             raise BadInputError(f"external data path {sidecar} is the input model")
-    elif lazy_weights.lazy_initializers(model):
-        model = _inlined_copy(model)  # under 2 GiB in all: one proto holds it
 
     mode = _new_file_mode(out)
     temps: list[str] = []
@@ -535,12 +552,13 @@ def save_model_atomic(
                     os.fsync(f.fileno())
             os.chmod(data_tmp, mode)
             payload = _serialize(shell)
-        else:
-            payload = _serialize(model)
         model_tmp = _mkstemp_for(out)
         temps.append(model_tmp)
         with open(model_tmp, "wb") as f:
-            f.write(payload)
+            if use_external:
+                f.write(payload)
+            else:  # under 2 GiB in all: one file holds it
+                _write_inline(model, f)
             f.flush()
             if durable:
                 os.fsync(f.fileno())
@@ -591,15 +609,16 @@ def weight_bytes(model: ModelProto) -> int:
 
 
 def serialized_size(model: ModelProto) -> int:
-    """Serialized size in bytes, or more than `MAX_PROTO_BYTES` when protobuf refuses to say."""
+    """Serialized size in bytes, lazy weights inlined (what `save_model_atomic` writes in one file),
+    or more than `MAX_PROTO_BYTES` when protobuf refuses to say."""
     try:
-        return _encoded_size(model) + lazy_weights.lazy_bytes(model)
+        return _encoded_size(model)
     except Exception:  # protobuf raises instead of returning sizes past its 2 GiB limit
         # Each tensor is below the limit on its own: the tensors plus the rest is close enough.
         rest = ModelProto()
         _copy_fields_except(model, rest, {"graph"})
         _copy_fields_except(model.graph, rest.graph, {"initializer"})
-        tensors = sum(t.ByteSize() + 8 for t in model.graph.initializer) + lazy_weights.lazy_bytes(model)
+        tensors = sum(_inline_size(t) + 8 for t in model.graph.initializer)
         return max(MAX_PROTO_BYTES + 1, rest.ByteSize() + tensors)
 
 
@@ -652,15 +671,53 @@ def _externalized_copy(model: ModelProto, data_file, location: str) -> ModelProt
     return shell
 
 
-def _inlined_copy(model: ModelProto) -> ModelProto:
-    """A copy of `model` whose lazy weights hold their bytes (read from their files)."""
-    copy = lazy_weights.unmarked_copy(model)
-    for tensor, lazy in zip(copy.graph.initializer, model.graph.initializer, strict=True):
-        if lazy_weights.is_lazy(lazy):
-            del tensor.external_data[:]
-            tensor.ClearField("data_location")
-            tensor.raw_data = lazy_weights.read_bytes(lazy)
-    return copy
+def _write_inline(model: ModelProto, out: BinaryIO) -> None:
+    """Write the bytes ``model.SerializeToString()`` would give, lazy weights with their bytes,
+    one initializer at a time: the model's serialized weights are never all in memory at once (a
+    lazy tensor's bytes are streamed from its file)."""
+    if not model.HasField("graph"):
+        out.write(_serialize(model))
+        return
+    graph = model.graph
+    # Protobuf writes fields in number order: the model's before its graph (7), the graph's
+    # before its initializers (5), the tensor's before raw_data (9); then the rest.
+    head, tail, graph_head, graph_tail = ModelProto(), ModelProto(), GraphProto(), GraphProto()
+    _copy_fields_where(model, head, lambda n: n < 7)
+    _copy_fields_where(model, tail, lambda n: n > 7)
+    _copy_fields_where(graph, graph_head, lambda n: n < 5)
+    _copy_fields_where(graph, graph_tail, lambda n: n > 5)
+    sizes = [_inline_size(t) for t in graph.initializer]
+    graph_size = graph_head.ByteSize() + graph_tail.ByteSize()
+    graph_size += sum(len(wire.len_prefix(5, size)) + size for size in sizes)
+    out.write(_serialize(head) + wire.len_prefix(7, graph_size) + _serialize(graph_head))
+    for tensor, size in zip(graph.initializer, sizes, strict=True):
+        out.write(wire.len_prefix(5, size))
+        if not lazy_weights.is_lazy(tensor):
+            out.write(_serialize(tensor))
+            continue
+        before, after = _inline_parts(tensor)
+        out.write(_serialize(before) + wire.len_prefix(9, lazy_weights.source(tensor)[2]))
+        lazy_weights.copy_bytes(tensor, out)
+        out.write(_serialize(after))
+    out.write(_serialize(graph_tail) + _serialize(tail))
+
+
+def _inline_size(tensor: TensorProto) -> int:
+    """The serialized size of ``tensor`` with its bytes (a lazy one's read from nowhere)."""
+    if not lazy_weights.is_lazy(tensor):
+        return tensor.ByteSize()
+    before, after = _inline_parts(tensor)
+    length = lazy_weights.source(tensor)[2]
+    return before.ByteSize() + len(wire.len_prefix(9, length)) + length + after.ByteSize()
+
+
+def _inline_parts(tensor: TensorProto) -> tuple[TensorProto, TensorProto]:
+    """A lazy tensor's fields before and after its raw data (field 9), without the external ones."""
+    before, after = TensorProto(), TensorProto()
+    external = {"external_data", "data_location"}
+    _copy_fields_where(tensor, before, lambda n: n < 9, external)
+    _copy_fields_where(tensor, after, lambda n: n > 9, external)
+    return before, after
 
 
 def _raw_bytes(tensor: TensorProto) -> bytes | None:
@@ -688,8 +745,8 @@ def model_shell(model: ModelProto, skip_graph_fields: Iterable[str]) -> ModelPro
 
 
 def _encoded_size(model: ModelProto) -> int:
-    """``model.ByteSize()``, exactly, summed tensor by tensor: protobuf's upb backend sizes a message
-    by encoding it, which on a whole model is a transient copy of every weight."""
+    """``model.ByteSize()`` with lazy weights inlined, exactly, summed tensor by tensor: protobuf's upb
+    backend sizes a message by encoding it, which on a whole model is a transient copy of every weight."""
     if not model.HasField("graph"):
         return model.ByteSize()
     rest = ModelProto()
@@ -697,7 +754,7 @@ def _encoded_size(model: ModelProto) -> int:
     _copy_fields_except(model.graph, rest.graph, {"initializer"})
     tensors = 0
     for tensor in model.graph.initializer:  # field 5 of GraphProto: a one-byte tag, the length, the bytes
-        size = tensor.ByteSize()
+        size = _inline_size(tensor)
         tensors += 1 + _varint_size(size) + size
     if not tensors:
         return rest.ByteSize()
@@ -711,9 +768,14 @@ def _varint_size(value: int) -> int:
 
 
 def _copy_fields_except(src, dst, skip: Iterable[str]) -> None:
+    _copy_fields_where(src, dst, lambda _: True, skip)
+
+
+def _copy_fields_where(src, dst, keep: Callable[[int], bool], skip: Iterable[str] = ()) -> None:
+    """Copy the fields of ``src`` whose number ``keep`` accepts and whose name is not in ``skip``."""
     skip = set(skip)
     for field, value in src.ListFields():
-        if field.name in skip:
+        if field.name in skip or not keep(field.number):
             continue
         repeated = getattr(field, "is_repeated", None)
         if repeated is None:

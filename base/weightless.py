@@ -5,11 +5,10 @@ back: on a whole model that is three transient copies of every weight (a 436 MB 
 1.3 GB above its own size in shape inference alone). Shape inference reads initializers' types
 and dims, and values only of shape-like inputs (Reshape's shape, Slice's starts, ...), which are
 small. So `infer_shapes` runs it on a shell whose large main-graph initializers are external
-references to a file that does not exist: the same dims and dtype, no bytes. Large means at least
-`WEIGHTLESS_MIN_BYTES` (the lazy-weight threshold, `onnxsat.base.lazy_weights`), or at least
-`FLOAT_WEIGHTLESS_MIN_BYTES` for a float tensor: no op reads a float tensor of a thousand values as
-a size, and a decoder's weights are many tensors below a MiB. A pass that did read such a value
-fails on that node as it does for weights kept in their file, never on invented values.
+references to a file that does not exist: the same dims and dtype, no bytes. Large means what
+stays in its file when a model is loaded lazily (`onnxsat.base.lazy_weights.worth_leaving`: a MiB
+for a type that may be a size, 4 KiB for others). A pass that did read such a value fails on that
+node as it does for weights kept in their file, never on invented values.
 """
 
 from __future__ import annotations
@@ -21,14 +20,9 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper
 
-from .lazy_weights import LAZY_MIN_BYTES
+from .lazy_weights import worth_leaving
 from .modelio import model_shell
 
-WEIGHTLESS_MIN_BYTES = LAZY_MIN_BYTES
-"""Smaller initializers keep their bytes: shape-like constants must stay readable."""
-FLOAT_WEIGHTLESS_MIN_BYTES = 4096
-"""Float initializers from this size on lose their bytes (float scales of Resize are a few values)."""
-_FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 _MISSING = "onnxsat-weightless.absent"
 
 
@@ -55,24 +49,22 @@ def stripped(model: ModelProto) -> list[TensorProto]:
     return [t for t in model.graph.initializer if _large(t)]
 
 
-def has_large_weights(model: ModelProto, *, float_min_bytes: int = FLOAT_WEIGHTLESS_MIN_BYTES) -> bool:
-    """Whether `weightless` leaves out any bytes of ``model`` (``float_min_bytes``: whether it would
-    with that float threshold; `WEIGHTLESS_MIN_BYTES` asks for tensors of a MiB or more)."""
-    return any(_large(t, float_min_bytes) for t in model.graph.initializer)
+def has_large_weights(model: ModelProto) -> bool:
+    """Whether `weightless` leaves out any bytes of ``model``."""
+    return any(_large(t) for t in model.graph.initializer)
 
 
-def _large(tensor: TensorProto, float_min_bytes: int = FLOAT_WEIGHTLESS_MIN_BYTES) -> bool:
-    """Raw bytes of at least `WEIGHTLESS_MIN_BYTES` (``float_min_bytes`` for a float) of a plain
-    dtype, judged from dims (reading ``raw_data`` or its size would copy it); strings in raw_data
-    are left for the checker to refuse."""
+def _large(tensor: TensorProto) -> bool:
+    """Raw bytes of a plain dtype that `worth_leaving` out, judged from dims (reading ``raw_data``
+    or its size would copy it); strings in raw_data are left for the checker to refuse."""
     if not tensor.HasField("raw_data") or tensor.data_type == TensorProto.STRING:
         return False
     try:
         itemsize = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
     except Exception:  # packed and unknown types: kept whole
         return False
-    size = math.prod(tensor.dims) * itemsize
-    return size >= (float_min_bytes if tensor.data_type in _FLOATS else WEIGHTLESS_MIN_BYTES)
+    dims = tuple(tensor.dims)
+    return worth_leaving(tensor.data_type, dims, math.prod(dims) * itemsize)
 
 
 def restore_weights(shell: ModelProto, model: ModelProto) -> bool:

@@ -81,13 +81,17 @@ _SMALL_CHECK_ELEMENTS = 1 << 20
 """Weights up to this many elements are read to tell ``small_const`` (larger ones never are)."""
 
 
-def _small_magnitude(tensor: onnx.TensorProto) -> bool:
-    """Whether a float weight's values all lie within ``L.SMALL_MAGNITUDE`` (unread ones: no)."""
+_TIE_PREFIX = 16
+"""Values compared before two weights of one type and shape are hashed to tell whether they are tied."""
+
+
+def _digest(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values).data).hexdigest()
+
+
+def _small_magnitude(tensor: onnx.TensorProto, values: np.ndarray) -> bool:
+    """Whether a float weight's values all lie within ``L.SMALL_MAGNITUDE`` (large ones: never checked)."""
     if tensor.data_type not in _FLOAT_TYPES or np.prod(tensor.dims) > _SMALL_CHECK_ELEMENTS:
-        return False
-    try:
-        values = tensor_array(tensor)
-    except Exception:  # external data not loaded, or a type numpy cannot hold
         return False
     return bool(np.all(np.abs(values) <= L.SMALL_MAGNITUDE))  # in its own dtype: 4096 is exact in each; NaN fails
 
@@ -159,7 +163,8 @@ class _Importer:
         self._known_shaped: set[str] = set()
         self.names: list[str] = []
         self.weights: dict[str, onnx.TensorProto] = {}
-        self.weight_digests: dict[tuple[int, tuple[int, ...], str], str] = {}
+        self.weight_prefixes: dict[tuple[int, tuple[int, ...], bytes], dict[str, str | None]] = {}
+        """Weights by type, dims and first values, each with its digest once one was needed."""
         self.int_values: dict[str, tuple[int, ...]] = {}
         self.small_values: dict[str, np.ndarray] = {}
         """Values of the small constants (``const_eval``): initializers, Constants and what it evaluated."""
@@ -241,24 +246,38 @@ class _Importer:
             if np.all(flat == flat[0]) and float(flat[0]) == flat[0]:
                 self._bind(name, self._splat(float(flat[0]), tuple(tensor.dims), tensor.data_type), leaf=True)
                 return
-        twin = self._tied_weight(name, tensor)
+        read: np.ndarray | None
+        try:
+            read = tensor_array(tensor)  # read once (from its file when lazy)
+        except Exception:  # a type numpy cannot hold: no tying, not small
+            read = None
+        twin = self._tied_weight(name, tensor, read) if read is not None else None
         if twin is not None:  # weight tying: an equal tensor is the same leaf, so CSE merges its users
             self._bind(name, self._weight(twin), leaf=True)
             return
         self.weights[name] = tensor
         self._bind(name, self._weight(name), leaf=True)
-        if _small_magnitude(tensor):
+        if read is not None and _small_magnitude(tensor, read):
             self.commands.fact(L.small_const, self._weight(name))
 
-    def _tied_weight(self, name: str, tensor: onnx.TensorProto) -> str | None:
-        """An earlier weight with the same type, dims and values, else None (this one is remembered)."""
-        try:
-            data = tensor_array(tensor).tobytes()
-        except Exception:  # external data not loaded, or a type numpy cannot hold: no tying
+    def _tied_weight(self, name: str, tensor: onnx.TensorProto, values: np.ndarray) -> str | None:
+        """An earlier weight with the same type, dims and values, else None (this one is remembered).
+
+        Values are hashed only when an earlier weight of that type and shape starts with the same
+        ones: random or trained weights almost never do, so most are read once, not hashed."""
+        key = (tensor.data_type, tuple(tensor.dims), values.reshape(-1)[:_TIE_PREFIX].tobytes())
+        candidates = self.weight_prefixes.setdefault(key, {})
+        if not candidates:
+            candidates[name] = None
             return None
-        key = (tensor.data_type, tuple(tensor.dims), hashlib.sha256(data).hexdigest())
-        first = self.weight_digests.setdefault(key, name)
-        return None if first == name else first
+        digest = _digest(values)
+        for other, other_digest in candidates.items():
+            if other_digest is None:
+                other_digest = candidates[other] = _digest(tensor_array(self.weights[other]))
+            if other_digest == digest:
+                return other
+        candidates[name] = digest
+        return None
 
     # ------------------------------------------------------------ nodes
     def _import_node(self, index: int, node: onnx.NodeProto) -> None:

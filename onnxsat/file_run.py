@@ -104,7 +104,7 @@ def load_checked(
         cost_model(options)
     # Large external weights stay in their file (held once, mapped by onnxruntime) unless
     # --measure needs the whole model in memory for its latency sessions.
-    model, sources = load_model_and_sources(input_path, lazy_external_data=not options.measure)
+    model, sources = load_model_and_sources(input_path, lazy=not options.measure)
     check_not_an_input(out_path, sources)
     if report_path is not None:
         check_not_an_input(report_path, sources, what="--report-json path")

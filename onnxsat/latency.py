@@ -166,17 +166,18 @@ def ort_session(
     if not prepacking:
         so.add_session_config_entry("session.disable_prepacking", "1")
     providers = ["CPUExecutionProvider"]
+    if weightless.has_large_weights(model) or lazy_weights.lazy_initializers(model):
+        # From bytes, onnxruntime's wrapper keeps the serialized model and onnxruntime parses a
+        # second copy before making its tensors: three copies of every weight. Handed over as
+        # arrays (one copy, which onnxruntime uses in place) beside the model without their bytes;
+        # lazy weights onnxruntime reads from their file itself.
+        session = _with_weight_arrays(model, so, providers)
+        if session is not None:
+            return session
     if lazy_weights.lazy_initializers(model):
         shell, folder = lazy_weights.ort_model(model)
         so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
         return ort.InferenceSession(shell, so, providers=providers)
-    if weightless.has_large_weights(model):
-        # From bytes, onnxruntime's wrapper keeps the serialized model and onnxruntime parses a
-        # second copy before making its tensors: three copies of every weight. Handed over as
-        # arrays (one copy, which onnxruntime uses in place) beside the model without their bytes.
-        session = _with_weight_arrays(model, so, providers)
-        if session is not None:
-            return session
     if modelio.serialized_size(model) > modelio.MAX_PROTO_BYTES:
         with tempfile.TemporaryDirectory(prefix="onnxsat-latency-") as tmp:
             path = Path(tmp) / "model.onnx"
@@ -188,8 +189,9 @@ def ort_session(
 def _with_weight_arrays(
     model: onnx.ModelProto, so: ort.SessionOptions, providers: list[str]
 ) -> ort.InferenceSession | None:
-    """A session of ``model`` whose large weights onnxruntime gets as arrays; None where it does
-    not take them so (a dtype numpy holds but onnxruntime's arrays do not, a shell over 2 GiB)."""
+    """A session of ``model`` whose large in-memory weights onnxruntime gets as arrays (its lazy
+    ones it reads from their file); None where it does not take them so (a dtype numpy holds but
+    onnxruntime's arrays do not, a shell over 2 GiB)."""
     shell = weightless.weightless(model)
     if modelio.serialized_size(shell) > modelio.MAX_PROTO_BYTES:
         return None
@@ -198,10 +200,16 @@ def _with_weight_arrays(
         for tensor in weightless.stripped(model):
             names.append(tensor.name)
             values.append(ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(lazy_weights.tensor_array(tensor))))
-        so.add_external_initializers(names, values)
+        if names:
+            so.add_external_initializers(names, values)
     except Exception:  # e.g. bfloat16 or float8 arrays
         return None
-    session = ort.InferenceSession(shell.SerializeToString(), so, providers=providers)
+    if lazy_weights.lazy_initializers(shell):
+        serialized, folder = lazy_weights.ort_model(shell)
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+    else:
+        serialized = shell.SerializeToString()
+    session = ort.InferenceSession(serialized, so, providers=providers)
     session._onnxsat_weights = values  # type: ignore[attr-defined]  # the arrays live as long as it
     return session
 

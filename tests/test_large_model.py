@@ -93,7 +93,7 @@ def test_lazy_weights_read_like_onnx_and_are_never_overwritten(
     monkeypatch.setattr(lazy_weights, "LAZY_MIN_BYTES", 1024)
     alias = tmp_path / "alias.onnx"  # the same model under another name, reading large.onnx.data
     alias.write_bytes(src.read_bytes())
-    lazy = modelio.load_model(alias, lazy_external_data=True)
+    lazy = modelio.load_model(alias, lazy=True)
     eager = modelio.load_model(src)
     assert [t.name for t in lazy_weights.lazy_initializers(lazy)] == ["w0", "w1"]
     for a, b in zip(lazy.graph.initializer, eager.graph.initializer, strict=True):
@@ -144,7 +144,7 @@ def test_latency_sessions_and_regionwise_check_keep_weights_in_their_file(tmp_pa
     _benchmark_module().build_large_model(src, hidden=64, layers=2)
     eager = modelio.load_model(src)
     monkeypatch.setattr(lazy_weights, "LAZY_MIN_BYTES", 4096)
-    model = modelio.load_model(src, lazy_external_data=True)
+    model = modelio.load_model(src, lazy=True)
     assert [t.name for t in lazy_weights.lazy_initializers(model)] == ["w0", "w1"]
     feeds = {"x": np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)}
     (want,) = ort_session(eager, level="disable").run(None, feeds)

@@ -258,6 +258,10 @@ def decoder_name(layers: int) -> str:
 def export_decoders(out: Path, layers: list[int]) -> int:
     """The scaling curve's decoders, with benchmarks/realmodels/export.py (needs torch and
     transformers: run in the export environment)."""
+    # benchmarks/ (this script's folder, first on sys.path) holds a kernels.py that would shadow the
+    # hub `kernels` package transformers imports
+    here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != here]
     sys.path.insert(0, str(ROOT / "benchmarks" / "realmodels"))
     import export  # type: ignore[import-not-found]
 

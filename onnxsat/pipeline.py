@@ -6,9 +6,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -159,8 +160,7 @@ class Session:
         self.program: Program | None = None
         self.cost: CostModel | None = None
         self.partial: list[PartialRecord] = []
-        self.reference: Reference | str | None = None
-        """The original's outputs on the verification inputs (``prepare_reference``), or why it could not run."""
+        self._reference: Reference | str | Future[Reference | str] | None = None
         self.saturation: SaturationReport | None = None
         """The ``saturate`` stage's report (None until it ran)."""
         self._saturated: SerializedEGraph | None = None
@@ -174,6 +174,34 @@ class Session:
         """``time.perf_counter()`` at which a whole-run time limit (``Budgets.whole_run``) ends."""
         self._sizes: dict[str, Dims] | None = None
         self._source: onnx.ModelProto | None = None
+
+    @property
+    def reference(self) -> Reference | str | None:
+        """The original's outputs on the verification inputs (``prepare_reference``), or why it could
+        not run; a run started by ``start_reference`` is waited for here (stage ``reference``: the
+        time waited, the run's own in ``Report.background_seconds``)."""
+        pending = self._reference
+        if isinstance(pending, Future):
+            with self._stage("reference"):
+                resolved = pending.result()  # raises what the run raised (UnverifiableError)
+            self._reference = None
+            self._set_reference(resolved)
+        return self._reference  # type: ignore[return-value]
+
+    @reference.setter
+    def reference(self, value: Reference | str | None) -> None:
+        self._reference = value
+
+    def _set_reference(self, value: Reference | str) -> None:
+        self._reference = value
+        if isinstance(value, str) and self.options.allow_unverified:
+            self.report.warnings.append(f"the optimized model may not be checked: {value}")
+
+    def reference_failed(self) -> None:
+        """Raise now what a background reference run (``start_reference``) raised, if it has ended:
+        called between stages, so a model onnxruntime cannot run fails before saturation, not after."""
+        if isinstance(self._reference, Future) and self._reference.done():
+            self.reference  # noqa: B018  (resolving raises the run's error)
 
     def with_rules(self, rules: list[str]) -> Session:
         """A new session of the same model, options, report and reference with other rules (a rerun)."""
@@ -250,14 +278,32 @@ class Session:
         the original once on the verification inputs, which ``verify`` then reuses; a model that
         cannot be checked fails here in seconds (``UnverifiableError``). Returns the reason
         instead when it may still be checked region by region or ``allow_unverified`` lets it through."""
-        self.reference = _prepare_reference(self.model, self.options, self.report)
-        if isinstance(self.reference, str) and self.options.allow_unverified:
-            self.report.warnings.append(f"the optimized model may not be checked: {self.reference}")
-        return self.reference
+        with self._stage("reference"):  # the inputs' generation is verification work too
+            self._set_reference(_prepare_reference(self.model, self.options))
+        return self.reference  # type: ignore[return-value]
+
+    def start_reference(self) -> None:
+        """``prepare_reference`` with the original's run on a background thread, beside the rewrite:
+        onnxruntime computes outside the GIL, so on two or more cores the run the check needs anyway
+        costs the wall clock little. The user's samples are checked here (a bad one fails at once);
+        a model onnxruntime cannot run fails at the next stage (``reference_failed``). The input's
+        sizes are observed first (``source``): observing runs the original with probes added to its
+        graph, which the thread must not read meanwhile."""
+        from onnxsat.verification_inputs import prepare_samples
+
+        self.source()
+        with self._stage("reference"):
+            try:
+                samples = prepare_samples(self.model, self.options)
+            except UnverifiableError as exc:
+                self._set_reference(_unverifiable(self.model, self.options, exc))
+                return
+        self._reference = _in_background(self.model, self.options, samples, self.report)
 
     def load(self) -> Program:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
         options, report = self.options, self.report
+        self.reference_failed()
         self._held.enter_context(plugin_ops(self.loads))
         source, static_shapes = self.source(), self.static_shapes()
         start = import_symbols(source)  # only the rules that may fire on this model are declared
@@ -289,6 +335,7 @@ class Session:
         """Price the imported program (``cost-before``), union the PET-verified sites of the
         enabled per-site rules (``partial``), then run the rule schedule (``saturate``)."""
         program = self.program or self.load()
+        self.reference_failed()
         options, report = self.options, self.report
         cost = self.cost = cost_model(options)
         with self._stage("cost-before"):
@@ -408,6 +455,7 @@ class Session:
             summary = _verify(self.model, optimized, self.options, self.rules if name_culprits else None, self.reference)
         stages = self.report.stage_seconds
         summary.seconds = round(stages.get("reference", 0.0) + stages["verify"], 4)
+        summary.background_seconds = self.report.background_seconds.get("reference", 0.0)
         self.report.verification = summary
         dump.verification(self, optimized)
         return summary
@@ -484,7 +532,7 @@ def optimize(model: onnx.ModelProto, options: Options | None = None) -> tuple[on
     report = session.report
     with early_pool(session):
         if options.verify:
-            session.prepare_reference()
+            session.start_reference()
         try:
             optimized = _verified_rewrite(session)
         except TimeLimitError as exc:  # a whole-run limit spent on importing: nothing was rewritten
@@ -622,32 +670,56 @@ def _never_worse(model: onnx.ModelProto, optimized: onnx.ModelProto, report: Rep
     return model
 
 
-def _prepare_reference(model: onnx.ModelProto, options: Options, report: Report) -> Reference | str:
+def _prepare_reference(model: onnx.ModelProto, options: Options, samples: list[dict[str, Any]] | None = None) -> Reference | str:
     """Before any rewriting: check that the result can be verified and run the original once on
-    the verification inputs (the user's samples, else generated ones), so a model that cannot be
-    checked fails in seconds (`UnverifiableError`, exit 2) instead of after saturation.
-
-    Returns the reason instead when the whole original cannot be run but may still be checked
-    region by region between its custom-domain nodes, or ``allow_unverified`` lets it through.
-    """
-    from onnxsat.regions import custom_nodes, region_problem
+    the verification inputs (the user's ``samples``, checked here when None, else generated ones),
+    so a model that cannot be checked fails early (`UnverifiableError`, exit 2) instead of after
+    saturation. Returns the reason instead where `_unverifiable` lets the run go on."""
     from onnxsat.verification import reference_run
     from onnxsat.verification_inputs import prepare_samples
 
     try:
-        with _stage(report, "reference", options.progress):  # the inputs' generation is verification work too
+        if samples is None:
             samples = prepare_samples(model, options)
-            dims = pinned_dims(model, options)
-            return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
+        dims = pinned_dims(model, options)
+        return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
     except UnverifiableError as exc:
-        if options.allow_unverified:
-            return exc.reason
-        if not custom_nodes(model):
-            raise
-        problem = region_problem(model)
-        if problem is not None:
-            raise UnverifiableError(f"{exc.reason}; region by region: {problem}") from exc
+        return _unverifiable(model, options, exc)
+
+
+def _unverifiable(model: onnx.ModelProto, options: Options, exc: UnverifiableError) -> str:
+    """The reason the whole original cannot be run, where the run may go on: it may still be checked
+    region by region between its custom-domain nodes, or ``allow_unverified`` lets it through;
+    otherwise ``exc`` is raised."""
+    from onnxsat.regions import custom_nodes, region_problem
+
+    if options.allow_unverified:
         return exc.reason
+    if not custom_nodes(model):
+        raise exc
+    problem = region_problem(model)
+    if problem is not None:
+        raise UnverifiableError(f"{exc.reason}; region by region: {problem}") from exc
+    return exc.reason
+
+
+def _in_background(
+    model: onnx.ModelProto, options: Options, samples: list[dict[str, Any]], report: Report
+) -> Future[Reference | str]:
+    """`_prepare_reference` on a thread of its own; its wall time goes to ``report.background_seconds``."""
+
+    def run() -> Reference | str:
+        start = time.perf_counter()
+        try:
+            return _prepare_reference(model, options, samples)
+        finally:
+            report.background_seconds["reference"] = round(time.perf_counter() - start, 4)
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxsat-reference")
+    try:
+        return executor.submit(run)
+    finally:
+        executor.shutdown(wait=False)  # the thread ends with its run
 
 
 def compare(

@@ -404,6 +404,21 @@ def _worse(old: OutputCheck | None, new: OutputCheck) -> OutputCheck:
     return new if ratio(new) > ratio(old) else old
 
 
+def _all_finite_error(ref: np.ndarray, got: np.ndarray) -> tuple[float, float] | None:
+    """(max|ref - got|, max|ref|) of two float arrays with no NaN or infinity, computed in their own
+    precision (float16 in float32): the common case, without float64 copies of a large output such as
+    a language model's logits. None when either has a non-finite value or the difference overflows:
+    the caller's float64 path then compares NaN and infinity positions too."""
+    work = np.float32 if ref.dtype.itemsize < 4 else ref.dtype
+    r, g = ref.astype(work, copy=False), got.astype(work, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = float(np.max(np.abs(r - g)))
+        scale = float(np.max(np.abs(r)))
+    if not (math.isfinite(err) and math.isfinite(scale)):  # max propagates NaN: both arrays are finite
+        return None
+    return err, scale
+
+
 def compare_values(name: str, ref: object, got: object, weakest: int | None = None) -> OutputCheck:
     """Compare one output; sequence outputs (lists of arrays) are compared element by element.
 
@@ -450,6 +465,13 @@ def _compare_arrays(name: str, ref: np.ndarray, got: np.ndarray, weakest: int | 
         )
 
     rtol, atol = _tolerance_of(ref.dtype, weakest)
+    if ref.dtype.kind == "f" and ref.size:
+        fast = _all_finite_error(ref, got)
+        if fast is not None:
+            err, scale = fast
+            bound = atol + rtol * scale
+            ok = err <= bound
+            return OutputCheck(name, err, bound, ok, "" if ok else f"exceeds tolerance {bound:.3g}")
     wide = np.complex128 if ref.dtype.kind == "c" else np.float64
     r, g = ref.astype(wide), got.astype(wide)
     nan_r, nan_g = np.isnan(r), np.isnan(g)

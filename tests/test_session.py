@@ -7,6 +7,7 @@ A two-Transpose + Relu model keeps every run below a second: the stages must giv
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from onnx import TensorProto, helper
 
 import onnxsat
 from onnxsat import cli, dump
-from onnxsat.base.errors import VerificationError
+from onnxsat.base.errors import UnverifiableError, VerificationError
 from onnxsat.base.report import SaturationReport, StopReason, VerificationSummary
 from onnxsat.egraph.graph_types import ExtractedGraph
 from onnxsat.egraph.program import Program
@@ -85,6 +86,49 @@ def test_verify_raises_on_a_model_that_differs() -> None:
     wrong.graph.node[2].op_type = "Neg"
     with pytest.raises(VerificationError):
         onnxsat.Session(model, onnxsat.Options(budgets=BUDGETS)).verify(wrong, name_culprits=False)
+
+
+def test_the_original_runs_beside_the_rewrite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """optimize runs the original's verification run on a thread of its own while it rewrites, and
+    the report keeps that run's time apart from the stages (which sum to the run's wall time)."""
+    from onnxsat import verification
+
+    threads: list[str] = []
+    real = verification.inference_session
+    monkeypatch.setattr(
+        verification,
+        "inference_session",
+        lambda m, level: (threads.append(threading.current_thread().name), real(m, level))[1],
+    )
+    _, report = onnxsat.optimize(transposes_then_relu(), onnxsat.Options(budgets=BUDGETS))
+    assert report.verification.status == "passed"
+    assert len(threads) == 2 and threads[0].startswith("onnxsat-reference") and threads[1] == "MainThread", threads
+    assert report.background_seconds["reference"] > 0
+    assert report.verification.background_seconds == report.background_seconds["reference"]
+    assert "beside the rewrite" in report.render()
+
+
+def test_an_original_onnxruntime_cannot_run_fails_before_saturation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference run's failure is raised at the first stage after it ends, not after saturation."""
+    from onnxsat import pipeline, verification
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise UnverifiableError("onnxruntime cannot run the original model (refused by the test)")
+
+    def import_after_the_reference(*args: object, **kwargs: object) -> Program:
+        for thread in threading.enumerate():
+            if thread.name.startswith("onnxsat-reference"):
+                thread.join()  # the run has ended: saturate must see it
+        return real_import(*args, **kwargs)
+
+    saturations: list[object] = []
+    real_import, real_saturate = pipeline.from_onnx, pipeline.saturate
+    monkeypatch.setattr(verification, "reference_run", refuse)
+    monkeypatch.setattr(pipeline, "from_onnx", import_after_the_reference)
+    monkeypatch.setattr(pipeline, "saturate", lambda *a, **k: (saturations.append(a), real_saturate(*a, **k))[1])
+    with pytest.raises(UnverifiableError, match="refused by the test"):
+        onnxsat.optimize(transposes_then_relu(), onnxsat.Options(budgets=BUDGETS))
+    assert saturations == []
 
 
 def test_dump_dir_writes_each_stage_artefact(tmp_path: Path) -> None:

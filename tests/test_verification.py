@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsat.base import modelio
 from onnxsat.base.errors import VerificationError
 from onnxsat.base.modelio import load_model, save_model_atomic
-from onnxsat.verification import compare_models, make_inputs, run_ort, tolerance
+from onnxsat.verification import compare_models, compare_values, make_inputs, run_ort, tolerance
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 OPSET = [helper.make_opsetid("", 17)]
@@ -465,6 +465,28 @@ def test_float32_bound_scales_with_output_magnitude() -> None:
     assert compare_models(small, scaled(1e-3, 5e-6)).ok  # within atol
     result = compare_models(small, scaled(1e-3, 5e-4))  # 5e-4 is a real change at a scale of ~3e-3
     assert not result.ok and result.outputs[0].tolerance < 2e-5
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_finite_outputs_are_compared_as_in_float64(dtype: type) -> None:
+    """All-finite outputs are compared in their own precision (no float64 copies of large logits):
+    the error, the bound and the verdict are float64's, and a NaN or an infinity on either side still
+    takes the path that compares their positions."""
+    rng = np.random.default_rng(0)
+    ref = (rng.standard_normal(4096) * 50).astype(dtype)
+    for noise in (1e-4, 1e-1, 10.0):
+        got = (ref.astype(np.float64) + rng.standard_normal(4096) * noise).astype(dtype)
+        check = compare_values("y", ref, got)
+        wide = np.abs(ref.astype(np.float64) - got.astype(np.float64)).max()
+        assert check.max_abs_err == pytest.approx(wide, rel=1e-6)
+        rtol, atol = tolerance(dtype)
+        bound = atol + rtol * np.abs(ref.astype(np.float64)).max()
+        assert check.tolerance == pytest.approx(bound, rel=1e-6) and check.ok == (wide <= bound)
+    for bad in (np.nan, np.inf):
+        got = ref.copy()
+        got[7] = bad
+        check = compare_values("y", ref, got)
+        assert not check.ok and ("NaN" in check.detail or "infinities" in check.detail)
 
 
 def test_error_classes_carry_exit_codes_and_one_line_messages() -> None:

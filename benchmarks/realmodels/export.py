@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,14 @@ import onnx
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from tests.realmodels_feeds import feeds_for  # noqa: E402
+# Only the feeds module is taken from the repository: with its root on sys.path, the top-level
+# folders (kernels/, rules/, ...) would shadow installed packages of the same name that
+# transformers imports (its hub `kernels` package).
+_spec = importlib.util.spec_from_file_location("realmodels_feeds", ROOT / "tests" / "realmodels_feeds.py")
+assert _spec is not None and _spec.loader is not None
+_feeds = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_feeds)
+feeds_for = _feeds.feeds_for
 
 MANIFEST = Path(__file__).with_name("manifest.json")
 

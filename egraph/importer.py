@@ -653,6 +653,14 @@ def import_symbols(model: onnx.ModelProto) -> frozenset[str]:
     return frozenset(found)
 
 
+def written_symbols() -> frozenset[str]:
+    """The tables of the ops export writes besides the extracted program's (``egraph.exporter``,
+    ``egraph.fold``): ConstantOfShape for a uniform constant, Identity for an output that is another
+    tensor. A window over exported regions imports them, so a region-wise run declares their rules
+    with the whole graph's (one declared e-graph for regions and windows)."""
+    return frozenset(_ctor_symbol(OPS[op]) for op in ("ConstantOfShape", "Identity"))
+
+
 def _ctor_symbol(spec: OpSpec) -> str:
     ctor: Any = spec.ctor
     name = symbol(ctor.__egg_decls__, ctor.__egg_ref__)

@@ -40,7 +40,7 @@ import onnx
 from onnxsat.base.errors import one_line
 from onnxsat.base.options import Options
 from onnxsat.base.report import RegionSummary, Report, SaturationReport
-from onnxsat.egraph.importer import import_symbols
+from onnxsat.egraph.importer import import_symbols, written_symbols
 from onnxsat.egraph.opset_upgrade import UpgradeError, convert_whole_model
 from onnxsat.egraph.regions import (
     SMALL_CONSTANT,
@@ -249,7 +249,7 @@ class _Parts:
         declared e-graph."""
         if self._symbols is None:
             session = self.session
-            selection = select(session.rules, session.table, import_symbols(session.source()))
+            selection = select(session.rules, session.table, import_symbols(session.source()) | written_symbols())
             self._symbols = selection.available if selection is not None else frozenset()
         return self._symbols
 

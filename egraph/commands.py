@@ -15,7 +15,7 @@ private ``_state`` and ``_run_program``, like ``egraph.run_cache``; egglog is pi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from egglog import EGraph, bindings
@@ -79,10 +79,14 @@ class Commands:
         """Assert ``relation(args)`` (a relation is a function to Unit: an expression action)."""
         self.queue.append(bindings.ActionCommand(bindings.Expr_(_SPAN, self.call(relation, *args))))
 
-    def send(self) -> None:
-        """Run the queued actions in batches (the queue is emptied)."""
+    def send(self, between: Callable[[], None] | None = None) -> None:
+        """Run the queued actions in batches (the queue is emptied), calling ``between`` before each:
+        a time limit checked there stops a large import within a batch's time (egglog's run of one
+        batch cannot be interrupted)."""
         queue, self.queue = self.queue, []
         for start in range(0, len(queue), BATCH):
+            if between is not None:
+                between()
             self.egraph._run_program(*queue[start : start + BATCH])
 
     def lookup(self, fn: Any, *args: Term) -> Any:

@@ -530,11 +530,10 @@ class _Importer:
         for index, node in enumerate(nodes):
             self._check_deadline(index, len(nodes))
             self._import_node(index, node)
-        self._check_deadline(len(nodes), len(nodes))
         self.commands.set(L.model_opset, [], lit_int(self.opset))  # rules creating ops guard on it
         for k, o in enumerate(graph.output):
             self.commands.union(self._call(L.graph_output, lit_int(k)), self.terms[o.name])
-        self.commands.send()
+        self.commands.send(between=lambda: self._check_deadline(len(nodes), len(nodes)))
         if self.selection is not None and not present_symbols(self.egraph) <= self.selection.available:
             self.selection = None  # the import wrote a table its selection did not foresee: all rules
         self._fill_shapes()

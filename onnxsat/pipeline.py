@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +28,7 @@ from onnxsat.base.model_check import check_model_as_original, check_model_full
 from onnxsat.base.modelio import serialized_size, weight_bytes
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
+from onnxsat.base.weightless import has_large_weights
 from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
@@ -184,7 +187,6 @@ class Session:
         if isinstance(pending, Future):
             with self._stage("reference"):
                 resolved = pending.result()  # raises what the run raised (UnverifiableError)
-            self._reference = None
             self._set_reference(resolved)
         return self._reference  # type: ignore[return-value]
 
@@ -284,13 +286,19 @@ class Session:
 
     def start_reference(self) -> None:
         """``prepare_reference`` with the original's run on a background thread, beside the rewrite:
-        onnxruntime computes outside the GIL, so on two or more cores the run the check needs anyway
-        costs the wall clock little. The user's samples are checked here (a bad one fails at once);
-        a model onnxruntime cannot run fails at the next stage (``reference_failed``). The input's
-        sizes are observed first (``source``): observing runs the original with probes added to its
-        graph, which the thread must not read meanwhile."""
+        onnxruntime computes outside the GIL, so where a core is free the run the check needs anyway
+        costs the wall clock little (the thread runs at a lower priority, so where none is it yields
+        to the rewrite). The user's samples are checked here (a bad one fails at once); a model
+        onnxruntime cannot run fails at the next stage (``reference_failed``). The input's sizes are
+        observed first (``source``): observing runs the original with probes added to its graph,
+        which the thread must not read meanwhile. A model whose large weights are in memory (not
+        read by onnxruntime from their file) is run in line: its session's copy of them would sit
+        beside the rewrite's."""
         from onnxsat.verification_inputs import prepare_samples
 
+        if has_large_weights(self.model):
+            self.prepare_reference()
+            return
         self.source()
         with self._stage("reference"):
             try:
@@ -703,6 +711,14 @@ def _unverifiable(model: onnx.ModelProto, options: Options, exc: UnverifiableErr
     return exc.reason
 
 
+def _lower_priority() -> None:
+    """Give the calling thread a nice value of 10 where the system allows one per thread (Linux)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+
+
 def _in_background(
     model: onnx.ModelProto, options: Options, samples: list[dict[str, Any]], report: Report
 ) -> Future[Reference | str]:
@@ -710,6 +726,7 @@ def _in_background(
 
     def run() -> Reference | str:
         start = time.perf_counter()
+        _lower_priority()  # onnxruntime's threads, made by this one, inherit it
         try:
             return _prepare_reference(model, options, samples)
         finally:

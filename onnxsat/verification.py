@@ -18,7 +18,7 @@ import onnxruntime as ort
 from onnx import ModelProto, TensorProto, ValueInfoProto, helper
 
 from onnxsat import latency
-from onnxsat.base import lazy_weights, modelio
+from onnxsat.base import modelio
 from onnxsat.base.errors import UnverifiableError, VerificationError, one_line
 from onnxsat.base.weightless import infer_shapes
 from onnxsat.verification_inputs import check_verifiable, dim_assignments, load_samples, make_inputs
@@ -107,14 +107,9 @@ def inference_session(model: ModelProto, optimization_level: str) -> ort.Inferen
             f"optimization_level must be one of {sorted(_OPT_LEVELS)}, not {optimization_level!r}"
         )
     # Fatal-only logging: failures come back as exceptions that the caller reports in one line.
-    # Weights still in their file skip prepacking (it would copy every MatMul weight into a second
-    # buffer); results are compared between two sessions that both skip it.
-    return latency.ort_session(
-        model,
-        level=_OPT_LEVELS[optimization_level],
-        prepacking=not lazy_weights.lazy_initializers(model),
-        quiet=True,
-    )
+    # No prepacking: it copies every MatMul weight into a second buffer, and takes time, for a
+    # session that runs twice; every session compared is built the same way.
+    return latency.ort_session(model, level=_OPT_LEVELS[optimization_level], prepacking=False, quiet=True)
 
 
 def run_session(session: ort.InferenceSession, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
@@ -132,8 +133,9 @@ class Part:
     outputs: tuple[str, ...]
     """Tensors it computes that the rest of the graph reads (its model's outputs, in order of production)."""
     copies: tuple[str, ...] = ()
-    """Outputs of the shape computations copied in from outside (``_shape_chain``): computed here
-    again so rules can read the sizes, under fresh names when stitched (CSE merges them back)."""
+    """Outputs of the shape and mask computations copied in from outside (``_shape_chain``,
+    ``_mask_chain``): computed here again so rules can read the sizes and masks, under fresh names
+    when stitched (CSE merges them back)."""
 
 
 class _Graph:
@@ -155,6 +157,7 @@ class _Graph:
             for name in node_inputs(node):
                 self.consumers.setdefault(name, []).append(i)
         self.graph_outputs = {o.name for o in graph.output}
+        self.graph_inputs = inputs - set(self.weights)
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -230,16 +233,63 @@ def _shape_chain(g: _Graph, name: str, memo: dict[int, bool]) -> bool:
     return ok
 
 
+MASK_OPS = SHAPE_OPS | frozenset(
+    {"GatherND", "And", "Or", "Xor", "IsNaN", "IsInf", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
+    | {"Expand", "Range", "ConstantOfShape", "Trilu", "Tile"}
+)
+"""Ops of the attention masks an exporter builds once from the graph's inputs for every layer."""
+MASK_CHAIN_NODES = 32
+"""The most nodes of a mask computation copied into a part."""
+MASK_CONSTANT = 4096
+"""The most elements of a weight a copied mask computation may read."""
+
+
+def _mask_chain(g: _Graph, name: str, memo: dict[int, bool]) -> bool:
+    """Whether ``name`` is computed by at most ``MASK_CHAIN_NODES`` nodes of ``MASK_OPS`` from the
+    graph's inputs and small constants alone (a padding or causal mask, built once and read by every
+    layer): like a shape computation, such a tensor crossing a cut is computed again inside the part
+    that reads it, so a fusion there (attention) sees what the mask is instead of an opaque input."""
+    source = g.producer.get(name)
+    if source is None or _is_constant(g.nodes[source]):
+        return False
+    if source in memo:
+        return memo[source]
+    seen, stack, ok = {source}, [source], True
+    while stack and ok:
+        node = g.nodes[stack.pop()]
+        ok = (
+            node.domain in ("", "ai.onnx")
+            and node.op_type in MASK_OPS
+            and not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        )
+        for n in (n for n in node.input if n and ok):
+            producer = g.producer.get(n)
+            if n in g.weights:
+                ok = math.prod(g.weights[n].dims) <= MASK_CONSTANT
+            elif producer is None:
+                ok = n in g.graph_inputs
+            elif not _is_constant(g.nodes[producer]) and producer not in seen:
+                seen.add(producer)
+                stack.append(producer)
+                ok = len(seen) <= MASK_CHAIN_NODES
+    memo[source] = ok
+    return ok
+
+
 def _copied(g: _Graph, chosen: Sequence[int]) -> set[int]:
-    """The outside nodes of the shape computations ``chosen`` reads (see ``_shape_chain``)."""
+    """The outside nodes of the shape and mask computations ``chosen`` reads (see ``_shape_chain``
+    and ``_mask_chain``)."""
     inside = set(chosen)
     memo: dict[int, bool] = {}
+    masks: dict[int, bool] = {}
     copies: set[int] = set()
     stack = [n for i in chosen for n in node_inputs(g.nodes[i])]
     while stack:
         name = stack.pop()
         source = g.producer.get(name)
-        if source is None or source in inside or source in copies or not _shape_chain(g, name, memo):
+        if source is None or source in inside or source in copies:
+            continue
+        if not (_shape_chain(g, name, memo) or _mask_chain(g, name, masks)):
             continue
         copies.add(source)
         if g.nodes[source].op_type not in ("Shape", "Size"):

@@ -220,6 +220,55 @@ def test_a_shape_computation_crossing_a_cut_is_computed_again_inside() -> None:
     assert part.inputs == ("x",) and part.outputs == ("y",)
 
 
+def _masked_stack(layers: int) -> onnx.ModelProto:
+    """x -> per layer: h + Relu(h @ W) + mask, where mask = Where(keep, 0, -1e4) is built once from
+    the bool graph input ``keep`` before the first layer (as exporters build attention masks)."""
+    rng = np.random.default_rng(3)
+    weights = [
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(-1e4, np.float32), "low"),
+    ]
+    nodes = [helper.make_node("Where", ["keep", "zero", "low"], ["mask"])]
+    h = "x"
+    for k in range(layers):
+        weights.append(numpy_helper.from_array(rng.normal(0, 0.3, (HIDDEN, HIDDEN)).astype(np.float32), f"w{k}"))
+        out = "y" if k == layers - 1 else f"h{k + 1}"
+        nodes += [
+            helper.make_node("MatMul", [h, f"w{k}"], [f"a{k}"]),
+            helper.make_node("Relu", [f"a{k}"], [f"r{k}"]),
+            helper.make_node("Add", [h, f"r{k}"], [f"s{k}"]),
+            helper.make_node("Add", [f"s{k}", "mask"], [out]),
+        ]
+        h = out
+    graph = helper.make_graph(
+        nodes,
+        "masked",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, HIDDEN]),
+            helper.make_tensor_value_info("keep", TensorProto.BOOL, [4, HIDDEN]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, HIDDEN])],
+        initializer=weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_mask_built_from_the_inputs_is_computed_again_inside_each_part() -> None:
+    """A mask computed once from graph inputs and read by every layer is copied into each later part
+    (so an attention fusion there sees what the mask is, not an opaque float input); a layer's own
+    activations are not."""
+    model = _masked_stack(3)
+    types = value_types(model)
+    first, second = (part_model(model, nodes, types) for nodes in ([0, 1, 2, 3, 4], [5, 6, 7, 8]))
+    assert first.copies == ()
+    assert second.copies == ("mask",) and second.inputs == ("keep", "h1")
+    assert [n.op_type for n in second.model.graph.node] == ["Where", "MatMul", "Relu", "Add", "Add"]
+    optimized, report = onnxsat.optimize(model, by_regions(size=4))
+    assert report.regions is not None and report.regions.regions == 3
+    assert report.verification.status == "passed"
+    assert [n.op_type for n in optimized.graph.node].count("Where") == 1  # CSE merged the copies
+
+
 def test_identities_between_parts_are_dropped() -> None:
     nodes = [
         helper.make_node("Identity", ["x"], ["a"]),

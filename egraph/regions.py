@@ -240,8 +240,9 @@ MASK_OPS = SHAPE_OPS | frozenset(
 """Ops of the attention masks an exporter builds once from the graph's inputs for every layer."""
 MASK_CHAIN_NODES = 32
 """The most nodes of a mask computation copied into a part."""
-MASK_CONSTANT = 4096
-"""The most elements of a weight a copied mask computation may read."""
+MASK_CONSTANT = 1 << 20
+"""The most elements of a weight a copied mask computation may read: a folded causal mask of a
+1,024-token sequence, not an embedding table (whose Gather would otherwise qualify)."""
 
 
 def _mask_chain(g: _Graph, name: str, memo: dict[int, bool]) -> bool:

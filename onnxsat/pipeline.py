@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -39,6 +37,7 @@ from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.serialized import serialize
+from onnxsat.reference import in_background, prepare_reference, unverifiable_reason
 from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
 from onnxsat.rules.plugins import PluginLoad, load_plugins, plugin_messages, plugin_ops, plugin_summary
 from onnxsat.rules.registry import RuleTable
@@ -281,7 +280,7 @@ class Session:
         cannot be checked fails here in seconds (``UnverifiableError``). Returns the reason
         instead when it may still be checked region by region or ``allow_unverified`` lets it through."""
         with self._stage("reference"):  # the inputs' generation is verification work too
-            self._set_reference(_prepare_reference(self.model, self.options))
+            self._set_reference(prepare_reference(self.model, self.options))
         return self.reference  # type: ignore[return-value]
 
     def start_reference(self) -> None:
@@ -304,9 +303,9 @@ class Session:
             try:
                 samples = prepare_samples(self.model, self.options)
             except UnverifiableError as exc:
-                self._set_reference(_unverifiable(self.model, self.options, exc))
+                self._set_reference(unverifiable_reason(self.model, self.options, exc))
                 return
-        self._reference = _in_background(self.model, self.options, samples, self.report)
+        self._reference = in_background(self.model, self.options, samples, self.report)
 
     def load(self) -> Program:
         """Import the model into a reused e-graph with the rules declared (stage ``import``)."""
@@ -678,67 +677,6 @@ def _never_worse(model: onnx.ModelProto, optimized: onnx.ModelProto, report: Rep
     return model
 
 
-def _prepare_reference(model: onnx.ModelProto, options: Options, samples: list[dict[str, Any]] | None = None) -> Reference | str:
-    """Before any rewriting: check that the result can be verified and run the original once on
-    the verification inputs (the user's ``samples``, checked here when None, else generated ones),
-    so a model that cannot be checked fails early (`UnverifiableError`, exit 2) instead of after
-    saturation. Returns the reason instead where `_unverifiable` lets the run go on."""
-    from onnxsat.verification import reference_run
-    from onnxsat.verification_inputs import prepare_samples
-
-    try:
-        if samples is None:
-            samples = prepare_samples(model, options)
-        dims = pinned_dims(model, options)
-        return reference_run(model, seeds=options.verify_seeds, dim_values=dims, samples=samples)
-    except UnverifiableError as exc:
-        return _unverifiable(model, options, exc)
-
-
-def _unverifiable(model: onnx.ModelProto, options: Options, exc: UnverifiableError) -> str:
-    """The reason the whole original cannot be run, where the run may go on: it may still be checked
-    region by region between its custom-domain nodes, or ``allow_unverified`` lets it through;
-    otherwise ``exc`` is raised."""
-    from onnxsat.regions import custom_nodes, region_problem
-
-    if options.allow_unverified:
-        return exc.reason
-    if not custom_nodes(model):
-        raise exc
-    problem = region_problem(model)
-    if problem is not None:
-        raise UnverifiableError(f"{exc.reason}; region by region: {problem}") from exc
-    return exc.reason
-
-
-def _lower_priority() -> None:
-    """Give the calling thread a nice value of 10 where the system allows one per thread (Linux)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
-
-
-def _in_background(
-    model: onnx.ModelProto, options: Options, samples: list[dict[str, Any]], report: Report
-) -> Future[Reference | str]:
-    """`_prepare_reference` on a thread of its own; its wall time goes to ``report.background_seconds``."""
-
-    def run() -> Reference | str:
-        start = time.perf_counter()
-        _lower_priority()  # onnxruntime's threads, made by this one, inherit it
-        try:
-            return _prepare_reference(model, options, samples)
-        finally:
-            report.background_seconds["reference"] = round(time.perf_counter() - start, 4)
-
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onnxsat-reference")
-    try:
-        return executor.submit(run)
-    finally:
-        executor.shutdown(wait=False)  # the thread ends with its run
-
-
 def compare(
     original: onnx.ModelProto,
     optimized: onnx.ModelProto,
@@ -747,7 +685,7 @@ def compare(
 ) -> tuple[VerificationResult, str]:
     """Numeric check on onnxruntime: the whole model, else region by region around custom ops.
 
-    ``reference``: the original's outputs from `_prepare_reference`, reused instead of running it
+    ``reference``: the original's outputs from `onnxsat.reference.prepare_reference`, reused instead of running it
     again, or the reason it could not be run. Returns the result and how it was obtained
     ("passed"/"regionwise" when ok). Never raises for a model that cannot be checked: the result
     then carries ``skipped_reason``.

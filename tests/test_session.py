@@ -110,7 +110,7 @@ def test_the_original_runs_beside_the_rewrite(monkeypatch: pytest.MonkeyPatch) -
 
 def test_an_original_onnxruntime_cannot_run_fails_before_saturation(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reference run's failure is raised at the first stage after it ends, not after saturation."""
-    from onnxsat import pipeline, verification
+    from onnxsat import pipeline, reference
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise UnverifiableError("onnxruntime cannot run the original model (refused by the test)")
@@ -123,7 +123,7 @@ def test_an_original_onnxruntime_cannot_run_fails_before_saturation(monkeypatch:
 
     saturations: list[object] = []
     real_import, real_saturate = pipeline.from_onnx, pipeline.saturate
-    monkeypatch.setattr(verification, "reference_run", refuse)
+    monkeypatch.setattr(reference, "reference_run", refuse)
     monkeypatch.setattr(pipeline, "from_onnx", import_after_the_reference)
     monkeypatch.setattr(pipeline, "saturate", lambda *a, **k: (saturations.append(a), real_saturate(*a, **k))[1])
     with pytest.raises(UnverifiableError, match="refused by the test"):

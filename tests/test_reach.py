@@ -116,3 +116,29 @@ def test_an_idle_egraph_whose_rules_cover_the_model_is_reused_with_the_same_byte
     monkeypatch.setattr(pipeline, "import_symbols", lambda _model: None)  # every rule
     every, _ = onnxsat.optimize(smaller, options)
     assert reused.SerializeToString(deterministic=True) == every.SerializeToString(deterministic=True)
+
+
+def test_what_export_writes_is_in_the_symbols_a_region_wise_run_declares() -> None:
+    """A window imports the ConstantOfShape and Identity nodes export writes between regions; their
+    tables are what ``written_symbols`` adds to the whole graph's, so windows share the regions'
+    declared e-graph instead of declaring another."""
+    from onnx import TensorProto, helper
+
+    from onnxsat.egraph.importer import written_symbols
+
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["zeros"]),
+        helper.make_node("Identity", ["zeros"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "written", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    shape_only = helper.make_model(
+        helper.make_graph([nodes[0]], "s", list(graph.input), [helper.make_tensor_value_info("s", TensorProto.INT64, [2])]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    assert written_symbols() <= import_symbols(model)
+    assert not written_symbols() <= import_symbols(shape_only)

@@ -85,3 +85,71 @@ def infer_shapes(model: ModelProto, **kwargs: Any) -> ModelProto:
     """``onnx.shape_inference.infer_shapes(model, **kwargs)`` on `weightless` ``model``: the same
     value infos, inputs and outputs; its large initializers have no bytes (read only its types)."""
     return onnx.shape_inference.infer_shapes(weightless(model), **kwargs)
+
+
+def has_symbolic_inputs(model: ModelProto) -> bool:
+    """Whether a graph input has a dim that is not a number (a named or unnamed free size)."""
+    return any(
+        not d.HasField("dim_value")
+        for i in model.graph.input
+        if i.type.HasField("tensor_type") and i.type.tensor_type.HasField("shape")
+        for d in i.type.tensor_type.shape.dim
+    )
+
+
+def infer_types(model: ModelProto) -> ModelProto:
+    """``model`` with every tensor's type ONNX shape inference (data propagation on) finds, the
+    symbolic sizes of a model with free input dims named by onnxruntime's symbolic shape inference.
+
+    ONNX inference invents a fresh name (``unk__3``) for each size it cannot carry through an op,
+    so after the first Add of a BERT the batch and sequence are new symbols in every layer, and a
+    rule that needs two tensors' sequence to be the same size never fires (a region of a graph,
+    seeded from these types, sees none of its sizes tied to the others). onnxruntime's inference
+    carries ``batch`` and ``sequence`` (or ``past_sequence + 1``) through. It merges two sizes only
+    where an op needs them equal (without merging first, with it where that alone fails: a BERT's
+    ``Min(512, sequence)`` slice of its position table added to the ``sequence`` activations).
+    Models it cannot finish (an op it does not know) keep ONNX's types."""
+    if has_symbolic_inputs(model):
+        symbolic = _symbolic(model)
+        if symbolic is not None:
+            return symbolic
+    return infer_shapes(model, strict_mode=False, data_prop=True)
+
+
+def _symbolic(model: ModelProto) -> ModelProto | None:
+    import logging
+
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, logger
+
+    shell = model_shell(model, {"initializer"})
+    large = {t.name for t in model.graph.initializer if _large(t) or t.data_location == TensorProto.EXTERNAL}
+    for tensor in model.graph.initializer:  # inputs, not bytes: it reads the values of initializers it folds
+        if tensor.name in large:
+            shell.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+        else:
+            shell.graph.initializer.add().CopyFrom(tensor)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        for auto_merge in (False, True):
+            # SymbolicShapeInference.infer_shapes's steps without its last: where inference is
+            # incomplete it saves the model into the working directory, a write the input steers
+            inference = SymbolicShapeInference(2**31 - 1, auto_merge, False, 0)
+            try:
+                inference._preprocess(shell)
+                complete = False
+                while inference.run_:
+                    complete = inference._infer_impl()
+                inference._update_output_from_vi()
+            except Exception:
+                continue
+            if not complete:
+                continue
+            inferred = inference.out_mp_
+            keep = [i for i in inferred.graph.input if i.name not in large]
+            del inferred.graph.input[:]
+            inferred.graph.input.extend(keep)
+            return inferred  # type: ignore[no-any-return]
+    finally:
+        logger.setLevel(level)
+    return None

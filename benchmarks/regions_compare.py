@@ -10,6 +10,7 @@ replayed, windows, and the load average before and after. A JSON line per run on
 
     python benchmarks/regions_compare.py tests/data/realmodels/llama-ts-static.onnx --region-size 80
     python benchmarks/regions_compare.py big/llama-64-layers.onnx --modes regions   # whole too slow
+    python benchmarks/regions_compare.py corpus/*.onnx --region-size 200,80 --no-verify --no-price
 """
 
 from __future__ import annotations
@@ -27,24 +28,28 @@ from onnxsat.by_regions import price
 from onnxsat.pipeline import Session, optimize
 
 
-def run(name: str, model: onnx.ModelProto, mode: str, size: int, verify: bool) -> dict[str, object]:
-    """One optimize run in ``mode`` (whole or regions) and what it gave."""
+def run(name: str, model: onnx.ModelProto, mode: str, size: int, verify: bool, priced: bool = True) -> dict[str, object]:
+    """One optimize run in ``mode`` (whole or regions) and what it gave (``priced``: both programs
+    priced on one scale, ~25 s a model on a transformer)."""
     options = Options(verify=verify, region_nodes=1 if mode == "regions" else 0, region_size=size)
     load = os.getloadavg()[0]
     start = time.perf_counter()
     optimized, report = optimize(model, options)
     seconds = time.perf_counter() - start
-    with Session(model, Options()) as session:
-        priced_before, priced_after = price(session, model), price(session, optimized)
+    priced_before = priced_after = None
+    if priced:
+        with Session(model, Options()) as session:
+            priced_before, priced_after = price(session, model), price(session, optimized)
     regions = report.regions
     stages = report.stage_seconds
     return {
         "model": name,
         "mode": mode,
+        "region_size": size if mode == "regions" else None,
         "nodes_before": len(model.graph.node),
         "nodes_after": len(optimized.graph.node),
-        "priced_before": round(priced_before, 1),
-        "priced_after": round(priced_after, 1),
+        "priced_before": None if priced_before is None else round(priced_before, 1),
+        "priced_after": None if priced_after is None else round(priced_after, 1),
         "seconds": round(seconds, 2),
         "seconds_without_verification": round(seconds - stages.get("reference", 0.0) - stages.get("verify", 0.0), 2),
         "verification": report.verification.status,
@@ -64,15 +69,20 @@ def run(name: str, model: onnx.ModelProto, mode: str, size: int, verify: bool) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path)
-    parser.add_argument("--region-size", type=int, default=Options().region_size)
+    parser.add_argument(
+        "--region-size", default=str(Options().region_size), help="target region size; comma-separated for several runs"
+    )
     parser.add_argument("--modes", default="whole,regions", help="comma-separated: whole, regions")
     parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument("--no-price", action="store_true", help="node counts only (skip pricing both on one scale)")
     args = parser.parse_args()
-    modes = args.modes.split(",")
+    runs = [(mode, int(size)) for mode in args.modes.split(",") for size in args.region_size.split(",")]
+    runs = list(dict.fromkeys((mode, size if mode == "regions" else 0) for mode, size in runs))
     for k, path in enumerate(args.models):
         model = onnx.load(str(path))
-        for mode in modes if k % 2 == 0 else modes[::-1]:
-            print(json.dumps(run(path.stem, model, mode, args.region_size, not args.no_verify)), flush=True)
+        for mode, size in runs if k % 2 == 0 else runs[::-1]:
+            record = run(path.stem, model, mode, size, not args.no_verify, not args.no_price)
+            print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

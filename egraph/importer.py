@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 from ..base.errors import TimeLimitError
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import topological_nodes
-from ..base.weightless import infer_shapes
+from ..base.weightless import infer_types
 from . import const_eval
 from . import lang as L
 from .commands import Commands, Term, int_vec, lit_float, lit_int, lit_string
@@ -497,7 +497,7 @@ class _Importer:
         model = self.model = _pin_inputs(self.model, self.input_shapes)
         graph = model.graph
         try:
-            inferred = infer_shapes(model, strict_mode=False, data_prop=True)  # types only: no weight copies
+            inferred = infer_types(model)  # types only: no weight copies
         except Exception:  # inference is advisory: shapes then come from the analysis alone
             inferred = model
         for vi in inferred.graph.input:

@@ -26,7 +26,7 @@ from onnx import helper
 
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import model_shell
-from ..base.weightless import infer_shapes
+from ..base.weightless import infer_shapes, infer_types
 
 SMALL_CONSTANT = 64
 """Constants up to this many elements enter a region's key by value (rules read small constants)."""
@@ -63,11 +63,18 @@ def _is_constant(node: onnx.NodeProto) -> bool:
     return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
 
 
-def cut_widths(model: onnx.ModelProto) -> list[int]:
+def cut_widths(model: onnx.ModelProto, types: Mapping[str, onnx.TypeProto] | None = None) -> list[int]:
     """``widths[p]``: how many computed tensors (not graph inputs, weights or Constant outputs) a cut
-    before node ``p`` would cross: produced before it and read at or after it (or a graph output)."""
+    before node ``p`` would cross: produced before it and read at or after it (or a graph output).
+    With ``types``, the shape and mask computations a part copies in (``_copied``) do not count: a
+    causal mask or a rotary table read by every layer crosses each cut between layers, and counted
+    it made a cut inside the last attention (after its last read) look narrower than one between
+    layers."""
     nodes = list(model.graph.node)
     n = len(nodes)
+    g = _Graph(model, types) if types is not None else None
+    shapes: dict[int, bool] = {}
+    masks: dict[int, bool] = {}
     producer: dict[str, int] = {}
     last_use: dict[str, int] = {}
     for i, node in enumerate(nodes):
@@ -76,7 +83,7 @@ def cut_widths(model: onnx.ModelProto) -> list[int]:
                 last_use[name] = i
         if not _is_constant(node):
             for name in node.output:
-                if name:
+                if name and not (g is not None and (_shape_chain(g, name, shapes) or _mask_chain(g, name, masks))):
                     producer[name] = i
     for out in model.graph.output:
         if out.name in producer:
@@ -94,16 +101,16 @@ def cut_widths(model: onnx.ModelProto) -> list[int]:
     return widths
 
 
-def partition(model: onnx.ModelProto, target: int) -> list[range]:
+def partition(model: onnx.ModelProto, target: int, types: Mapping[str, onnx.TypeProto] | None = None) -> list[range]:
     """Consecutive node ranges of about ``target`` nodes, cut where the fewest computed tensors cross.
 
     Each cut is searched between half and one and a half targets after the previous one; among the
     narrowest positions, the one repeating the previous region's length wins (repeated layers then
-    give identical regions), else the one nearest the target."""
+    give identical regions), else the one nearest the target. ``types``: see ``cut_widths``."""
     n = len(model.graph.node)
     if target <= 0 or n <= target * 3 // 2:
         return [range(0, n)]
-    widths = cut_widths(model)
+    widths = cut_widths(model, types)
     cuts = [0]
     previous = 0
     while n - cuts[-1] > target * 3 // 2:
@@ -161,13 +168,14 @@ class _Graph:
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """Every tensor's type ONNX shape inference finds (symbolic dims keep their names). With data
-    propagation first: it carries one invented size through Shape -> Reshape chains, so repeated
-    layers get the same symbols (and keys) instead of fresh ones per layer."""
+    """Every tensor's type ``infer_types`` finds (plain ONNX inference where that fails): one name
+    per free size through the whole graph and data propagation through Shape -> Reshape chains,
+    so a region's sizes are tied to its neighbours' and repeated layers get the same symbols (and
+    keys) instead of fresh ones per layer."""
     inferred = model
-    for data_prop in (True, False):
+    for infer in (infer_types, infer_shapes):
         try:
-            inferred = infer_shapes(model, data_prop=data_prop)  # types only: no weight copies
+            inferred = infer(model)  # types only: no weight copies
             break
         except Exception:
             continue
@@ -236,8 +244,10 @@ def _shape_chain(g: _Graph, name: str, memo: dict[int, bool]) -> bool:
 MASK_OPS = SHAPE_OPS | frozenset(
     {"GatherND", "And", "Or", "Xor", "IsNaN", "IsInf", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"}
     | {"Expand", "Range", "ConstantOfShape", "Trilu", "Tile"}
+    | {"MatMul", "Transpose", "Cos", "Sin", "Exp", "Pow"}
 )
-"""Ops of the attention masks an exporter builds once from the graph's inputs for every layer."""
+"""Ops of the attention masks and rotary position tables (``cos(positions @ inv_freq)``) an exporter
+builds once from the graph's inputs for every layer."""
 MASK_CHAIN_NODES = 32
 """The most nodes of a mask computation copied into a part."""
 MASK_CONSTANT = 1 << 20
@@ -584,6 +594,11 @@ def _window(g: _Graph, cut: int, hops: int, span: int) -> list[int]:
     return sorted(i for i in window if low <= i < high and not _is_constant(g.nodes[i]))
 
 
+_COMMUTATIVE = frozenset({"Add", "Mul", "And", "Or", "Xor", "Equal", "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
+"""Two-input ops whose result is exactly the same with the inputs swapped (IEEE + and * are
+commutative; Max and Min are left out: NaN handling may depend on the order)."""
+
+
 def eliminate_common_subexpressions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """Merge equal small weights and then nodes of one op, attributes and inputs (in place of the
     second, the first's outputs are read), and drop Identity nodes (their input is read instead):
@@ -622,7 +637,10 @@ def eliminate_common_subexpressions(model: onnx.ModelProto) -> tuple[onnx.ModelP
             merged += 1
             continue
         attrs = b"".join(a.SerializeToString() for a in sorted(node.attribute, key=lambda a: a.name))
-        key = (node.domain, node.op_type, tuple(node.input), len(node.output), attrs)
+        inputs = tuple(node.input)
+        if node.op_type in _COMMUTATIVE and node.domain in ("", "ai.onnx") and len(inputs) == 2:
+            inputs = tuple(sorted(inputs))  # parts extract a + 1 and 1 + a alike often
+        key = (node.domain, node.op_type, inputs, len(node.output), attrs)
         first = seen.get(key)
         if first is None:
             seen[key] = node

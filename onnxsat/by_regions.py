@@ -406,7 +406,7 @@ def _by_regions(
     options, report = session.options, session.report
     model = session.source()
     types = _with_static_shapes(value_types(model), session.static_shapes())
-    ranges = partition(model, options.region_size)
+    ranges = partition(model, options.region_size, types)
     lap("partition")
     parts = _Parts(session, pool)
     stitched, sizes, distinct, replayed = parts.optimize(model, [list(r) for r in ranges], "r", types)

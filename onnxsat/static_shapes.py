@@ -35,7 +35,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxsat.base.modelio import model_shell, topological_nodes
-from onnxsat.base.weightless import infer_shapes
+from onnxsat.base.weightless import infer_types
 from onnxsat.egraph.fold import fold_constants
 
 __all__ = ["SIZE_OPERANDS", "Dims", "data_free_shapes", "fold_sizes", "fully_known", "observe", "static_sizes"]
@@ -133,7 +133,7 @@ def static_sizes(
     (``pins``: the ``--input-shape`` pins, ``dim_values`` the sizes they give symbols; without
     ``observed``, inference's alone)."""
     try:
-        inferred = infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = infer_types(model)
     except Exception:
         inferred = model
     graph = model.graph

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxsat
 from onnxsat import cli
 from onnxsat.base.report import Report
+from onnxsat.base.weightless import infer_types
 from onnxsat.verification import make_inputs, run_ort
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -69,11 +70,16 @@ def dynamic_cnn() -> onnx.ModelProto:
 SIZES = {
     "transformer_block": [{"batch": 1, "seq": 3}, {"batch": 2, "seq": 7}, {"batch": 3, "seq": 16}],
     "dynamic_cnn": [{"N": 1, "H": 5, "W": 9}, {"N": 3, "H": 8, "W": 8}, {"N": 2, "H": 16, "W": 6}],
+    "bert-ts-dynamic": [{"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 7}, {"batch": 3, "sequence": 16}],
 }
+REALMODELS = Path(__file__).resolve().parent / "data" / "realmodels"
 
 
 def _load(name: str) -> onnx.ModelProto:
-    return dynamic_cnn() if name == "dynamic_cnn" else onnx.load(str(EXAMPLES / f"{name}.onnx"))
+    if name == "dynamic_cnn":
+        return dynamic_cnn()
+    path = EXAMPLES / f"{name}.onnx"
+    return onnx.load(str(path if path.exists() else REALMODELS / f"{name}.onnx"))
 
 
 def _input_dims(model: onnx.ModelProto) -> dict[str, list[int | str]]:
@@ -99,6 +105,25 @@ def test_symbolic_dims_optimize_without_pinning_and_run_at_every_size(name: str)
         for key, value in ref.items():
             assert got[key].shape == value.shape, (dims, key)
             np.testing.assert_allclose(got[key], value, rtol=1e-4, atol=1e-5, err_msg=f"{dims} {key}")
+
+
+def test_a_torchscript_bert_reads_no_layer_sizes_at_run_time() -> None:
+    """ONNX inference names the sizes of a TorchScript BERT with dynamic batch and sequence afresh
+    after its first Add (``unk__2``...), so no rule could tell a layer's ``x.view(x.size(0),
+    x.size(1), heads, -1)`` reads the sizes of the tensor it reshapes; onnxruntime's symbolic
+    inference (``infer_types``) keeps ``batch`` and ``sequence`` throughout, and every per-layer
+    Shape chain becomes a Reshape that copies the dims (0) or a read of the inputs' Shape."""
+    original = _load("bert-ts-dynamic")
+    names = {
+        d.dim_param for vi in infer_types(original).graph.value_info for d in vi.type.tensor_type.shape.dim
+    }
+    assert {"batch", "sequence"} <= names and not any(n.startswith("unk__") for n in names), names
+    optimized, report = onnxsat.optimize(original)
+    assert report.verification.status == "passed"
+    inputs = {i.name for i in original.graph.input}
+    reads = [n.input[0] for n in optimized.graph.node if n.op_type == "Shape" and n.input[0] not in inputs]
+    assert len(reads) <= 1, reads  # the mask's expand to its scores' shape; was 2 a layer and more
+    assert len(optimized.graph.node) <= 100, len(optimized.graph.node)  # 141 with ONNX inference's sizes
 
 
 def test_dynamic_cnn_keeps_the_reshape_general() -> None:
@@ -133,3 +158,27 @@ def test_pinned_dims_appear_in_the_table() -> None:
     line = next(ln for ln in report.render().splitlines() if "pinned" in ln)
     assert "x: N=1, H=5, dim 3=5" in line
     assert not any("pinned" in ln for ln in Report(model_name="m").render().splitlines())
+
+
+def test_symbolic_inference_that_cannot_finish_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime's ``SymbolicShapeInference.infer_shapes`` saves the model into the working
+    directory when an op stops it; ``infer_types`` runs its steps without that write, and falls
+    back to ONNX inference."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Unknown", ["a"], ["b"], domain="example.custom"),
+        helper.make_node("Relu", ["b"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
+    )
+    monkeypatch.chdir(tmp_path)
+    inferred = infer_types(model)
+    assert {v.name for v in inferred.graph.value_info} >= {"a"}
+    assert list(tmp_path.iterdir()) == []

@@ -75,3 +75,68 @@ def test_leaves_analyses_and_lookup() -> None:
     assert commands.lookup(L.shape, commands.call(L.tensor_ref, lit_int(1))) is None
     assert egraph.extract(L.shape(L.tensor_ref(0))) == L.ivec([2, 3])
     egraph.check(L.small_const(L.Tensor.weight("w")))
+
+
+def _python_layer_round(batch: list[Any]) -> list[Any]:
+    """A verification round's actions through egglog's Python layer (what ``_queue_round`` replaced)."""
+    from onnxsat.rules.verification.rule_instances import to_egglog
+    from onnxsat.rules.verification.verify import _model_opset
+
+    memo: dict[int, Any] = {}
+    actions: list[Any] = [set_(L.model_opset()).to(_model_opset(batch[0].pattern))]
+    outputs = 0
+    for index, inst in enumerate(batch):
+        leaves = {}
+        for leaf in inst.leaves.values():
+            node = leaves[leaf.name] = (L.Tensor.weight if leaf.weight else L.Tensor.input)(leaf.name)
+            actions += [set_(L.shape(node)).to(L.ivec(list(leaf.shape))), set_(L.dtype(node)).to(leaf.dtype)]
+            if leaf.weight:
+                actions.append(L.small_const(node))
+        actions += [union(L.tensor_ref(index * 64 + k)).with_(leaves[n]) for k, n in enumerate(inst.marker_leaves())]
+        for root in inst.roots:
+            actions.append(union(L.graph_output(outputs)).with_(to_egglog(root, memo)))
+            outputs += 1
+    return actions
+
+
+def test_verification_rounds_match_egglog() -> None:
+    """Rule verification's rounds (``_queue_round``) send the commands egglog's Python layer would,
+    and ``round_symbols`` names exactly the tables they fill."""
+    import numpy as np
+
+    from onnxsat.egraph.reach import present_symbols
+    from onnxsat.rules import RULES
+    from onnxsat.rules.verification.rule_instances import Instance
+    from onnxsat.rules.verification.rule_pattern import parse_rule
+    from onnxsat.rules.verification.verify import _queue_round, round_symbols
+
+    rng = np.random.default_rng(0)
+    kinds: set[str] = set()
+    for name in RULES.names()[::12]:
+        for egg_name, built in RULES.egg_rules[name]:
+            pattern = parse_rule(egg_name, built)
+            batch = []
+            for tag in range(4):
+                try:
+                    batch.append(Instance(pattern, rng, tag))
+                except Exception:  # an invalid candidate, as the verifier discards it
+                    continue
+            if not batch:
+                continue
+            egraph, reference = EGraph(), EGraph()
+            actions = _python_layer_round(batch)
+            expected = [_python_layer(reference, action) for action in actions]  # "None": a fact (sent as a let)
+            reference.register(*actions)
+            commands = Commands(egraph)
+            _queue_round(commands, batch, {})
+            fact = f"({commands.name(L.small_const)} "
+            for sent, want in zip([str(c) for c in commands.queue], expected, strict=True):
+                assert sent.startswith(fact) if want == "None" else sent == want, name
+            commands.send()
+            assert round_symbols(batch) == present_symbols(egraph) == present_symbols(reference), name
+            sizes = {str(fn): n for fn, n in egraph.all_function_sizes() if n}
+            assert sizes == {str(fn): n for fn, n in reference.all_function_sizes() if n}, name
+            kinds.update(c.split(" ")[0] for c in expected)
+            kinds.update("weight" for inst in batch if any(x.weight for x in inst.leaves.values()))
+            kinds.update("marker" for inst in batch if inst.marker_leaves())
+    assert {"weight", "marker"} <= kinds

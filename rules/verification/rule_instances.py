@@ -23,6 +23,7 @@ from egglog.declarations import (
 from onnx import TensorProto, helper, numpy_helper
 
 from ...egraph import lang as L
+from ...egraph.commands import Commands, Term, int_vec, lit_float, lit_int, lit_string
 from ...egraph.exporter import to_onnx
 from ...egraph.graph_types import ENode, ExtractedGraph, Ref
 from ...egraph.ops import BY_CTOR, OpSpec
@@ -343,13 +344,29 @@ def to_egglog(node: TermNode, memo: dict[int, Any]) -> Any:
             else {"i64": lambda v: i64(int(v)), "f64": lambda v: f64(float(v)), "String": String}[a.sort](a.value)
             for a in node.args
         ]  # fmt: skip
-        owner, _, method = node.op.rpartition(".")
-        ctor = (
-            BY_CTOR[node.op].ctor
-            if node.op in BY_CTOR
-            else getattr({"Tensor": L.Tensor, "TList": L.TList}[owner], method)
-        )
-        memo[id(node)] = ctor(*args)
+        memo[id(node)] = op_callable(node.op)(*args)
+    return memo[id(node)]
+
+
+def op_callable(op: str) -> Any:
+    """The language callable a term node's ``op`` names (a modelled op's constructor or a leaf/list one)."""
+    if op in BY_CTOR:
+        return BY_CTOR[op].ctor
+    owner, _, method = op.rpartition(".")
+    return getattr({"Tensor": L.Tensor, "TList": L.TList}[owner], method)
+
+
+def to_command(node: TermNode, commands: Commands, memo: dict[int, Term]) -> Term:
+    """``to_egglog`` as an egglog command term (``egraph.commands``): the same term, built without
+    egglog's Python expression layer, which cost half of a verification round."""
+    if id(node) not in memo:
+        args = [
+            to_command(a, commands, memo) if isinstance(a, TermNode)
+            else int_vec(int(v) for v in a.value) if a.sort == "Vec"
+            else {"i64": lit_int, "f64": lit_float, "String": lit_string}[a.sort](a.value)
+            for a in node.args
+        ]  # fmt: skip
+        memo[id(node)] = commands.call(op_callable(node.op), *args)
     return memo[id(node)]
 
 

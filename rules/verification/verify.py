@@ -18,6 +18,7 @@ op), rule_instances (concrete terms and their evaluation), this one (e-graph rou
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import Counter
@@ -26,13 +27,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-from egglog import EggSmolError, EGraph, Ruleset, i64, set_, union
+from egglog import EggSmolError, EGraph, Ruleset
 from onnx import helper
 
 from ...egraph import lang as L
+from ...egraph.commands import Commands, Term, int_vec, lit_int, lit_string
 from ...egraph.exporter import to_onnx
 from ...egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
-from ...egraph.reach import present_symbols
+from ...egraph.reach import symbol
 from ...extract.cost import NodeCtx
 from ...extract.greedy import topological, tree_choice
 from ...extract.pricing import IndexedEGraph, Pricer, const_classes
@@ -45,10 +47,12 @@ from .rule_instances import (
     Instance,
     compare,
     evaluate,
+    op_callable,
     term_graph,
+    term_nodes,
     term_program,
     term_text,
-    to_egglog,
+    to_command,
 )
 from .rule_pattern import Invalid, RulePattern, Unsupported, describe_rule, parse_rule
 
@@ -57,6 +61,7 @@ __all__ = [
     "RuleVerification",
     "RuleVerifier",
     "describe_rule",
+    "round_symbols",
     "verify_rule",
     "verify_rules",
 ]
@@ -134,41 +139,68 @@ def _model_opset(pattern: RulePattern) -> int:
     return min(max(OPSET, low), high)
 
 
-def _round_actions(batch: list[Instance], memo: dict[int, Any]) -> list[Any]:
+def _queue_round(commands: Commands, batch: list[Instance], memo: dict[int, Term]) -> None:
     """What one round registers: the model opset, each instance's leaves (shape, dtype, the small
     weight marker, its tensor refs) and its matched terms as graph outputs."""
-    actions: list[Any] = [set_(L.model_opset()).to(i64(_model_opset(batch[0].pattern)))]
+    commands.set(L.model_opset, [], lit_int(_model_opset(batch[0].pattern)))
     outputs = 0
     for index, inst in enumerate(batch):
-        leaf_exprs = {}
+        leaf_terms = {}
         for leaf in inst.leaves.values():
-            node = (L.Tensor.weight if leaf.weight else L.Tensor.input)(leaf.name)
-            leaf_exprs[leaf.name] = node
-            actions += [
-                set_(L.shape(node)).to(L.ivec(list(leaf.shape))),
-                set_(L.dtype(node)).to(i64(leaf.dtype)),
-            ]
+            node = commands.call(L.Tensor.weight if leaf.weight else L.Tensor.input, lit_string(leaf.name))
+            leaf_terms[leaf.name] = node
+            commands.set(L.shape, [node], int_vec(leaf.shape))
+            commands.set(L.dtype, [node], lit_int(leaf.dtype))
             if leaf.weight:  # sampled values (normal * 4, ints within 100) are far below its bound
-                actions.append(L.small_const(node))
+                commands.fact(L.small_const, node)
         for k, name in enumerate(inst.marker_leaves()):
-            actions.append(union(L.tensor_ref(index * 64 + k)).with_(leaf_exprs[name]))
+            commands.union(commands.call(L.tensor_ref, lit_int(index * 64 + k)), leaf_terms[name])
         for root in inst.roots:
-            actions.append(union(L.graph_output(outputs)).with_(to_egglog(root, memo)))
+            commands.union(commands.call(L.graph_output, lit_int(outputs)), to_command(root, commands, memo))
             outputs += 1
-    return actions
+
+
+def _symbol_of(fn: Any) -> str:
+    name = symbol(fn.__egg_decls__, fn.__egg_ref__)
+    assert name is not None, fn
+    return name
+
+
+@functools.cache
+def _op_symbol(op: str) -> str:
+    return _symbol_of(op_callable(op))
+
+
+def round_symbols(batch: list[Instance]) -> frozenset[str]:
+    """The tables ``_queue_round`` fills (``present_symbols`` of its e-graph before any rule runs),
+    read from the terms: registering them in a scratch e-graph to ask cost a third of a round."""
+    out = {_symbol_of(L.model_opset), _symbol_of(L.graph_output)}
+    for inst in batch:
+        for leaf in inst.leaves.values():
+            out.update(_symbol_of(fn) for fn in (L.shape, L.dtype))
+            out.add(_op_symbol("Tensor.weight" if leaf.weight else "Tensor.input"))
+            if leaf.weight:
+                out.add(_symbol_of(L.small_const))
+        if inst.marker_leaves():
+            out.add(_symbol_of(L.tensor_ref))
+        out.update(_op_symbol(node.op) for root in inst.roots for node in term_nodes(root))
+    return frozenset(out)
 
 
 def _run_round(
-    egraph: EGraph, batch: list[Instance], actions: list[Any], memo: dict[int, Any], analysis: Ruleset, rules: Ruleset
+    egraph: EGraph, batch: list[Instance], analysis: Ruleset, rules: Ruleset
 ) -> tuple[SerializedEGraph, SerializedEGraph]:
     """The e-graph before and after one run of ``rules`` over the batch (the state is popped after)."""
     egraph.push()
     stage = "analysis"
     try:
-        egraph.register(*actions)
+        commands = Commands(egraph)  # after the push: what it declares is popped with the round
+        memo: dict[int, Term] = {}
+        _queue_round(commands, batch, memo)
+        commands.send()
         egraph.run(analysis.saturate())
         pre = serialize(egraph)
-        if _seed_shapes(egraph, batch, pre, memo):
+        if _seed_shapes(commands, batch, pre, memo):
             egraph.run(analysis.saturate())
             pre = serialize(egraph)
         stage = "rewrite"
@@ -181,10 +213,9 @@ def _run_round(
         egraph.pop()
 
 
-def _seed_shapes(egraph: EGraph, batch: list[Instance], pre: SerializedEGraph, memo: dict[int, Any]) -> bool:
+def _seed_shapes(commands: Commands, batch: list[Instance], pre: SerializedEGraph, memo: dict[int, Term]) -> bool:
     """Give the reference's shapes to matched terms the analysis left without one, as import gives
     ONNX's (so rules see the shapes they see on imported models). True when something was added."""
-    actions: list[Any] = []
     output = 0
     for inst in batch:
         outputs = range(output, output + len(inst.roots))
@@ -198,11 +229,11 @@ def _seed_shapes(egraph: EGraph, batch: list[Instance], pre: SerializedEGraph, m
             continue
         for node, value in zip(nodes, values, strict=True):
             expr = memo[id(node)]
-            actions += [set_(L.shape(expr)).to(L.ivec(list(value.shape)))]
-            actions += [set_(L.dtype(expr)).to(i64(int(helper.np_dtype_to_tensor_dtype(value.dtype))))]
-    if actions:
-        egraph.register(*actions)
-    return bool(actions)
+            commands.set(L.shape, [expr], int_vec(value.shape))
+            commands.set(L.dtype, [expr], lit_int(int(helper.np_dtype_to_tensor_dtype(value.dtype))))
+    added = bool(commands.queue)
+    commands.send()
+    return added
 
 
 def _reachable(eg: SerializedEGraph, roots: list[str]) -> list[str]:
@@ -243,8 +274,6 @@ class RuleVerifier:
         )
         self.rtol = RTOL
         """Tolerance of the rule being verified (``RuleTable.tolerances``)."""
-        self._scratch = EGraph()
-        """No rules: a round's terms are registered here first to see which tables they fill."""
         self._declared: dict[tuple[str, str], EGraph] = {}
         """(analysis ruleset, rule ruleset) -> an e-graph with both declared, for the current rule."""
 
@@ -309,15 +338,7 @@ class RuleVerifier:
         """One round of rule ``name`` over the batch, in an e-graph declaring what may fire on it."""
         from ..schedule import select
 
-        memo: dict[int, Any] = {}
-        actions = _round_actions(batch, memo)
-        self._scratch.push()
-        try:
-            self._scratch.register(*actions)
-            present = present_symbols(self._scratch)
-        finally:
-            self._scratch.pop()
-        selection = select([name], self.table, present)
+        selection = select([name], self.table, round_symbols(batch))
         assert selection is not None
         rules = self.table.ruleset_for([name], selection.rewrites)
         key = (str(selection.analysis.__egg_ident__.name), str(rules.__egg_ident__.name))
@@ -326,7 +347,7 @@ class RuleVerifier:
             egraph = self._declared[key] = EGraph()
             egraph.run(selection.analysis.saturate())  # the e-graph is empty, so nothing fires
             egraph.run(rules)
-        return _run_round(egraph, batch, actions, memo, selection.analysis, rules)
+        return _run_round(egraph, batch, selection.analysis, rules)
 
     def _check_batch(
         self, batch: list[Instance], name: str, fired: dict[str, int], discarded: Counter[str]

@@ -116,3 +116,18 @@ def _result(
 def _forget_dead() -> None:
     for key in [k for k, c in _CACHES.items() if c.state() is None]:
         del _CACHES[key]
+
+
+def schedule_command(egraph: EGraph, schedule: Schedule) -> Any:
+    """The egg command ``egraph.run(schedule)`` sends, its rulesets registered now: for a caller that
+    runs it many times with ``send`` (in this state or states pushed from it) and reads no report,
+    which saves ``run``'s check of every rule and its report's conversion (milliseconds each)."""
+    egraph._add_decls(schedule)
+    return egraph._state.run_schedule_to_egg(schedule.schedule)
+
+
+def send(egraph: EGraph, command: Any) -> bool:
+    """Run a ``schedule_command``; whether it changed the e-graph."""
+    (output,) = egraph._run_program(command)
+    assert isinstance(output, bindings.RunScheduleOutput)
+    return bool(output.report.updated)

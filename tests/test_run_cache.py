@@ -59,3 +59,33 @@ def test_cached_commands_saturate_as_egraph_run_does(path: Path) -> None:
     assert cached == _saturation(path, "public")
     iterations = cached[0]
     assert isinstance(iterations, list) and any(matches for _, _, matches in iterations)  # reports were read
+
+
+def test_a_sent_schedule_command_runs_as_egraph_run_does() -> None:
+    """``schedule_command``/``send`` (rule verification's rounds) change an e-graph as ``EGraph.run``
+    does, also in a state pushed after the command was built."""
+    from egglog import EGraph, set_
+
+    from onnxsat.egraph import lang as L
+    from onnxsat.egraph.reach import closure, present_symbols, reach_cached
+    from onnxsat.egraph.run_cache import schedule_command, send
+    from onnxsat.egraph.shapes import analysis_rules, analysis_ruleset
+
+    x = L.Tensor.input("x")
+    facts = [set_(L.shape(x)).to(L.ivec([2, 3])), set_(L.dtype(x)).to(1), L.relu(L.relu(x))]
+    scratch = EGraph()
+    scratch.register(*facts)
+    rules = analysis_rules()
+    chosen, _ = closure(present_symbols(scratch), [reach_cached(r) for r in rules])
+    saturate = analysis_ruleset([rules[i] for i in chosen]).saturate()  # what may fire: a fast declaration
+    shapes = []
+    for direct in (True, False):
+        egraph = EGraph()
+        command = schedule_command(egraph, saturate)
+        egraph.push()
+        egraph.register(*facts)
+        updated = egraph.run(saturate).updated if direct else send(egraph, command)
+        assert updated
+        shapes.append(egraph.extract(L.shape(L.relu(L.relu(x)))))
+        egraph.pop()
+    assert shapes[0] == shapes[1] == L.ivec([2, 3])

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from egglog import EggSmolError, EGraph, Ruleset
+from egglog import EggSmolError, EGraph
 from onnx import helper
 
 from ...egraph import lang as L
@@ -35,6 +35,7 @@ from ...egraph.commands import Commands, Term, int_vec, lit_int, lit_string
 from ...egraph.exporter import to_onnx
 from ...egraph.graph_types import LIST_OPS, ENode, ExtractedGraph, SerializedEGraph
 from ...egraph.reach import symbol
+from ...egraph.run_cache import schedule_command, send
 from ...extract.cost import NodeCtx
 from ...extract.greedy import topological, tree_choice
 from ...extract.pricing import IndexedEGraph, Pricer, const_classes
@@ -188,9 +189,10 @@ def round_symbols(batch: list[Instance]) -> frozenset[str]:
 
 
 def _run_round(
-    egraph: EGraph, batch: list[Instance], analysis: Ruleset, rules: Ruleset
+    egraph: EGraph, batch: list[Instance], analysis: Any, rules: Any
 ) -> tuple[SerializedEGraph, SerializedEGraph]:
-    """The e-graph before and after one run of ``rules`` over the batch (the state is popped after)."""
+    """The e-graph before and after one run of ``rules`` over the batch (the state is popped after);
+    ``analysis`` saturates the analysis, both are ``run_cache.schedule_command``s."""
     egraph.push()
     stage = "analysis"
     try:
@@ -198,14 +200,14 @@ def _run_round(
         memo: dict[int, Term] = {}
         _queue_round(commands, batch, memo)
         commands.send()
-        egraph.run(analysis.saturate())
+        send(egraph, analysis)
         pre = serialize(egraph)
         if _seed_shapes(commands, batch, pre, memo):
-            egraph.run(analysis.saturate())
+            send(egraph, analysis)
             pre = serialize(egraph)
         stage = "rewrite"
-        egraph.run(rules)
-        egraph.run(analysis.saturate())
+        send(egraph, rules)
+        send(egraph, analysis)
         return pre, serialize(egraph)
     except EggSmolError as exc:
         raise _Conflict(stage, str(exc).splitlines()[0]) from exc
@@ -274,8 +276,10 @@ class RuleVerifier:
         )
         self.rtol = RTOL
         """Tolerance of the rule being verified (``RuleTable.tolerances``)."""
-        self._declared: dict[tuple[str, str], EGraph] = {}
-        """(analysis ruleset, rule ruleset) -> an e-graph with both declared, for the current rule."""
+        self._declared: dict[tuple[str, str], tuple[EGraph, Any, Any]] = {}
+        """(analysis ruleset, rule ruleset) -> an e-graph with both declared, for the current rule, and
+        the commands that run them (``run_cache.schedule_command``: ``EGraph.run`` checks every rule
+        and converts its report, milliseconds a run)."""
 
     def verify(self, name: str) -> RuleVerification:
         """Verify one rule of the table (a ``KeyError`` for an unknown name)."""
@@ -342,12 +346,15 @@ class RuleVerifier:
         assert selection is not None
         rules = self.table.ruleset_for([name], selection.rewrites)
         key = (str(selection.analysis.__egg_ident__.name), str(rules.__egg_ident__.name))
-        egraph = self._declared.get(key)
-        if egraph is None:  # declared before any push: what is declared inside a push is popped with it
-            egraph = self._declared[key] = EGraph()
-            egraph.run(selection.analysis.saturate())  # the e-graph is empty, so nothing fires
+        declared = self._declared.get(key)
+        if declared is None:  # declared before any push: what is declared inside a push is popped with it
+            egraph = EGraph()
+            saturate = selection.analysis.saturate()
+            egraph.run(saturate)  # the e-graph is empty, so nothing fires
             egraph.run(rules)
-        return _run_round(egraph, batch, selection.analysis, rules)
+            declared = (egraph, schedule_command(egraph, saturate), schedule_command(egraph, rules))
+            self._declared[key] = declared
+        return _run_round(declared[0], batch, declared[1], declared[2])
 
     def _check_batch(
         self, batch: list[Instance], name: str, fired: dict[str, int], discarded: Counter[str]

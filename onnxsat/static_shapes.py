@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx
@@ -240,14 +241,21 @@ def fold_sizes(
                     value = np.array(sliced, dtype=np.int64)
                 else:
                     partial[node.output[0]] = sliced
+                    if len(sliced) == 1 and isinstance(sliced[0], str):  # x.shape[1:2] of a sequence
+                        node = symbols.read(sliced[0], (1,), node)
             elif _all_numbers(dims):
                 value = np.array(math.prod(dims), dtype=np.int64)  # type: ignore[arg-type]
-        elif standard and node.op_type == "Gather" and node.input[0] in partial:
-            picked = _gathered(partial[node.input[0]], values.get(node.input[1]), node)
+        elif standard and node.op_type in ("Gather", "Slice") and node.input[0] in partial:
+            if node.op_type == "Gather":
+                picked = _gathered(partial[node.input[0]], values.get(node.input[1]), node)
+            else:  # dynamo's x.shape[-2:-1]: Slice of a Shape
+                picked = _sliced(partial[node.input[0]], [values.get(n) if n else False for n in node.input[1:]])
             if picked is not None and _all_numbers(picked[0]):
                 value = np.array(picked[0], dtype=np.int64).reshape(picked[1])
             elif picked is not None and len(picked[0]) == 1 and isinstance(picked[0][0], str):
                 node = symbols.read(picked[0][0], picked[1], node)
+            elif picked is not None and node.op_type == "Slice":
+                partial[node.output[0]] = picked[0]
         if value is None:
             kept.append(node)
             continue
@@ -273,10 +281,15 @@ class _SymbolReader:
         self.nodes: list[onnx.NodeProto] = []
         self.indices: list[onnx.TensorProto] = []
         self.shapes: dict[str, str] = {}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
     def read(self, symbol: str, index_shape: tuple[int, ...], gather: onnx.NodeProto) -> onnx.NodeProto:
-        """``gather`` reading ``symbol`` from its input's shape instead (same output, same index shape)."""
+        """``gather`` reading ``symbol`` from its input's shape instead (same output, same index
+        shape): a Shape of the one size where the output is a vector and the opset has Shape's
+        ``start`` (15), so a read of an input's own size stays one node."""
         name, axis = self.first[symbol]
+        if index_shape == (1,) and self.opset >= 15:
+            return helper.make_node("Shape", [name], list(gather.output), name=gather.name, start=axis, end=axis + 1)
         shape = self.shapes.get(name)
         if shape is None:
             shape = self.shapes[name] = self._fresh(f"{name}__onnxsat_shape")
@@ -301,6 +314,28 @@ def _gathered(dims: Dims, indices: onnx.TensorProto | None, node: onnx.NodeProto
     if at.dtype.kind not in "iu" or at.ndim > 1 or not all(-len(dims) <= int(i) < len(dims) for i in at.reshape(-1)):
         return None
     return tuple(dims[int(i)] for i in at.reshape(-1)), tuple(at.shape)
+
+
+def _sliced(dims: Dims, operands: list[Any]) -> tuple[Dims, tuple[int, ...]] | None:
+    """What Slice keeps of a shape vector of sizes ``dims`` with constant starts, ends, axes and
+    steps (``operands``: a TensorProto, False where absent, None where computed), and its shape;
+    None when one is computed or not one int."""
+    if not 2 <= len(operands) <= 4 or any(o is None for o in operands) or any(o is False for o in operands[:2]):
+        return None
+    read: list[int | None] = []
+    for operand in [*operands, False, False][:4]:
+        if operand is False:
+            read.append(None)
+            continue
+        value = numpy_helper.to_array(operand).reshape(-1)
+        if value.dtype.kind not in "iu" or value.size != 1:
+            return None
+        read.append(int(value[0]))
+    start, end, axis, step = read
+    if axis not in (None, 0, -1) or step == 0:
+        return None
+    kept = tuple(dims[slice(start, end, 1 if step is None else step)])  # Python's slice clamps as ONNX's does
+    return kept, (len(kept),)
 
 
 def _shape_slice(dims: Dims, node: onnx.NodeProto) -> list[int | str | None]:

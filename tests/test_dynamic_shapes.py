@@ -71,6 +71,7 @@ SIZES = {
     "transformer_block": [{"batch": 1, "seq": 3}, {"batch": 2, "seq": 7}, {"batch": 3, "seq": 16}],
     "dynamic_cnn": [{"N": 1, "H": 5, "W": 9}, {"N": 3, "H": 8, "W": 8}, {"N": 2, "H": 16, "W": 6}],
     "bert-ts-dynamic": [{"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 7}, {"batch": 3, "sequence": 16}],
+    "bert-dynamo-dynamic": [{"batch": 1, "sequence": 3}, {"batch": 2, "sequence": 7}, {"batch": 3, "sequence": 16}],
 }
 REALMODELS = Path(__file__).resolve().parent / "data" / "realmodels"
 

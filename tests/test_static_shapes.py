@@ -11,6 +11,7 @@ from onnx import helper, numpy_helper
 
 import onnxsat
 from onnxsat.static_shapes import data_free_shapes, fold_sizes, fully_known, static_sizes
+from onnxsat.verification import run_ort
 
 from .helpers_onnx import analysis_shape, int64s, make_model, out_vi, vi
 
@@ -127,6 +128,33 @@ def test_known_sizes_of_a_symbolic_shape_are_gathered_as_constants() -> None:
     out, report = onnxsat.optimize(model)
     assert report.verification.status == "passed"
     assert len(out.graph.node) <= len(folded.graph.node)
+
+
+def test_slices_of_a_layers_shape_read_the_inputs_size() -> None:
+    """dynamo writes ``x.view(-1, x.size(-2), x.size(-1))`` of a layer's [batch, 4, seq, 16]
+    activation as Slices of its Shape: the sequence is read from the graph input's own Shape
+    (one node every layer shares), the 16 is a constant, and a Shape slice of the input itself
+    stays one Shape node."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["h"]),
+        helper.make_node("Shape", ["h"], ["dims"]),
+        helper.make_node("Slice", ["dims", "minus2", "minus1"], ["seq"]),
+        helper.make_node("Slice", ["dims", "minus1", "end"], ["last"]),
+        helper.make_node("Shape", ["x"], ["batch"], start=0, end=1),
+        helper.make_node("Concat", ["batch", "minus1", "seq", "last"], ["target"], axis=0),
+        helper.make_node("Reshape", ["h", "target"], ["y"]),
+    ]
+    inits = [int64s("minus2", [-2]), int64s("minus1", [-1]), int64s("end", [2**63 - 1])]
+    model = make_model(nodes, [vi("x", TP.FLOAT, ["b", 4, "s", 16])], [out_vi("y", TP.FLOAT, 4)], 17, inits)
+    folded = fold_sizes(model, static_sizes(model, {}, {}), max_weight_bytes=1e9)
+    reads = [(n.op_type, list(n.input), {a.name: a.i for a in n.attribute}) for n in folded.graph.node]
+    assert ("Shape", ["x"], {"start": 2, "end": 3}) in reads and ("Shape", ["x"], {"start": 0, "end": 1}) in reads
+    assert [op for op, _, _ in reads] == ["Relu", "Shape", "Shape", "Concat", "Reshape"]
+    out, report = onnxsat.optimize(model)
+    assert report.verification.status == "passed"
+    for b, s in ((1, 3), (2, 7)):
+        x = np.random.default_rng(b).normal(size=(b, 4, s, 16)).astype(np.float32)
+        np.testing.assert_array_equal(run_ort(out, {"x": x})["y"], run_ort(model, {"x": x})["y"])
 
 
 def test_observed_sizes_seed_the_analysis_and_fold_the_size_arithmetic() -> None:

@@ -7,6 +7,7 @@ compiled code), which is slow: meant for small shapes only. The LLVM backend mus
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,65 +39,64 @@ def _erf(x: Any) -> Any:
     return type(x)(math.erf(float(x)))
 
 
-def _unary(op: str, a: Any) -> Any:
-    t = type(a)
-    with np.errstate(all="ignore"):
-        if op == "neg":
-            return -a
-        if op == "abs":
-            return abs(a)
-        if op == "exp":
-            return np.exp(a)
-        if op == "log":
-            return np.log(a)
-        if op == "sqrt":
-            return np.sqrt(a)
-        if op == "recip":
-            return t(1) / a
-        if op == "erf":
-            return _erf(a)
-        if op == "tanh":
-            return np.tanh(a)
-        if op == "sigmoid":
-            return t(1) / (t(1) + np.exp(-a))
-        if op == "floor":
-            return np.floor(a)
-        if op == "ceil":
-            return np.ceil(a)
-        if op == "round":
-            return np.round(a)
-        if op == "not":
-            return not a
-    raise ValueError(f"unknown unary op {op}")
+Fn = Callable[[], Any]
+"""A compiled expression: evaluates it in the interpreter's current environment."""
+
+_UNARY: dict[str, Callable[[Any], Any]] = {
+    "neg": lambda a: -a,
+    "abs": abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "recip": lambda a: type(a)(1) / a,
+    "erf": _erf,
+    "tanh": np.tanh,
+    "sigmoid": lambda a: type(a)(1) / (type(a)(1) + np.exp(-a)),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,
+    "not": lambda a: not a,
+}
 
 
-def _binary(op: str, a: Any, b: Any, dtype: str) -> Any:
-    with np.errstate(all="ignore"):
-        if op == "add":
-            return a + b
-        if op == "sub":
-            return a - b
-        if op == "mul":
-            return a * b
-        if op == "div":
-            if is_float(dtype):
-                return a / b
-            return NUMPY_DTYPES[dtype].type(int(a) // int(b) if (int(a) >= 0) == (int(b) > 0) else -(-int(a) // int(b)))
-        if op == "mod":
-            return NUMPY_DTYPES[dtype].type(math.fmod(int(a), int(b)) if not is_float(dtype) else math.fmod(a, b))
-        if op == "max":
-            return a if (a >= b or a != a) else b
-        if op == "min":
-            return a if (a <= b or a != a) else b
-        if op == "maxsel":
-            return a if a > b else b
-        if op == "pow":
-            return np.power(a, b) if is_float(dtype) else NUMPY_DTYPES[dtype].type(int(a) ** int(b))
-        if op == "and":
-            return a and b
-        if op == "or":
-            return a or b
-    raise ValueError(f"unknown binary op {op}")
+def _int_div(scalar: Any) -> Callable[[Any, Any], Any]:
+    return lambda a, b: scalar(int(a) // int(b) if (int(a) >= 0) == (int(b) > 0) else -(-int(a) // int(b)))
+
+
+def _unknown(dtype: str) -> Callable[[Any], Any]:
+    def fail(value: Any) -> Any:
+        raise KeyError(dtype)
+
+    return fail
+
+
+def _binary_fn(op: str, dtype: str) -> Callable[[Any, Any], Any] | None:
+    """The scalar function of ``op`` on operands of ``dtype`` (None for an unknown op)."""
+    floating = is_float(dtype)
+    scalar: Any = NUMPY_DTYPES[dtype].type if dtype in NUMPY_DTYPES else _unknown(dtype)
+    if op == "add":
+        return lambda a, b: a + b
+    if op == "sub":
+        return lambda a, b: a - b
+    if op == "mul":
+        return lambda a, b: a * b
+    if op == "div":
+        return (lambda a, b: a / b) if floating else _int_div(scalar)
+    if op == "mod":
+        return (lambda a, b: scalar(math.fmod(a, b))) if floating else (lambda a, b: scalar(math.fmod(int(a), int(b))))
+    if op == "max":
+        return lambda a, b: a if (a >= b or a != a) else b
+    if op == "min":
+        return lambda a, b: a if (a <= b or a != a) else b
+    if op == "maxsel":
+        return lambda a, b: a if a > b else b
+    if op == "pow":
+        return np.power if floating else (lambda a, b: scalar(int(a) ** int(b)))
+    if op == "and":
+        return lambda a, b: a and b
+    if op == "or":
+        return lambda a, b: a or b
+    return None
 
 
 _COMPARE = {
@@ -109,60 +109,125 @@ _COMPARE = {
 }
 
 
+def _raises(exc: Exception) -> Fn:
+    """An expression that fails when evaluated (as the tree walk did), not when compiled."""
+
+    def fail() -> Any:
+        raise exc
+
+    return fail
+
+
 class _Interp:
+    """Compiles a kernel's body once into Python closures (the dispatch on node types, dtypes and
+    ops done once, not per scalar: ~4x faster than walking the tree), then runs it."""
+
     def __init__(self, arrays: dict[str, np.ndarray]):
         self.arrays = arrays
         self.env: dict[str, Any] = {}
+        self._flats: dict[str, Callable[[], np.ndarray]] = {}
 
-    def expr(self, e: Expr) -> Any:
+    def flat(self, name: str) -> Callable[[], np.ndarray]:
+        """The buffer as a flat view (one for the run; a non-contiguous array is reshaped per access)."""
+        if name not in self._flats:
+            array = self.arrays[name]
+            flat = array.reshape(-1)
+            self._flats[name] = (lambda: flat) if np.shares_memory(flat, array) else (lambda: array.reshape(-1))
+        return self._flats[name]
+
+    def expr(self, e: Expr) -> Fn:  # noqa: C901, PLR0911
+        env = self.env
         if isinstance(e, Const):
-            return NUMPY_DTYPES[e.dtype].type(e.value)
-        if isinstance(e, Var):
-            return self.env[e.name]
-        if isinstance(e, Local):
-            return self.env[e.name]
+            value = NUMPY_DTYPES[e.dtype].type(e.value)
+            return lambda: value
+        if isinstance(e, Var | Local):
+            name = e.name
+            return lambda: env[name]
         if isinstance(e, Load):
-            index = int(self.expr(e.index))
-            flat = self.arrays[e.buffer.name].reshape(-1)
-            if not 0 <= index < flat.size:
-                raise IndexError(f"load {e.buffer.name}[{index}] out of bounds ({flat.size})")
-            return flat[index]
+            return self._load(e)
         if isinstance(e, Unary):
-            return _unary(e.op, self.expr(e.a))
+            unary, a = _UNARY.get(e.op), self.expr(e.a)
+            if unary is None:
+                return _raises(ValueError(f"unknown unary op {e.op}"))
+            return lambda: unary(a())
         if isinstance(e, Binary):
-            return _binary(e.op, self.expr(e.a), self.expr(e.b), dtype_of(e.a))
+            try:
+                fn = _binary_fn(e.op, dtype_of(e.a))
+            except TypeError as exc:
+                return _raises(exc)
+            if fn is None:
+                return _raises(ValueError(f"unknown binary op {e.op}"))
+            a, b = self.expr(e.a), self.expr(e.b)
+            return lambda: fn(a(), b())
         if isinstance(e, Compare):
-            return np.bool_(_COMPARE[e.op](self.expr(e.a), self.expr(e.b)))
+            compare, a, b = _COMPARE[e.op], self.expr(e.a), self.expr(e.b)
+            return lambda: np.bool_(compare(a(), b()))
         if isinstance(e, Select):
-            return self.expr(e.a) if self.expr(e.cond) else self.expr(e.b)
+            cond, a, b = self.expr(e.cond), self.expr(e.a), self.expr(e.b)
+            return lambda: a() if cond() else b()
         if isinstance(e, Cast):
-            value = self.expr(e.a)
-            with np.errstate(all="ignore"):
-                return np.array(value).astype(NUMPY_DTYPES[e.dtype])[()]
-        raise TypeError(f"not an expression: {e!r}")
+            a, dtype = self.expr(e.a), NUMPY_DTYPES[e.dtype]
+            return lambda: np.array(a()).astype(dtype)[()]
+        return _raises(TypeError(f"not an expression: {e!r}"))
 
-    def run(self, body: tuple[Stmt, ...]) -> None:
-        for s in body:
-            if isinstance(s, Loop):
-                start, stop = int(self.expr(s.start)), int(self.expr(s.stop))
-                for i in range(start, stop):
-                    self.env[s.var] = np.int64(i)
-                    self.run(s.body)
-            elif isinstance(s, Store):
-                index = int(self.expr(s.index))
-                flat = self.arrays[s.buffer.name].reshape(-1)
-                if not 0 <= index < flat.size:
-                    raise IndexError(f"store {s.buffer.name}[{index}] out of bounds ({flat.size})")
-                flat[index] = self.expr(s.value)
-            elif isinstance(s, (Decl, Assign)):
-                value = self.expr(s.init if isinstance(s, Decl) else s.value)
-                self.env[s.name] = value
+    def _load(self, e: Load) -> Fn:
+        index, flat, name = self.expr(e.index), self.flat(e.buffer.name), e.buffer.name
+
+        def load() -> Any:
+            i, values = int(index()), flat()
+            if not 0 <= i < values.size:
+                raise IndexError(f"load {name}[{i}] out of bounds ({values.size})")
+            return values[i]
+
+        return load
+
+    def body(self, body: tuple[Stmt, ...]) -> Callable[[], None]:
+        steps = [step for s in body if (step := self.stmt(s)) is not None]
+
+        def run() -> None:
+            for step in steps:
+                step()
+
+        return run
+
+    def stmt(self, s: Stmt) -> Callable[[], None] | None:
+        env = self.env
+        if isinstance(s, Loop):
+            start, stop, var, inner = self.expr(s.start), self.expr(s.stop), s.var, self.body(s.body)
+
+            def loop() -> None:
+                for i in range(int(start()), int(stop())):
+                    env[var] = np.int64(i)
+                    inner()
+
+            return loop
+        if isinstance(s, Store):
+            index, value, flat, name = self.expr(s.index), self.expr(s.value), self.flat(s.buffer.name), s.buffer.name
+
+            def store() -> None:
+                i, values = int(index()), flat()
+                if not 0 <= i < values.size:
+                    raise IndexError(f"store {name}[{i}] out of bounds ({values.size})")
+                values[i] = value()
+
+            return store
+        if isinstance(s, Decl | Assign):
+            target, value = s.name, self.expr(s.init if isinstance(s, Decl) else s.value)
+
+            def assign() -> None:
+                env[target] = value()
+
+            return assign
+        return None
 
 
 def interpret(kernel: Kernel, arrays: dict[str, np.ndarray], begin: int = 0, end: int | None = None) -> None:
-    """Run ``kernel`` on ``arrays`` (buffer name -> contiguous array; outputs are written in place)."""
+    """Run ``kernel`` on ``arrays`` (buffer name -> contiguous array; outputs are written in place).
+    Floating-point errors are ignored (inf and NaN propagate, as in the compiled code)."""
     interp = _Interp(arrays)
+    run = interp.body(kernel.body)
     stop = kernel.parallel_extent if end is None else end
-    for p in range(begin, stop):
-        interp.env[kernel.parallel_var] = np.int64(p)
-        interp.run(kernel.body)
+    with np.errstate(all="ignore"):
+        for p in range(begin, stop):
+            interp.env[kernel.parallel_var] = np.int64(p)
+            run()

@@ -105,10 +105,10 @@ def infer_types(model: ModelProto) -> ModelProto:
     so after the first Add of a BERT the batch and sequence are new symbols in every layer, and a
     rule that needs two tensors' sequence to be the same size never fires (a region of a graph,
     seeded from these types, sees none of its sizes tied to the others). onnxruntime's inference
-    carries ``batch`` and ``sequence`` (or ``past_sequence + 1``) through. It merges two sizes only
-    where an op needs them equal (without merging first, with it where that alone fails: a BERT's
-    ``Min(512, sequence)`` slice of its position table added to the ``sequence`` activations).
-    Models it cannot finish (an op it does not know) keep ONNX's types."""
+    carries ``batch`` and ``sequence`` (or ``past_sequence + 1``) through. It runs without merging
+    sizes first, then with merges where that alone fails, keeping them only where they hold
+    (``_merges_hold``: a BERT's ``Min(512, sequence)`` slice of its position table added to the
+    ``sequence`` activations). Models it cannot finish (an op it does not know) keep ONNX's types."""
     if has_symbolic_inputs(model):
         symbolic = _symbolic(model)
         if symbolic is not None:
@@ -143,7 +143,7 @@ def _symbolic(model: ModelProto) -> ModelProto | None:
                 inference._update_output_from_vi()
             except Exception:
                 continue
-            if not complete:
+            if not complete or not _merges_hold(inference.suggested_merge_):
                 continue
             inferred = inference.out_mp_
             keep = [i for i in inferred.graph.input if i.name not in large]
@@ -153,3 +153,41 @@ def _symbolic(model: ModelProto) -> ModelProto | None:
     finally:
         logger.setLevel(level)
     return None
+
+
+MERGE_CHECKED_UP_TO = 1 << 16
+"""Sizes of the one free symbol at which a merge of two sizes is checked (``_merges_hold``)."""
+
+
+def _merges_hold(merges: dict[str, Any]) -> bool:
+    """Whether every merge onnxruntime's inference made (``{merged: kept}``, sizes an elementwise op
+    broadcasts against each other) is sound: broadcasting also passes where one of the two is 1,
+    so ``a + c`` of free sizes ``a`` and ``c`` does not make them one (a 1 against a 5 is valid).
+    A merge holds where both sizes are expressions of one and the same free symbol and are 1 at
+    the same values of it (checked up to ``MERGE_CHECKED_UP_TO``): ``Min(512, sequence)`` is 1
+    exactly where ``sequence`` is, and where the two differ neither is 1, so the model cannot run."""
+    import re
+
+    import numpy as np
+    import sympy
+
+    functions = {"Min": sympy.Min, "Max": sympy.Max, "floor": sympy.floor, "ceiling": sympy.ceiling, "Mod": sympy.Mod}
+
+    def parse(text: str) -> Any:  # every other name a symbol: a size called "sequence" is not sympy's function
+        names = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)) - set(functions)
+        return sympy.parse_expr(text, local_dict={**functions, **{n: sympy.Symbol(n) for n in names}})
+
+    for merged, kept in merges.items():
+        try:
+            a, b = parse(str(merged)), parse(str(kept))
+        except Exception:  # what sympy cannot read is not checked, so not kept
+            return False
+        symbols = a.free_symbols | b.free_symbols
+        if len(symbols) != 1 or a.free_symbols != b.free_symbols:
+            return False
+        values = np.arange(1, MERGE_CHECKED_UP_TO + 1)
+        (symbol,) = symbols
+        ones = [np.broadcast_to(sympy.lambdify(symbol, e, "numpy")(values), values.shape) == 1 for e in (a, b)]
+        if not np.array_equal(ones[0], ones[1]):
+            return False
+    return True

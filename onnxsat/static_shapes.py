@@ -256,6 +256,8 @@ def fold_sizes(
                 node = symbols.read(picked[0][0], picked[1], node)
             elif picked is not None and node.op_type == "Slice":
                 partial[node.output[0]] = picked[0]
+                if all(d is not None for d in picked[0]):  # x.shape[:-2], [batch, heads]: one Concat all layers share
+                    node = symbols.vector(picked[0], node)
         if value is None:
             kept.append(node)
             continue
@@ -281,6 +283,7 @@ class _SymbolReader:
         self.nodes: list[onnx.NodeProto] = []
         self.indices: list[onnx.TensorProto] = []
         self.shapes: dict[str, str] = {}
+        self.reads: dict[str, str] = {}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
     def read(self, symbol: str, index_shape: tuple[int, ...], gather: onnx.NodeProto) -> onnx.NodeProto:
@@ -297,6 +300,26 @@ class _SymbolReader:
         index = self._fresh(f"{gather.output[0]}__onnxsat_axis")
         self.indices.append(numpy_helper.from_array(np.array(axis, np.int64).reshape(index_shape), index))
         return helper.make_node("Gather", [shape, index], list(gather.output), name=gather.name, axis=0)
+
+    def vector(self, dims: Dims, node: onnx.NodeProto) -> onnx.NodeProto:
+        """A Concat computing ``node``'s output, the sizes ``dims`` (numbers and graph-input
+        symbols): runs of numbers as constants, each symbol from one shared read of its input."""
+        pieces: list[str] = []
+        numbers: list[int] = []
+        for dim in [*dims, None]:
+            if isinstance(dim, int):
+                numbers.append(dim)
+                continue
+            if numbers:
+                pieces.append(self._fresh(f"{node.output[0]}__onnxsat_sizes"))
+                self.indices.append(numpy_helper.from_array(np.array(numbers, np.int64), pieces[-1]))
+                numbers = []
+            if isinstance(dim, str):
+                if dim not in self.reads:
+                    self.reads[dim] = self._fresh(f"{dim}__onnxsat_size")
+                    self.nodes.append(self.read(dim, (1,), helper.make_node("Identity", [], [self.reads[dim]])))
+                pieces.append(self.reads[dim])
+        return helper.make_node("Concat", pieces, list(node.output), name=node.name, axis=0)
 
     def _fresh(self, name: str) -> str:
         while name in self.taken:

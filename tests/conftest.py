@@ -1,8 +1,11 @@
-"""Test-run order: the tests marked slow start first.
+"""Test-run order: the modules with tests marked slow start first.
 
 With CI's two xdist workers, a long test that starts near the end leaves the other worker idle
-until it finishes; started first, the short tests fill in around it. The order within each group
-is the collection order (the sort is stable), the same on every worker, as xdist requires.
+until it finishes; started first, the short tests fill in around it. Whole modules move, not
+single tests: a module's fixtures (a Ray instance, a serial batch run) are set up again each
+time its tests resume after another module's, which cost test_batch_ray three Ray start-ups.
+Within a module the slow tests go first. The sort is stable, so the order is the same on every
+worker, as xdist requires.
 """
 
 from __future__ import annotations
@@ -11,4 +14,17 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    def slow(item: pytest.Item) -> bool:
+        return item.get_closest_marker("slow") is not None
+
+    module_has_slow: dict[str, bool] = {}
+    for item in items:
+        module_has_slow[item.nodeid.split("::")[0]] = module_has_slow.get(item.nodeid.split("::")[0], False) or slow(item)
+    first = {module: i for i, module in reversed(list(enumerate(item.nodeid.split("::")[0] for item in items)))}
+    items.sort(
+        key=lambda item: (
+            not module_has_slow[item.nodeid.split("::")[0]],
+            first[item.nodeid.split("::")[0]],
+            not slow(item),
+        )
+    )

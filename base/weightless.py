@@ -13,7 +13,9 @@ node as it does for weights kept in their file, never on invented values.
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -117,8 +119,6 @@ def infer_types(model: ModelProto) -> ModelProto:
 
 
 def _symbolic(model: ModelProto) -> ModelProto | None:
-    import logging
-
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, logger
 
     shell = model_shell(model, {"initializer"})
@@ -166,10 +166,7 @@ def _merges_hold(merges: dict[str, Any]) -> bool:
     A merge holds where both sizes are expressions of one and the same free symbol and are 1 at
     the same values of it (checked up to ``MERGE_CHECKED_UP_TO``): ``Min(512, sequence)`` is 1
     exactly where ``sequence`` is, and where the two differ neither is 1, so the model cannot run."""
-    import re
-
-    import numpy as np
-    import sympy
+    import sympy  # imported here: ~0.3 s, paid only by models with free sizes
 
     functions = {"Min": sympy.Min, "Max": sympy.Max, "floor": sympy.floor, "ceiling": sympy.ceiling, "Mod": sympy.Mod}
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import onnx
@@ -242,18 +241,18 @@ def fold_sizes(
                 else:
                     partial[node.output[0]] = sliced
                     if len(sliced) == 1 and isinstance(sliced[0], str):  # x.shape[1:2] of a sequence
-                        node = symbols.read(sliced[0], (1,), node)
+                        node = symbols.read(sliced[0], (1,), node.output[0], node.name)
             elif _all_numbers(dims):
                 value = np.array(math.prod(dims), dtype=np.int64)  # type: ignore[arg-type]
         elif standard and node.op_type in ("Gather", "Slice") and node.input[0] in partial:
             if node.op_type == "Gather":
                 picked = _gathered(partial[node.input[0]], values.get(node.input[1]), node)
             else:  # dynamo's x.shape[-2:-1]: Slice of a Shape
-                picked = _sliced(partial[node.input[0]], [values.get(n) if n else False for n in node.input[1:]])
+                picked = _sliced(partial[node.input[0]], node, values)
             if picked is not None and _all_numbers(picked[0]):
                 value = np.array(picked[0], dtype=np.int64).reshape(picked[1])
             elif picked is not None and len(picked[0]) == 1 and isinstance(picked[0][0], str):
-                node = symbols.read(picked[0][0], picked[1], node)
+                node = symbols.read(picked[0][0], picked[1], node.output[0], node.name)
             elif picked is not None and node.op_type == "Slice":
                 partial[node.output[0]] = picked[0]
                 if all(d is not None for d in picked[0]):  # x.shape[:-2], [batch, heads]: one Concat all layers share
@@ -286,20 +285,20 @@ class _SymbolReader:
         self.reads: dict[str, str] = {}
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
-    def read(self, symbol: str, index_shape: tuple[int, ...], gather: onnx.NodeProto) -> onnx.NodeProto:
-        """``gather`` reading ``symbol`` from its input's shape instead (same output, same index
-        shape): a Shape of the one size where the output is a vector and the opset has Shape's
-        ``start`` (15), so a read of an input's own size stays one node."""
-        name, axis = self.first[symbol]
+    def read(self, symbol: str, index_shape: tuple[int, ...], output: str, name: str = "") -> onnx.NodeProto:
+        """A node writing ``symbol`` read from its input's shape into ``output`` (a Gather of
+        indices of ``index_shape``): a Shape of the one size where the output is a vector and the
+        opset has Shape's ``start`` (15), so a read of an input's own size stays one node."""
+        source, axis = self.first[symbol]
         if index_shape == (1,) and self.opset >= 15:
-            return helper.make_node("Shape", [name], list(gather.output), name=gather.name, start=axis, end=axis + 1)
-        shape = self.shapes.get(name)
+            return helper.make_node("Shape", [source], [output], name=name, start=axis, end=axis + 1)
+        shape = self.shapes.get(source)
         if shape is None:
-            shape = self.shapes[name] = self._fresh(f"{name}__onnxsat_shape")
-            self.nodes.append(helper.make_node("Shape", [name], [shape]))
-        index = self._fresh(f"{gather.output[0]}__onnxsat_axis")
+            shape = self.shapes[source] = self._fresh(f"{source}__onnxsat_shape")
+            self.nodes.append(helper.make_node("Shape", [source], [shape]))
+        index = self._fresh(f"{output}__onnxsat_axis")
         self.indices.append(numpy_helper.from_array(np.array(axis, np.int64).reshape(index_shape), index))
-        return helper.make_node("Gather", [shape, index], list(gather.output), name=gather.name, axis=0)
+        return helper.make_node("Gather", [shape, index], [output], name=name, axis=0)
 
     def vector(self, dims: Dims, node: onnx.NodeProto) -> onnx.NodeProto:
         """A Concat computing ``node``'s output, the sizes ``dims`` (numbers and graph-input
@@ -317,7 +316,7 @@ class _SymbolReader:
             if isinstance(dim, str):
                 if dim not in self.reads:
                     self.reads[dim] = self._fresh(f"{dim}__onnxsat_size")
-                    self.nodes.append(self.read(dim, (1,), helper.make_node("Identity", [], [self.reads[dim]])))
+                    self.nodes.append(self.read(dim, (1,), self.reads[dim]))
                 pieces.append(self.reads[dim])
         return helper.make_node("Concat", pieces, list(node.output), name=node.name, axis=0)
 
@@ -339,21 +338,18 @@ def _gathered(dims: Dims, indices: onnx.TensorProto | None, node: onnx.NodeProto
     return tuple(dims[int(i)] for i in at.reshape(-1)), tuple(at.shape)
 
 
-def _sliced(dims: Dims, operands: list[Any]) -> tuple[Dims, tuple[int, ...]] | None:
-    """What Slice keeps of a shape vector of sizes ``dims`` with constant starts, ends, axes and
-    steps (``operands``: a TensorProto, False where absent, None where computed), and its shape;
-    None when one is computed or not one int."""
-    if not 2 <= len(operands) <= 4 or any(o is None for o in operands) or any(o is False for o in operands[:2]):
+def _sliced(dims: Dims, node: onnx.NodeProto, values: Mapping[str, onnx.TensorProto]) -> tuple[Dims, tuple[int, ...]] | None:
+    """What Slice ``node`` keeps of a shape vector of sizes ``dims``, and its shape; None unless its
+    starts, ends and (where given) axes and steps are constants of one int."""
+    names = [*node.input[1:5], "", ""][:4]
+    if not names[0] or not names[1] or any(n and n not in values for n in names):
         return None
     read: list[int | None] = []
-    for operand in [*operands, False, False][:4]:
-        if operand is False:
-            read.append(None)
-            continue
-        value = numpy_helper.to_array(operand).reshape(-1)
-        if value.dtype.kind not in "iu" or value.size != 1:
+    for name in names:
+        value = numpy_helper.to_array(values[name]).reshape(-1) if name else None
+        if value is not None and (value.dtype.kind not in "iu" or value.size != 1):
             return None
-        read.append(int(value[0]))
+        read.append(None if value is None else int(value[0]))
     start, end, axis, step = read
     if axis not in (None, 0, -1) or step == 0:
         return None

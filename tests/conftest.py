@@ -14,17 +14,14 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
     def slow(item: pytest.Item) -> bool:
         return item.get_closest_marker("slow") is not None
 
-    module_has_slow: dict[str, bool] = {}
-    for item in items:
-        module_has_slow[item.nodeid.split("::")[0]] = module_has_slow.get(item.nodeid.split("::")[0], False) or slow(item)
-    first = {module: i for i, module in reversed(list(enumerate(item.nodeid.split("::")[0] for item in items)))}
-    items.sort(
-        key=lambda item: (
-            not module_has_slow[item.nodeid.split("::")[0]],
-            first[item.nodeid.split("::")[0]],
-            not slow(item),
-        )
-    )
+    with_slow = {module(item) for item in items if slow(item)}
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(module(item), index)
+    items.sort(key=lambda item: (module(item) not in with_slow, first[module(item)], not slow(item)))

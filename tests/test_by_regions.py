@@ -23,6 +23,8 @@ from onnxsat.egraph.regions import (
     value_types,
 )
 
+from .helpers_onnx import make_model, vi
+
 HIDDEN = 72
 """Above ``SMALL_CONSTANT``: gamma and beta are keyed by role, not value."""
 LAYER = 5
@@ -330,13 +332,8 @@ def test_commuted_copies_of_one_computation_merge() -> None:
         helper.make_node("Add", ["one", "x"], ["b"]),
         helper.make_node("Mul", ["a", "b"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "commuted",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
-        initializer=[numpy_helper.from_array(np.ones(3, np.float32), "one")],
-    )
-    model, merged = eliminate_common_subexpressions(helper.make_model(graph))
+    one = numpy_helper.from_array(np.ones(3, np.float32), "one")
+    model = make_model(nodes, [vi("x", TensorProto.FLOAT, [3])], [vi("y", TensorProto.FLOAT, [3])], 17, [one])
+    model, merged = eliminate_common_subexpressions(model)
     assert merged == 1
     assert [list(n.input) for n in model.graph.node] == [["x", "one"], ["a", "a"]]

@@ -21,6 +21,8 @@ from onnxsat.base.report import Report
 from onnxsat.base.weightless import infer_types
 from onnxsat.verification import make_inputs, run_ort
 
+from .helpers_onnx import out_vi, vi
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 FAST = onnxsat.Budgets(iterations=4, seconds=20.0)
 
@@ -170,14 +172,9 @@ def test_symbolic_inference_that_cannot_finish_writes_nothing(tmp_path: Path, mo
         helper.make_node("Unknown", ["a"], ["b"], domain="example.custom"),
         helper.make_node("Relu", ["b"], ["y"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "custom",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-    )
     model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
+        helper.make_graph(nodes, "custom", [vi("x", TensorProto.FLOAT, ["batch", 4])], [out_vi("y", TensorProto.FLOAT, 2)]),
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)],
     )
     monkeypatch.chdir(tmp_path)
     inferred = infer_types(model)

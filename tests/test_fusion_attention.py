@@ -32,7 +32,7 @@ from onnxsat.rules.families import attention
 
 from .helpers_onnx import outputs_match, run_ort
 from .prove import _load, _warm
-from .realmodels_feeds import feeds_for
+from .test_realmodels import assert_exact_with_left_padding
 
 F, F16, D = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE
 Q, K, V, M = (L.Tensor.input(n) for n in ("q", "k", "v", "m"))
@@ -537,45 +537,22 @@ def test_contrib_ops_write_mha_only_where_attention_cannot_be(upgrade: int | Non
 
 # ---------------------------------------------------------------- the committed transformer exports
 REALMODELS = Path(__file__).parent / "data" / "realmodels"
-FUSED_EXPORTS = {
-    "qwen2-dynamo-static": 2,
-    "qwen2-decode-dynamo-static": 2,  # a KV-cache step: k and v are Concat(past, new)
-    "llama-decode-dynamo-dynamic": 2,  # dynamic batch and sequence
-    "llama-ts-static": 2,  # TorchScript: the mask's Expand target is Where(Equal(...)) on constants
-    "llama-decode-ts-static": 2,  # a [1, 1, 1, S] mask over q folded to [B, Hkv, n_rep * T, D]: expanded
-    "gpt2-dynamo-dynamic": 2,  # a finfo.min mask: its constant becomes the next float up
-}
-"""Corpus exports whose attention is fused: name -> Attention nodes (one per layer)."""
-
-
 CONTRIB_EXPORTS = ("gpt2-dynamo-dynamic", "llama-decode-ts-static", "qwen2-decode-dynamo-static")
 """Exports checked with contrib ops at their own opset (MultiHeadAttention): dynamic batch and
-sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache."""
+sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache.
+With standard ops, test_realmodels checks one Attention per layer on the same exports (its
+``FUSED_ATTENTION``) from the run it checks for exactness."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "contrib"), [(n, False) for n in sorted(FUSED_EXPORTS)] + [(n, True) for n in CONTRIB_EXPORTS]
-)
-def test_transformer_exports_get_one_attention_per_layer(name: str, contrib: bool) -> None:
-    """One Attention per layer (with contrib ops at the model's own opset, one MultiHeadAttention),
-    exact against the original with and without left padding, symbolic dims kept."""
+@pytest.mark.parametrize("name", CONTRIB_EXPORTS)
+def test_transformer_exports_get_one_mha_per_layer_with_contrib_ops(name: str) -> None:
+    """One MultiHeadAttention per layer at the model's own opset, exact against the original with
+    and without left padding, symbolic dims kept."""
     record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
     original = onnx.load(REALMODELS / record["file"])
-    options = Options(allow_contrib_ops=True, upgrade_opset=None) if contrib else Options()
-    optimized, report = onnxsat.optimize(original, options)
+    optimized, report = onnxsat.optimize(original, Options(allow_contrib_ops=True, upgrade_opset=None))
     assert report.verification.status == "passed", report.verification
     ops = _ops(optimized)
-    fused = "MultiHeadAttention" if contrib else "Attention"
-    assert ops[fused] == FUSED_EXPORTS[name] and ops["Softmax"] == 0, ops
-    feeds = feeds_for(record["inputs"], seed=7)
-    padded = {n: a.copy() for n, a in feeds.items()}
-    if "attention_mask" in padded:  # left padding: the first queries' rows are fully masked
-        padded["attention_mask"][...] = 1
-        padded["attention_mask"][:, :3] = 0
-    for inputs in (feeds, padded):
-        for got, ref in zip(run_ort(optimized, inputs), run_ort(original, inputs), strict=True):
-            bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
-            assert float(np.max(np.abs(got.astype(np.float64) - ref))) <= bound
-    symbolic = [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in original.graph.input]
-    assert [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in optimized.graph.input] == symbolic
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0, ops
+    assert_exact_with_left_padding(original, optimized, record["inputs"])

@@ -7,7 +7,8 @@ options (verification on). The result is then checked here independently of onnx
 verification: on onnxruntime with seeded inputs of valid ranges, every output within
 1e-4 * max|ref| + 1e-6 of the original's, no more nodes than the input, no more weight bytes
 unless the report says why (then at most 1% more: folded size arithmetic), and
-an estimated cost no higher than the input's. A refusal (exit-3
+an estimated cost no higher than the input's. The decoder exports whose attention is fused
+(``FUSED_ATTENTION``) must have one Attention per layer and stay exact under left padding. A refusal (exit-3
 VerificationError or any other onnxsat error) fails the test with its message.
 
 A model that computes in float16 is held to float16's precision instead (`FLOAT16_RTOL`), and
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,17 @@ OPTIONS = Options(minimize_seconds=10.0)
 refusal: a refusal fails the test either way, and the CLI names the rules with its defaults."""
 
 CHECK_SEED = 20261201  # not one of onnxsat's verification seeds (0, 1)
+
+FUSED_ATTENTION = {
+    "qwen2-dynamo-static": 2,
+    "qwen2-decode-dynamo-static": 2,  # a KV-cache step: k and v are Concat(past, new)
+    "llama-decode-dynamo-dynamic": 2,  # dynamic batch and sequence
+    "llama-ts-static": 2,  # TorchScript: the mask's Expand target is Where(Equal(...)) on constants
+    "llama-decode-ts-static": 2,  # a [1, 1, 1, S] mask over q folded to [B, Hkv, n_rep * T, D]: expanded
+    "gpt2-dynamo-dynamic": 2,  # a finfo.min mask: its constant becomes the next float up
+}
+"""Exports whose attention the default options fuse: name -> Attention nodes (one per layer, no
+Softmax left), exact also with left padding and with the symbolic dims kept."""
 
 FLOAT16_RTOL = 1e-2
 """The relative bound for outputs computed in float16. float16 carries 11 significant bits (unit
@@ -130,6 +143,30 @@ def test_realmodel_optimizes_exactly(name: str) -> None:
     assert report.cost_after <= report.cost_before, (
         f"estimated cost {report.cost_before} -> {report.cost_after}"
     )
+    if name in FUSED_ATTENTION:
+        ops = Counter(n.op_type for n in optimized.graph.node)
+        assert ops["Attention"] == FUSED_ATTENTION[name] and ops["Softmax"] == 0, ops
+        assert_exact_with_left_padding(original, optimized, record["inputs"])
+
+
+def assert_exact_with_left_padding(original: onnx.ModelProto, optimized: onnx.ModelProto, inputs: list[Any]) -> None:
+    """Outputs within 1e-4 * max|ref| + 1e-6 of the original's on seeded inputs and on the same
+    inputs left-padded (the first queries' rows fully masked), and the inputs' symbolic dims kept."""
+    feeds = feeds_for(inputs, seed=7)
+    padded = {n: a.copy() for n, a in feeds.items()}
+    if "attention_mask" in padded:
+        padded["attention_mask"][...] = 1
+        padded["attention_mask"][:, :3] = 0
+    for inputs_ in (feeds, padded):
+        expected, actual = _run(original, inputs_), _run(optimized, inputs_)
+        for output, ref in expected.items():
+            bound = 1e-4 * float(np.max(np.abs(ref))) + 1e-6
+            assert _max_error(actual[output], ref) <= bound, output
+
+    def dims(model: onnx.ModelProto) -> list[list[str]]:
+        return [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input]
+
+    assert dims(optimized) == dims(original)
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:

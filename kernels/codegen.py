@@ -58,6 +58,8 @@ FAST = ("reassoc", "contract")
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _BITS = {"i8": 8, "u8": 8, "i16": 16, "u16": 16, "i32": 32, "u32": 32, "i64": 64, "u64": 64, "bool": 1}
 _FBITS = {"f16": 16, "f32": 32, "f64": 64}
+_EXACT_IN_F16 = frozenset({"neg", "abs", "floor", "ceil", "round"})
+"""Float16 unary ops whose float16 result is exact; the others are computed in float32."""
 
 
 def storage_type(dtype: str) -> ir.Type:
@@ -199,6 +201,8 @@ class FunctionBuilder:
 
     def _unary(self, op: str, a: ir.Value, dt: str) -> ir.Value:
         b = self.b
+        if dt == "f16" and op not in _EXACT_IN_F16:  # in float32, rounded once (onnxruntime's way)
+            return self._cast(self._unary(op, self._cast(a, dt, "f32"), "f32"), "f32", dt)
         if is_float(dt):
             ty = LL_TYPES[dt]
             if op == "neg":
@@ -218,10 +222,11 @@ class FunctionBuilder:
             if op == "sigmoid":
                 e = self._unary("exp", b.fneg(a), dt)
                 return b.fdiv(ir.Constant(ty, 1.0), b.fadd(ir.Constant(ty, 1.0), e))
-            if op == "tanh":
-                e = self._unary("exp", b.fmul(a, ir.Constant(ty, -2.0)), dt)
+            if op == "tanh":  # sign(x) (1 - e) / (1 + e), e = exp(-2|x|) <= 1: no inf / inf
+                magnitude = b.call(self.intrinsic("fabs", a.type), [a])
+                e = self._unary("exp", b.fmul(magnitude, ir.Constant(ty, -2.0)), dt)
                 one = ir.Constant(ty, 1.0)
-                return b.fdiv(b.fsub(one, e), b.fadd(one, e))
+                return b.call(self.intrinsic("copysign", a.type, 2), [b.fdiv(b.fsub(one, e), b.fadd(one, e)), a])
             name = {"exp": "exp", "log": "log", "sqrt": "sqrt", "abs": "fabs", "floor": "floor", "ceil": "ceil", "round": "roundeven"}[op]
             return b.call(self.intrinsic(name, a.type), [a])
         if op == "neg":

@@ -471,9 +471,10 @@ class Executable:
 
     def _fallback_runner(self, step: FallbackStep) -> Callable[[dict[str, np.ndarray]], None]:
         """The node alone in a model (original tensor names, so subgraphs find what they read),
-        run by onnx's reference evaluator."""
+        run by onnx's reference evaluator (``lowering.node_runner``)."""
         from onnx import helper
-        from onnx.reference import ReferenceEvaluator
+
+        from onnxsat.lowering.node_runner import node_runner
 
         feeds = [(t, b) for t, b in zip(step.node.input, step.inputs, strict=True) if t and b is not None]
         feeds += [(t, b) for t, b in step.captures if t not in {n for n, _ in feeds}]
@@ -484,11 +485,11 @@ class Executable:
         outs = [o for o in step.node.output if o]
         graph = helper.make_graph([step.node], "fallback", vis, [helper.make_tensor_value_info(o, 0, None) for o in outs])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid(step.node.domain, step.opset)])
-        evaluator = ReferenceEvaluator(model)
+        evaluate = node_runner(model)
         out_names = [b.name for b in step.outputs]
 
         def run(arrays: dict[str, np.ndarray]) -> None:
-            results = evaluator.run(None, {t: arrays[b.name] for t, b in feeds})
+            results = evaluate({t: arrays[b.name] for t, b in feeds})
             for bn, value in zip(out_names, results, strict=True):
                 np.copyto(arrays[bn], np.asarray(value).reshape(arrays[bn].shape), casting="unsafe")
 

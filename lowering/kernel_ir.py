@@ -220,6 +220,18 @@ def dtype_of(e: Expr) -> str:
     raise TypeError(f"not an expression: {e!r}")
 
 
+def compute_dtype(dtype: str) -> str:
+    """The type arithmetic on ``dtype`` values runs in: float16 in float32, rounded once when stored
+    (as onnxruntime computes it and as the norms' ``stash_type`` asks; float16 sums lose digits
+    at every step and its exp overflows above 11)."""
+    return "f32" if dtype == "f16" else dtype
+
+
+def as_dtype(e: Expr, dtype: str) -> Expr:
+    """``e`` converted to ``dtype`` (itself when it already has it)."""
+    return e if dtype_of(e) == dtype else Cast(e, dtype)
+
+
 def i64(value: int) -> Const:
     return Const(int(value), "i64")
 

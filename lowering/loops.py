@@ -25,6 +25,7 @@ from .kernel_ir import (
     Store,
     Var,
     add,
+    as_dtype,
     floordiv,
     i64,
     mod,
@@ -134,7 +135,8 @@ def reduction_kernel(
 ) -> Kernel:
     """``out[o] = finish(op-reduce over r of value(o, r), o)`` for every outer index ``o``.
 
-    ``op`` is ``add``, ``max`` or ``min``; the innermost loop is the last reduced axis.
+    ``op`` is ``add``, ``max`` or ``min``; the innermost loop is the last reduced axis. The
+    accumulator has ``init``'s type (``value`` gives it that type); the result is stored as ``out``'s.
     """
     p = Var("p")
     acc = Local("acc", init.dtype)
@@ -146,7 +148,7 @@ def reduction_kernel(
         inner: tuple[Stmt, ...] = (Assign("acc", Binary(op, acc, value(o_idx, list(red_vars)))),)
         for v, d in reversed(list(zip(red_vars, red_shape, strict=True))):
             inner = (Loop(v.name, i64(d), inner),)
-        return (Decl("acc", init.dtype, init), *inner, Store(out, p, finish(acc, o_idx)))
+        return (Decl("acc", init.dtype, init), *inner, Store(out, p, as_dtype(finish(acc, o_idx), out.dtype)))
 
     cost = float(units * max(math.prod(red_shape), 1) * cost_per_item)
     return Kernel(name, tuple(_unique([*inputs, out])), (out.name,), "p", units, build(), cost)

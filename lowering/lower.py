@@ -21,6 +21,7 @@ from onnxsat.base.errors import OnnxsatError
 
 from .kernel_ir import Buffer, dtype_of_numpy
 from .loops import buffers_of, materialize_kernel
+from .node_runner import node_runner
 from .partition import PNode, partition
 from .program import FallbackStep, KernelProgram, KernelStep, Step
 from .table import LOWERINGS, NotLowered, kind_of, load_rules
@@ -348,8 +349,6 @@ class Lowerer:
 
 
 def _reference_run(node: onnx.NodeProto, opset: int, values: list[np.ndarray | None]) -> list[np.ndarray]:
-    from onnx.reference import ReferenceEvaluator
-
     names = [f"i{k}" if v is not None else "" for k, v in enumerate(values)]
     inputs = [
         helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
@@ -362,8 +361,7 @@ def _reference_run(node: onnx.NodeProto, opset: int, values: list[np.ndarray | N
     graph = helper.make_graph([clone], "fold", inputs, [helper.make_tensor_value_info(o, 0, None) for o in outs if o])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(node.domain, opset)])
     feeds = {n: v for n, v in zip(names, values, strict=True) if v is not None}
-    results = ReferenceEvaluator(model).run(None, feeds)
-    it = iter(results)
+    it = iter(node_runner(model)(feeds))
     return [next(it) if o else None for o in outs]  # type: ignore[misc]
 
 

@@ -28,6 +28,8 @@ from .kernel_ir import (
     Unary,
     Var,
     add,
+    as_dtype,
+    compute_dtype,
     flat_index,
     i64,
     is_float,
@@ -72,7 +74,7 @@ def _reduce(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     red_shape = tuple(x.shape[a] for a in red)
     n = math.prod(red_shape)
     op = {"ReduceSum": "add", "ReduceMean": "add", "ReduceMax": "max", "ReduceMin": "min"}[nv.op_type]
-    dt = x.dtype
+    dt = compute_dtype(x.dtype)
     if op == "add":
         init = Const(0, dt)
     elif op == "max":
@@ -86,7 +88,7 @@ def _reduce(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     def finish(acc: Expr, o: Index) -> Expr:
         return acc if scale is None else Binary("mul", acc, Const(scale, dt))
 
-    out = cx.out_buffer(nv.outputs[0], out_shape, dt)
+    out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
     if math.prod(out_shape) == 0:
         return [of_buffer(out)]
     kernel = reduction_kernel(
@@ -94,7 +96,7 @@ def _reduce(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         out,
         outer_shape,
         red_shape,
-        lambda o, r: x.gen(_merge(kept, red, o, r, rank)),
+        lambda o, r: as_dtype(x.gen(_merge(kept, red, o, r, rank)), dt),
         op,
         init,
         finish,
@@ -129,7 +131,7 @@ def _softmax(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = in_place or cx.out_buffer(nv.outputs[0], x.shape, x.dtype)
     if x.numel == 0:
         return [of_buffer(out)]
-    dt = x.dtype
+    dt = compute_dtype(x.dtype)
     names = [f"r{i}" for i in range(len(red_axes))]
     r: list[Expr] = [Var(n) for n in names]
 
@@ -137,14 +139,19 @@ def _softmax(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         idx = _merge(outer_axes, red_axes, o, r, rank)
         at = flat_index(idx, x.shape)
         m, s = Local("m", dt), Local("s", dt)
-        e = Unary("exp", Binary("sub", x.gen(idx), m))
+        e = Unary("exp", Binary("sub", as_dtype(x.gen(idx), dt), m))
+        if dt == x.dtype:  # the exponentials go to the output, which the last pass scales
+            sum_pass: tuple[Stmt, ...] = (Decl("e", dt, e), Store(out, at, Local("e", dt)), Assign("s", Binary("add", s, Local("e", dt))))
+            scaled: Expr = Binary("mul", of_buffer(out).gen(idx), Local("inv", dt))
+        else:  # stored rounded, they would be rounded twice: the last pass computes them again
+            sum_pass, scaled = (Assign("s", Binary("add", s, e)),), Binary("mul", e, Local("inv", dt))
         return (
             Decl("m", dt, lowest_value(dt)),
-            *for_nest(names, red_shape, (Assign("m", Binary("max", m, x.gen(idx))),)),
+            *for_nest(names, red_shape, (Assign("m", Binary("max", m, as_dtype(x.gen(idx), dt))),)),
             Decl("s", dt, Const(0.0, dt)),
-            *for_nest(names, red_shape, (Decl("e", dt, e), Store(out, at, Local("e", dt)), Assign("s", Binary("add", s, Local("e", dt))))),
+            *for_nest(names, red_shape, sum_pass),
             Decl("inv", dt, Unary("recip", s)),
-            *for_nest(names, red_shape, (Store(out, at, Binary("mul", of_buffer(out).gen(idx), Local("inv", dt))),)),
+            *for_nest(names, red_shape, (Store(out, at, as_dtype(scaled, x.dtype)),)),
         )
 
     cx.emit_kernel(outer_kernel(f"softmax_{out.name}", buffers_of(x), [out], outer_shape, body, float(x.numel * (x.size + 12))))
@@ -163,12 +170,14 @@ def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     eps = float(nv.attr("epsilon", 1e-5))
     axes = list(range(axis, rank))
     outer_axes, red_axes, outer_shape, red_shape = _row_split(x, axes)
-    dt = x.dtype
+    if int(nv.attr("stash_type", 1)) != 1:
+        raise NotLowered("LayerNormalization with a stash type other than float32")
+    dt = compute_dtype(x.dtype)
     scale_b = broadcast_to(scale, red_shape) if scale.shape != red_shape else scale
     bias_b = (broadcast_to(bias, red_shape) if bias.shape != red_shape else bias) if bias is not None else None
     # rows are read whole (twice) before the last pass writes them at the index it reads
     in_place = cx.overwritable(x) if nv.outputs[0] not in cx.output_names else None
-    out = in_place or cx.out_buffer(nv.outputs[0], x.shape, dt)
+    out = in_place or cx.out_buffer(nv.outputs[0], x.shape, x.dtype)
     stat_shape = tuple(x.shape[:axis]) + (1,) * (rank - axis)
     want_mean = len(nv.outputs) > 1 and nv.outputs[1]
     want_inv = len(nv.outputs) > 2 and nv.outputs[2]
@@ -182,18 +191,19 @@ def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         idx = _merge(outer_axes, red_axes, o, r, rank)
         at = flat_index(idx, x.shape)
         mean, inv = Local("mean", dt), Local("inv", dt)
-        centered = Binary("sub", x.gen(idx), mean)
-        y = Binary("mul", Binary("mul", centered, inv), scale_b.gen(list(r)))
+        value = as_dtype(x.gen(idx), dt)
+        centered = Binary("sub", value, mean)
+        y = Binary("mul", Binary("mul", centered, inv), as_dtype(scale_b.gen(list(r)), dt))
         if bias_b is not None:
-            y = Binary("add", y, bias_b.gen(list(r)))
+            y = Binary("add", y, as_dtype(bias_b.gen(list(r)), dt))
         stmts: list[Stmt] = [
             Decl("sum", dt, Const(0.0, dt)),
-            *for_nest(names, red_shape, (Assign("sum", Binary("add", Local("sum", dt), x.gen(idx))),)),
+            *for_nest(names, red_shape, (Assign("sum", Binary("add", Local("sum", dt), value)),)),
             Decl("mean", dt, Binary("mul", Local("sum", dt), Const(1.0 / n, dt))),
             Decl("sq", dt, Const(0.0, dt)),
             *for_nest(names, red_shape, (Decl("d", dt, centered), Assign("sq", Binary("add", Local("sq", dt), Binary("mul", Local("d", dt), Local("d", dt)))))),
             Decl("inv", dt, Unary("recip", Unary("sqrt", Binary("add", Binary("mul", Local("sq", dt), Const(1.0 / n, dt)), Const(eps, dt))))),
-            *for_nest(names, red_shape, (Store(out, at, y),)),
+            *for_nest(names, red_shape, (Store(out, at, as_dtype(y, x.dtype)),)),
         ]
         if mean_buf is not None:
             stmts.append(Store(mean_buf, p, mean))
@@ -222,8 +232,10 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     is_max = nv.op_type == "GlobalMaxPool"
     n = math.prod(red_shape)
 
+    dt = compute_dtype(x.dtype)
+
     def finish(acc: Expr, o: Index) -> Expr:
-        return acc if is_max else Binary("mul", acc, Const(1.0 / max(n, 1), x.dtype))
+        return acc if is_max else Binary("mul", acc, Const(1.0 / max(n, 1), dt))
 
     if math.prod(out_shape):
         cx.emit_kernel(
@@ -232,9 +244,9 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
                 out,
                 x.shape[:2],
                 red_shape,
-                lambda o, r: x.gen(_merge([0, 1], red, o, r, rank)),
+                lambda o, r: as_dtype(x.gen(_merge([0, 1], red, o, r, rank)), dt),
                 "max" if is_max else "add",
-                lowest_value(x.dtype) if is_max else Const(0.0, x.dtype),
+                lowest_value(dt) if is_max else Const(0.0, dt),
                 finish,
                 buffers_of(x),
                 x.size,
@@ -292,10 +304,10 @@ def _rms_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     axis = int(nv.attr("axis", -1)) % rank
     eps = float(nv.attr("epsilon", 1e-5))
     outer_axes, red_axes, outer_shape, red_shape = _row_split(x, list(range(axis, rank)))
-    dt = x.dtype
+    dt = compute_dtype(x.dtype)
     scale_b = broadcast_to(scale, red_shape) if scale.shape != red_shape else scale
-    out = cx.out_buffer(nv.outputs[0], x.shape, dt)
-    total = cx.out_buffer(nv.outputs[1], x.shape, dt) if with_skip and len(nv.outputs) > 1 and nv.outputs[1] else None
+    out = cx.out_buffer(nv.outputs[0], x.shape, x.dtype)
+    total = cx.out_buffer(nv.outputs[1], x.shape, x.dtype) if with_skip and len(nv.outputs) > 1 and nv.outputs[1] else None
     names = [f"r{i}" for i in range(len(red_axes))]
     r: list[Expr] = [Var(v) for v in names]
     n = math.prod(red_shape)
@@ -303,15 +315,13 @@ def _rms_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     def body(o: Index, p: Expr) -> tuple[Stmt, ...]:
         idx = _merge(outer_axes, red_axes, o, r, rank)
         at = flat_index(idx, x.shape)
-        stores: tuple[Stmt, ...] = (
-            Decl("v", dt, x.gen(idx)),
-            Store(out, at, Binary("mul", Binary("mul", Local("v", dt), Local("inv", dt)), scale_b.gen(list(r)))),
-        )
-        if total is not None:
-            stores += (Store(total, at, Local("v", dt)),)
+        y = Binary("mul", Binary("mul", Local("v", dt), Local("inv", dt)), as_dtype(scale_b.gen(list(r)), dt))
+        stores: tuple[Stmt, ...] = (Decl("v", dt, as_dtype(x.gen(idx), dt)), Store(out, at, as_dtype(y, x.dtype)))
+        if total is not None:  # the sum in the input's type (a float16 sum rounded once)
+            stores += (Store(total, at, Local("v", dt) if dt == x.dtype else x.gen(idx)),)
         return (
             Decl("sq", dt, Const(0.0, dt)),
-            *for_nest(names, red_shape, (Decl("v", dt, x.gen(idx)), Assign("sq", Binary("add", Local("sq", dt), Binary("mul", Local("v", dt), Local("v", dt)))))),
+            *for_nest(names, red_shape, (Decl("v", dt, as_dtype(x.gen(idx), dt)), Assign("sq", Binary("add", Local("sq", dt), Binary("mul", Local("v", dt), Local("v", dt)))))),
             Decl("inv", dt, Unary("recip", Unary("sqrt", Binary("add", Binary("mul", Local("sq", dt), Const(1.0 / max(n, 1), dt)), Const(eps, dt))))),
             *for_nest(names, red_shape, stores),
         )

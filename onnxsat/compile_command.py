@@ -18,7 +18,21 @@ import numpy as np
 from onnxsat.base.errors import BadInputError, VerificationError
 from onnxsat.kernels.compile_options import COST_TARGETS, CompileOptions
 
-RTOL, ATOL = 1e-3, 1e-4
+
+def check_outputs(model: Any, expected: dict[str, Any], got: dict[str, np.ndarray], what: str) -> dict[str, float]:
+    """Each output's max abs error to onnxruntime's; ``VerificationError`` when one is beyond what
+    optimize's verification allows for it (``verification.compare_values``: the tolerance of the
+    least precise float type it is computed in, so a float16 model is held to float16's)."""
+    from onnxsat.verification import compare_values, weakest_float_types
+
+    weakest = weakest_float_types(model)
+    errors: dict[str, float] = {}
+    for name, want in expected.items():
+        check = compare_values(name, want, got[name], weakest.get(name))
+        errors[name] = check.max_abs_err
+        if not check.ok:
+            raise VerificationError(name, check.max_abs_err, f"{what} differs from onnxruntime: {check.detail}")
+    return errors
 
 
 def add_parser(sub: Any) -> None:
@@ -123,16 +137,7 @@ def run(args: argparse.Namespace) -> int:
     feeds = make_inputs(model, seed=0)
     session = ort_session(model, level="all", threads=threads)
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
-    got = compiled(feeds)
-    errors: dict[str, float] = {}
-    for name, want in expected.items():
-        have = got[name]
-        if have.shape != np.shape(want):
-            raise VerificationError(name, float("inf"), f"shape {have.shape} != {np.shape(want)}")
-        err = float(np.max(np.abs(have.astype(np.float64) - np.asarray(want, np.float64)))) if have.size else 0.0
-        errors[name] = err
-        if not np.allclose(have, want, rtol=RTOL, atol=ATOL, equal_nan=True):
-            raise VerificationError(name, err, "compiled model differs from onnxruntime")
+    errors = check_outputs(model, expected, compiled(feeds), "compiled model")
     stats = compiled.stats(feeds)
     result: dict[str, Any] = {
         "model": args.input,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsat.base.errors import BadInputError, VerificationError
+from onnxsat.base.errors import BadInputError
 
 
 def run_cuda(args: argparse.Namespace) -> int:
@@ -116,7 +116,7 @@ def compile_and_check(cp: Any, arch: str, assemble: bool) -> tuple[Any, Any]:
 
 def _run_on_gpu(args: argparse.Namespace, model: Any, feeds: dict[str, np.ndarray]) -> int:
     from onnxsat.base.options import Options
-    from onnxsat.compile_command import ATOL, RTOL
+    from onnxsat.compile_command import check_outputs
     from onnxsat.latency import ort_session
 
     from .compiler import compile_cuda
@@ -124,14 +124,7 @@ def _run_on_gpu(args: argparse.Namespace, model: Any, feeds: dict[str, np.ndarra
     compiled = compile_cuda(model, Options(), optimize=not args.no_optimize)
     session = ort_session(model, level="all", threads=args.threads or 1)
     expected = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
-    got = compiled(feeds)
-    errors = {}
-    for name, want in expected.items():
-        have = got[name]
-        err = float(np.max(np.abs(have.astype(np.float64) - np.asarray(want, np.float64)))) if have.size else 0.0
-        errors[name] = err
-        if have.shape != np.shape(want) or not np.allclose(have, want, rtol=RTOL, atol=ATOL, equal_nan=True):
-            raise VerificationError(name, err, "GPU result differs from onnxruntime")
+    errors = check_outputs(model, expected, compiled(feeds), "GPU result")
     out = {"model": args.input, "target": "cuda", "device": compiled.device.name, "max_abs_error": errors}
     print(json.dumps(out, indent=2) if args.json else f"ran {args.input} on {compiled.device.name}: matches onnxruntime {errors}")
     return 0

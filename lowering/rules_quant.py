@@ -74,7 +74,7 @@ def _quantize(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     dt = compute_dtype(x.dtype)
 
     def quantize(a: Expr, s: Expr, *z: Expr) -> Expr:
-        level = Unary("round", Binary("div", as_dtype(a, dt), as_dtype(s, dt)))  # round half to even
+        level: Expr = Unary("round", Binary("div", as_dtype(a, dt), as_dtype(s, dt)))  # half to even
         if z:
             level = Binary("add", level, Cast(z[0], dt))
         low, high = Const(float(info.min), dt), Const(float(info.max), dt)

@@ -183,6 +183,42 @@ def _pow(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     return [elementwise(_pow_formula(exponent, a.dtype, b.dtype), [a, b], a.dtype)]
 
 
+_COMPARE = {"Equal": "eq", "Less": "lt", "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge"}
+
+
+@lowering(*_COMPARE, kind="elementwise")
+def _compare(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    """Ordered comparisons: false where either side is NaN, as ONNX (and IEEE) define them."""
+    a, b = xs[0], xs[1]
+    assert a is not None and b is not None
+    if a.dtype != b.dtype or (a.dtype == "bool" and nv.op_type != "Equal"):
+        raise NotLowered(f"{nv.op_type} of {a.dtype} and {b.dtype}")
+    op = _COMPARE[nv.op_type]
+    return [elementwise(lambda p, q: Compare(op, p, q), [a, b], "bool")]
+
+
+_LOGICAL = {"And": "and", "Or": "or"}
+
+
+@lowering("And", "Or", "Xor", kind="elementwise")
+def _logical(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    a, b = xs[0], xs[1]
+    assert a is not None and b is not None
+    if a.dtype != "bool" or b.dtype != "bool":
+        raise NotLowered(f"{nv.op_type} of {a.dtype} and {b.dtype}")
+    if nv.op_type == "Xor":
+        return [elementwise(lambda p, q: Compare("ne", p, q), [a, b], "bool")]
+    op = _LOGICAL[nv.op_type]
+    return [elementwise(lambda p, q: Binary(op, p, q), [a, b], "bool")]
+
+
+@lowering("Not", kind="elementwise")
+def _not(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    x = xs[0]
+    assert x is not None and x.dtype == "bool"
+    return [elementwise(lambda a: Unary("not", a), [x], "bool")]
+
+
 @lowering("IsNaN", kind="elementwise")
 def _isnan(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     """x != x: the unordered comparison is true exactly on NaN."""

@@ -198,6 +198,31 @@ def _gather(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     return [general(shape, data.dtype, fn, data.size + indices.size + 4)]
 
 
+@lowering("GatherND", kind="layout")
+def _gather_nd(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
+    """out[b..., i..., rest...] = data[b..., indices[b..., i..., :], rest...]: the last axis of
+    ``indices`` (length k) addresses the k data axes after the ``batch_dims`` shared ones."""
+    data, indices = xs[0], xs[1]
+    assert data is not None and indices is not None
+    b = int(nv.attr("batch_dims", 0))
+    k = indices.shape[-1]
+    if b + k > len(data.shape) or data.shape[:b] != indices.shape[:b]:
+        raise NotLowered("GatherND with batch dims that differ from the data's")
+    lead = indices.shape[:-1]
+    shape = lead + data.shape[b + k :]
+
+    def fn(idx: Index) -> Expr:
+        at: list[Expr] = list(idx[:b])
+        for j in range(k):
+            d = data.shape[b + j]
+            raw = indices.gen([*idx[: len(lead)], i64(j)])
+            i = raw if indices.dtype == "i64" else Cast(raw, "i64")
+            at.append(clamp_index(Select(Compare("lt", i, i64(0)), add(i, i64(d)), i), d))
+        return data.gen([*at, *idx[len(lead) :]])
+
+    return [general(shape, data.dtype, fn, data.size + k * (indices.size + 4))]
+
+
 @lowering("Pad", kind="layout")
 def _pad(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     x = xs[0]

@@ -49,9 +49,12 @@ def compile_model(
 
 
 def optimize_options(options: Options | None, compile_options: CompileOptions) -> Options:
-    """``options`` with the cost target of ``compile_options`` (when it sets one); a different
-    target set in both is an error rather than a silent choice."""
-    options = options if options is not None else Options()
+    """``options`` for the optimize run before lowering: the cost target of ``compile_options`` (when
+    it sets one; a different target set in both is an error rather than a silent choice), and the
+    model's own opset kept. The standard ops an opset upgrade would write fused kinds as (Attention,
+    RotaryEmbedding) have no native kernel and would run on the fallback; as their chains of
+    standard ops they lower to native kernels."""
+    options = replace(options if options is not None else Options(), upgrade_opset=None)
     wanted = compile_options.cost_target
     if wanted is None or wanted == options.target:
         return options

@@ -104,3 +104,22 @@ def test_cli_compile_bad_input_is_one_line_exit_2(tmp_path: object, capsys: pyte
     assert main(["compile", "does-not-exist.onnx"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("onnxsat: error:") and "\n" not in err
+
+
+@pytest.mark.parametrize("name", ["llama-decode-dynamo-dynamic", "bert-ts-dynamic"])
+def test_public_compile_of_a_transformer_export_is_one_native_call(name: str) -> None:
+    """Attention, masks (comparisons, And, GatherND) and norms all lower to kernels: no fallback
+    splits the compiled model (optimize keeps the model's opset for compile, so attention is
+    written as the chain the lowering fuses, not an opset-23 op it has no kernel for)."""
+    import json
+    from pathlib import Path
+
+    from tests.realmodels_feeds import feeds_for
+
+    data = Path(__file__).parent / "data" / "realmodels"
+    record = json.loads((data / "INDEX.json").read_text())[name]
+    model = onnx.load(data / record["file"])
+    compiled = onnxsat.compile(model, compile_options=CompileOptions(cache=False, opt_level=0))
+    feeds = feeds_for(record["inputs"], seed=11)
+    _assert_matches(compiled(feeds), _ort(model, feeds))
+    assert compiled.stats(feeds).one_native_call, compiled.stats(feeds).fallbacks

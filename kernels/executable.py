@@ -291,7 +291,7 @@ class Executable:
             def run_numpy(arrays: dict[str, np.ndarray]) -> None:
                 a = _strided(arrays[a_name], a_buf, step.a)
                 b = _strided(arrays[b_name], b_buf, step.b)
-                out = arrays[out_name]
+                out = arrays[out_name].reshape(step.out.shape)  # a view: a batch may run as rows
                 prod = np.matmul(a, b)
                 if beta:
                     out *= beta

@@ -20,6 +20,7 @@ import numpy as np
 from .conv_kernels import col2im, direct_conv, fits_direct, transpose_phases
 from .kernel_ir import (
     Binary,
+    Buffer,
     Const,
     Expr,
     add,
@@ -93,9 +94,34 @@ def matmul(
             relu = epilogue is not None and epilogue.relu
             rows = epilogue is not None and epilogue.rows
             activation = "" if epilogue is None else epilogue.activation
-            cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, bias, relu, rows, activation))
+            a_op, b_op, step_out = _batch_as_rows(_operand(cx, a2), _operand(cx, b2), out)
+            cx.emit(MatMulStep(a_op, b_op, step_out, alpha, beta, bias, relu, rows, activation))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
+
+
+def _batch_as_rows(a: StridedOperand, b: StridedOperand, out: Buffer) -> tuple[StridedOperand, StridedOperand, Buffer]:
+    """A batch of products with one shared B as a single product: A's batch and row dims merged
+    into rows of one stride, the (contiguous) output seen as 2-D. A sequence-first attention's
+    projections (17 x 1 x 64 @ 64 x 192, A transposed) become one 17 x 64 GEMM instead of 17
+    GEMVs, which also keeps the bias epilogue in the packed GEMM. Unchanged when the rows of A
+    are not evenly spaced or B has batch dims."""
+    if len(a.shape) <= 2 or len(b.shape) != 2:
+        return a, b, out
+    sizes, strides = a.shape[:-1], a.strides[:-1]
+    kept = [(d, st) for d, st in zip(sizes, strides, strict=True) if d != 1]
+    row_stride = kept[-1][1] if kept else a.shape[-1]
+    expected = row_stride
+    for d, st in reversed(kept):
+        if st != expected:
+            return a, b, out
+        expected = st * d
+    rows = math.prod(sizes)
+    return (
+        StridedOperand(a.buffer, (rows, a.shape[-1]), (row_stride, a.strides[-1]), a.offset),
+        b,
+        Buffer(out.name, out.dtype, (rows, out.shape[-1])),
+    )
 
 
 def _fill(cx: Any, x: Lazy, out: Any) -> Any:

@@ -121,3 +121,49 @@ def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) 
         want = want * np.clip(want / 6.0 + 0.5, 0.0, 1.0)
     np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * k)
     assert np.all(np.isnan(c[:, n:]))
+
+
+def test_batched_products_with_one_weight_run_as_one_gemm() -> None:
+    """A sequence-first projection (Transpose to [S, B=1, D], then MatMul + bias, as
+    nn.MultiheadAttention's dynamo export writes it) is one product of S rows with its bias in the
+    packed GEMM's store (it ran as S one-row products and a numpy step), and matches onnxruntime."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 192)).astype(np.float32)
+    bias = rng.standard_normal(192).astype(np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+        helper.make_node("MatMul", ["t", "w"], ["p"]),
+        helper.make_node("Add", ["p", "bias"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "seq_first",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 17, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [17, 1, 192])],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(bias, "bias")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((1, 17, 64)).astype(np.float32)
+    compiled = CompiledModel(model, CompileOptions(cache=False))
+    (got,) = compiled({"x": x}).values()
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    steps = [s for s in compiled.executable_for({"x": x}).program.steps if isinstance(s, MatMulStep)]
+    assert [s.out.shape for s in steps] == [(17, 192)] and steps[0].bias is not None
+    assert compiled.stats({"x": x}).one_native_call
+
+
+def test_products_whose_rows_are_not_evenly_spaced_keep_their_batch() -> None:
+    from onnxsat.lowering.kernel_ir import Buffer
+    from onnxsat.lowering.program import StridedOperand
+    from onnxsat.lowering.rules_nn import _batch_as_rows
+
+    a_buf, b_buf, out = Buffer("a", "f32", (4, 8, 16)), Buffer("b", "f32", (16, 5)), Buffer("c", "f32", (2, 3, 5))
+    b = StridedOperand(b_buf, (16, 5), (5, 1))
+    sliced = StridedOperand(a_buf, (2, 3, 16), (128, 16, 1))  # 3 of every 8 rows: a gap between batches
+    assert _batch_as_rows(sliced, b, out) == (sliced, b, out)
+    whole = StridedOperand(a_buf, (2, 3, 16), (48, 16, 1))
+    folded, _, flat = _batch_as_rows(whole, b, out)
+    assert (folded.shape, folded.strides, flat.shape) == ((6, 16), (16, 1), (6, 5))
+    batched_b = StridedOperand(b_buf, (2, 16, 5), (0, 5, 1))
+    assert _batch_as_rows(whole, batched_b, out)[0] is whole

@@ -21,6 +21,7 @@ from .conv_kernels import col2im, direct_conv, fits_direct, transpose_phases
 from .kernel_ir import (
     Binary,
     Buffer,
+    Cast,
     Const,
     Expr,
     add,
@@ -67,7 +68,14 @@ def matmul(
     cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta: float = 0.0, init: Lazy | None = None, epilogue: Epilogue | None = None
 ) -> Lazy:
     """``alpha * a @ b (+ beta * init)`` with numpy matmul shapes (then the ``epilogue``'s bias
-    and ReLU); returns the stored result."""
+    and ReLU); returns the stored result. A float16 product is computed in float32 and rounded
+    once (onnxruntime's CPU MatMul on hardware without float16 arithmetic does the same)."""
+    if a.dtype == b.dtype == "f16" and epilogue is None:
+        def wide(x: Lazy) -> Lazy:
+            return elementwise(lambda v: Cast(v, "f32"), [x], "f32")
+
+        product = matmul(cx, wide(a), wide(b), f"{out_tensor}_f32", alpha, beta, None if init is None else wide(init))
+        return elementwise(lambda v: Cast(v, "f16"), [product], "f16")
     if a.dtype != b.dtype or a.dtype not in GEMM_DTYPES:
         raise NotLowered(f"MatMul on {a.dtype}/{b.dtype}")
     a2 = reshape(a, (1, a.shape[0])) if len(a.shape) == 1 else a
@@ -191,7 +199,7 @@ def _epilogue(cx: Any, a: Lazy, b: Lazy, tensor: str) -> Epilogue | None:
 def _matmul(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     a, b = xs[0], xs[1]
     assert a is not None and b is not None
-    epilogue = _epilogue(cx, a, b, nv.outputs[0])
+    epilogue = _epilogue(cx, a, b, nv.outputs[0]) if a.dtype in GEMM_DTYPES else None
     if epilogue is None:
         return [matmul(cx, a, b, nv.outputs[0])]
     # the Add (and Relu) are done here: their nodes are skipped, and the product's own value,

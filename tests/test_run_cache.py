@@ -28,7 +28,7 @@ from onnxsat.pipeline import Session
 
 if sys.argv[2] == "public":
     schedule_module.run_cached = run_cache.run_public
-options = Options(verify=False)
+options = Options(verify=False, plugin_cache_dir=sys.argv[3])
 options = dataclasses.replace(options, budgets=dataclasses.replace(options.budgets, seconds=600.0))  # no time stop
 with Session(onnx.load(sys.argv[1]), options) as session:
     report = session.saturate()
@@ -37,11 +37,18 @@ print(json.dumps([[[it.phase, it.enodes, it.matches] for it in report.iterations
 """
 
 
-def _saturation(path: Path, mode: str) -> list[object]:
+@pytest.fixture(scope="module")
+def rule_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One on-disk rule table for the module's processes: the first builds the rules, the others
+    read them (``rules.table_cache``), as the CLI's processes do."""
+    return tmp_path_factory.mktemp("rule-cache")
+
+
+def _saturation(path: Path, mode: str, cache: Path) -> list[object]:
     """Per iteration (phase, e-nodes, rule matches), the final e-node count and the extracted cost."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     done = subprocess.run(
-        [sys.executable, "-c", _SATURATE, str(path), mode],
+        [sys.executable, "-c", _SATURATE, str(path), mode, str(cache)],
         capture_output=True,
         text=True,
         check=True,
@@ -54,9 +61,9 @@ def _saturation(path: Path, mode: str) -> list[object]:
 @pytest.mark.parametrize(
     "path", [EXAMPLES / "small_cnn.onnx", REALMODELS / "llama-ts-static.onnx"], ids=lambda p: p.stem
 )
-def test_cached_commands_saturate_as_egraph_run_does(path: Path) -> None:
-    cached = _saturation(path, "cached")
-    assert cached == _saturation(path, "public")
+def test_cached_commands_saturate_as_egraph_run_does(path: Path, rule_cache: Path) -> None:
+    cached = _saturation(path, "cached", rule_cache)
+    assert cached == _saturation(path, "public", rule_cache)
     iterations = cached[0]
     assert isinstance(iterations, list) and any(matches for _, _, matches in iterations)  # reports were read
 

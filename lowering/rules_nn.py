@@ -102,13 +102,13 @@ def matmul(
             relu = epilogue is not None and epilogue.relu
             rows = epilogue is not None and epilogue.rows
             activation = "" if epilogue is None else epilogue.activation
-            a_op, b_op, step_out = _batch_as_rows(_operand(cx, a2), _operand(cx, b2), out)
+            a_op, b_op, step_out = batch_as_rows(_operand(cx, a2), _operand(cx, b2), out)
             cx.emit(MatMulStep(a_op, b_op, step_out, alpha, beta, bias, relu, rows, activation))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
 
 
-def _batch_as_rows(a: StridedOperand, b: StridedOperand, out: Buffer) -> tuple[StridedOperand, StridedOperand, Buffer]:
+def batch_as_rows(a: StridedOperand, b: StridedOperand, out: Buffer) -> tuple[StridedOperand, StridedOperand, Buffer]:
     """A batch of products with one shared B as a single product: A's batch and row dims merged
     into rows of one stride, the (contiguous) output seen as 2-D. A sequence-first attention's
     projections (17 x 1 x 64 @ 64 x 192, A transposed) become one 17 x 64 GEMM instead of 17

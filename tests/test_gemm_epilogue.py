@@ -156,14 +156,14 @@ def test_batched_products_with_one_weight_run_as_one_gemm() -> None:
 def test_products_whose_rows_are_not_evenly_spaced_keep_their_batch() -> None:
     from onnxsat.lowering.kernel_ir import Buffer
     from onnxsat.lowering.program import StridedOperand
-    from onnxsat.lowering.rules_nn import _batch_as_rows
+    from onnxsat.lowering.rules_nn import batch_as_rows
 
     a_buf, b_buf, out = Buffer("a", "f32", (4, 8, 16)), Buffer("b", "f32", (16, 5)), Buffer("c", "f32", (2, 3, 5))
     b = StridedOperand(b_buf, (16, 5), (5, 1))
     sliced = StridedOperand(a_buf, (2, 3, 16), (128, 16, 1))  # 3 of every 8 rows: a gap between batches
-    assert _batch_as_rows(sliced, b, out) == (sliced, b, out)
+    assert batch_as_rows(sliced, b, out) == (sliced, b, out)
     whole = StridedOperand(a_buf, (2, 3, 16), (48, 16, 1))
-    folded, _, flat = _batch_as_rows(whole, b, out)
+    folded, _, flat = batch_as_rows(whole, b, out)
     assert (folded.shape, folded.strides, flat.shape) == ((6, 16), (16, 1), (6, 5))
     batched_b = StridedOperand(b_buf, (2, 16, 5), (0, 5, 1))
-    assert _batch_as_rows(whole, batched_b, out)[0] is whole
+    assert batch_as_rows(whole, batched_b, out)[0] is whole

@@ -126,6 +126,10 @@ IN_TREE_ORDER = (
 """The in-tree families in table order (``onnxsat rules list``, ``select_rules``)."""
 
 _DEFAULT: RuleTable | None = None
+_IN_TREE_PARTS: dict[str, list[Family]] = {}
+"""Module name -> its families, as this process built or read them (what ``table_cache`` stores)."""
+_CACHES_SEEN: set[str] = set()
+"""Cache folders this process has read the table from or made sure hold it."""
 
 
 def _in_tree_families(cache_dir: str | Path | None) -> list[Family]:
@@ -134,15 +138,34 @@ def _in_tree_families(cache_dir: str | Path | None) -> list[Family]:
     from . import table_cache
 
     stored = table_cache.load(cache_dir) if cache_dir is not None else None
-    built: dict[str, list[Family]] = {}
+    built = _IN_TREE_PARTS
     for module in IN_TREE_MODULES:
         if stored is not None and module in stored:
             built[module] = stored[module]
         else:
             built[module] = list(importlib.import_module(f"{__package__}.{module}").FAMILIES)
-    if cache_dir is not None and stored is None:
-        table_cache.store(cache_dir, {m: built[m] for m in IN_TREE_MODULES if m not in SITE_RULE_MODULES})
+    if cache_dir is not None:
+        _CACHES_SEEN.add(str(cache_dir))
+        if stored is None:
+            table_cache.store(cache_dir, _storable_parts())
     return [fam for name in IN_TREE_ORDER for module in IN_TREE_MODULES for fam in built[module] if fam.name == name]
+
+
+def _storable_parts() -> dict[str, list[Family]]:
+    return {m: _IN_TREE_PARTS[m] for m in IN_TREE_MODULES if m not in SITE_RULE_MODULES}
+
+
+def _keep_in(cache_dir: str | Path) -> None:
+    """Store the table this process already holds in ``cache_dir`` when that has none yet: a
+    process that built its rules before it was given a cache (a test run, a batch's coordinator)
+    fills it, so the worker processes it then starts read the rules instead of each building them."""
+    from . import table_cache
+
+    if str(cache_dir) in _CACHES_SEEN:
+        return
+    _CACHES_SEEN.add(str(cache_dir))
+    if not table_cache.holds_table(cache_dir):
+        table_cache.store(cache_dir, _storable_parts())
 
 
 @dataclass
@@ -170,11 +193,14 @@ class RuleTable:
         """The in-tree table, built once per process (plugins extend a copy, see ``with_rules``).
 
         With ``cache_dir``, the first call in a process reads the built rules from there
-        (``table_cache``) instead of building them, or stores them there after building.
+        (``table_cache``) instead of building them, or stores them there after building; a later
+        call stores them in a ``cache_dir`` that has none.
         """
         global _DEFAULT
         if _DEFAULT is None:
             _DEFAULT = cls.of(_in_tree_families(cache_dir))
+        elif cache_dir is not None:
+            _keep_in(cache_dir)
         return _DEFAULT
 
     @classmethod

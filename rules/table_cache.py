@@ -217,6 +217,12 @@ class _StoredRule(RewriteOrRule):
         self._decl = value
 
 
+def holds_table(cache_dir: str | Path) -> bool:
+    """Whether ``cache_dir`` has a table file (not checked: a stale or damaged one is rebuilt by
+    the process that reads it)."""
+    return (Path(cache_dir) / TABLE_FILE).is_file()
+
+
 def load(cache_dir: str | Path) -> dict[str, list[Family]] | None:
     """Module name -> its families as stored, or None (no file, another key, damaged or foreign).
     The stored analysis rules go to ``shapes.use_stored`` (unless this process built them already)."""

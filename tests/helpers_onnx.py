@@ -60,17 +60,33 @@ def _generated_cases(full: bool) -> tuple[Any, ...]:
     """
     import onnx.backend.test.case.node as node_cases
 
+    if full:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return tuple(node_cases.collect_testcases(None))
+    return _cases_of_modules(frozenset(OPS))
+
+
+def _cases_of_modules(ops: frozenset[str]) -> tuple[Any, ...]:
+    """The cases generated so far, after importing the case modules named after ``ops``."""
+    import onnx.backend.test.case.node as node_cases
+
+    wanted = {_module_key(op) for op in ops}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if full:
-            return tuple(node_cases.collect_testcases(None))
-        wanted = {_module_key(op) for op in OPS}
         for info in pkgutil.iter_modules(node_cases.__path__):
             if _module_key(info.name) in wanted:
                 importlib.import_module(f"{node_cases.__name__}.{info.name}")
-        # collect_testcases appends to this list as modules are imported; read it without
-        # importing every other module.
-        return tuple(node_cases._NodeTestCases)
+    # collect_testcases appends to this list as modules are imported; read it without
+    # importing every other module.
+    return tuple(node_cases._NodeTestCases)
+
+
+def single_node_cases(ops: frozenset[str]) -> list[Any]:
+    """The generated single-node cases of ``ops`` (any opset, any type), sorted by name."""
+    cases = {c.name: c for c in _cases_of_modules(ops)}.values()
+    chosen = [c for c in cases if c.model is not None and len(c.model.graph.node) == 1 and c.model.graph.node[0].op_type in ops]
+    return sorted(chosen, key=lambda c: c.name)
 
 
 def case_opset(model: onnx.ModelProto) -> int:

@@ -5,7 +5,6 @@ splits a compiled model into several native calls."""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -14,6 +13,7 @@ from onnx import numpy_helper
 
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
+from tests.helpers_onnx import single_node_cases
 
 OPS = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "Not", "GatherND"}
 QUANTIZED = {"QuantizeLinear", "DequantizeLinear"}
@@ -23,20 +23,8 @@ fold at compile time; at run time they take the fallback), float8/float4/int4/in
 
 
 def _cases() -> list[Any]:
-    import onnx.backend.test.case.node as node_cases
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cases = node_cases.collect_testcases(None)
-    chosen = [
-        c
-        for c in cases
-        if c.model is not None
-        and len(c.model.graph.node) == 1
-        and c.model.graph.node[0].op_type in OPS | QUANTIZED
-        and not any(word in c.name for word in NOT_NATIVE)
-    ]
-    return [pytest.param(c, id=c.name) for c in sorted(chosen, key=lambda c: c.name)]
+    chosen = [c for c in single_node_cases(frozenset(OPS | QUANTIZED)) if not any(word in c.name for word in NOT_NATIVE)]
+    return [pytest.param(c, id=c.name) for c in chosen]
 
 
 @pytest.mark.parametrize("case", _cases())

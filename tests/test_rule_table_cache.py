@@ -12,7 +12,7 @@ import pytest
 
 from onnxsat.rules import RULES
 from onnxsat.rules import table_cache as C
-from onnxsat.rules.registry import IN_TREE_MODULES, SITE_RULE_MODULES
+from onnxsat.rules.registry import IN_TREE_MODULES, SITE_RULE_MODULES, RuleTable
 
 _FRESH = """
 import json, sys
@@ -31,6 +31,16 @@ def _stored(tmp_path: Path) -> None:
         if m not in SITE_RULE_MODULES
     }
     C.store(tmp_path, parts)
+
+
+def test_a_table_built_before_a_cache_was_named_is_stored_there(tmp_path: Path) -> None:
+    """A process that built its rules without a cache (a batch's coordinator) fills the one it is
+    given later, so the workers it starts read the rules instead of each building them."""
+    assert RULES.names()  # built in this process, no cache named
+    assert not C.holds_table(tmp_path)
+    assert RuleTable.default(tmp_path) is RULES
+    stored = C.load(tmp_path)
+    assert stored is not None and set(stored) == set(IN_TREE_MODULES) - set(SITE_RULE_MODULES)
 
 
 def test_a_new_process_reads_the_built_rules_instead_of_building_them(tmp_path: Path) -> None:

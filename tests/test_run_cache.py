@@ -39,9 +39,13 @@ print(json.dumps([[[it.phase, it.enodes, it.matches] for it in report.iterations
 
 @pytest.fixture(scope="module")
 def rule_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One on-disk rule table for the module's processes: the first builds the rules, the others
-    read them (``rules.table_cache``), as the CLI's processes do."""
-    return tmp_path_factory.mktemp("rule-cache")
+    """One on-disk rule table for the module's processes, stored by this one (``RuleTable.default``
+    keeps the table it holds in a cache that has none): each reads the rules (``rules.table_cache``)."""
+    from onnxsat.rules.registry import RuleTable
+
+    path = tmp_path_factory.mktemp("rule-cache")
+    RuleTable.default(path)
+    return path
 
 
 def _saturation(path: Path, mode: str, cache: Path) -> list[object]:

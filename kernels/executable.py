@@ -365,11 +365,12 @@ class Executable:
         a = step.a
         if b_value is None or step.out.dtype != "f32" or step.alpha != 1.0 or step.beta != 0.0 or len(step.b.shape) != 2:
             return None
-        if a.strides[-1] != 1 or a.strides[-2] < k:
+        lda = a.strides[-2] if m > 1 else k  # one row: its stride is never used (often 0, a broadcast view)
+        if a.strides[-1] != 1 or lda < k:
             return None
         # every leading (batch) index of A must continue its rows contiguously, so A is one M x K matrix
         rows = m * max(len(a_offs), 1)
-        if any(off != a.offset + i * m * a.strides[-2] for i, off in enumerate(a_offs)):
+        if any(off != a.offset + i * m * lda for i, off in enumerate(a_offs)):
             return None
         if rows > PACKED_GEMM_MAX_ROWS:
             return None
@@ -380,7 +381,6 @@ class Executable:
         bp = pack_b(b_matrix, bias)
         panels = bp.shape[0]
         fn = sgemm_function("none" if bias is None else "bias_relu" if step.relu else "bias", self.cache_dir)
-        lda = a.strides[-2]
         itemsize = 4
         a_name, out_name = a.buffer.name, step.out.name
         a_offset = a.offset

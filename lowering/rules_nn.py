@@ -189,10 +189,26 @@ def _epilogue(cx: Any, a: Lazy, b: Lazy, tensor: str) -> Epilogue | None:
     row = cx.consts.get(other)
     if row is None or other == tensor or row.dtype != np.float32 or row.ndim > len(a.shape) or row.size != n or (row.ndim and row.shape[-1] != n):
         return None
-    relu = _sole_reader(cx, add.output[0])
+    return _bias_row(cx, row.reshape(n), add.output[0], (tensor,))
+
+
+def _bias_row(cx: Any, row: np.ndarray, tensor: str, skipped: tuple[str, ...]) -> Epilogue:
+    """The bias ``row`` giving ``tensor``, with the Relu that alone reads it."""
+    relu = _sole_reader(cx, tensor)
     if relu is not None and relu.op_type == "Relu":
-        return Epilogue(row.reshape(n), True, relu.output[0], (tensor, add.output[0]))
-    return Epilogue(row.reshape(n), False, add.output[0], (tensor,))
+        return Epilogue(row, True, relu.output[0], (*skipped, tensor))
+    return Epilogue(row, False, tensor, skipped)
+
+
+def _with_epilogue(cx: Any, nv: Any, a: Lazy, b: Lazy, epilogue: Epilogue) -> list[Any]:
+    """``a @ b`` with the epilogue applied as it is stored: the nodes it covers are skipped, and
+    values on the way, read by nothing else, are never stored."""
+    y = matmul(cx, a, b, epilogue.tensor, epilogue=epilogue)
+    if epilogue.tensor == nv.outputs[0]:
+        return [y]
+    cx.lazies[epilogue.tensor] = y
+    cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+    return [None]
 
 
 @lowering("MatMul", kind="extern")
@@ -202,11 +218,7 @@ def _matmul(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     epilogue = _epilogue(cx, a, b, nv.outputs[0]) if a.dtype in GEMM_DTYPES else None
     if epilogue is None:
         return [matmul(cx, a, b, nv.outputs[0])]
-    # the Add (and Relu) are done here: their nodes are skipped, and the product's own value,
-    # read by nothing else, is never stored
-    cx.lazies[epilogue.tensor] = matmul(cx, a, b, epilogue.tensor, epilogue=epilogue)
-    cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
-    return [None]
+    return _with_epilogue(cx, nv, a, b, epilogue)
 
 
 @lowering("Gemm", kind="extern")
@@ -219,9 +231,12 @@ def _gemm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if nv.attr("transB", 0):
         b = transpose(b, [1, 0])
     alpha, beta = float(nv.attr("alpha", 1.0)), float(nv.attr("beta", 1.0))
-    # A constant bias row could be a packed-GEMM epilogue too, but moving the product off OpenBLAS
-    # changes its summation order: light_shufflenet's classifier (random weights, outputs ~1e6)
-    # then missed onnxruntime by 1.3e-3 relative on one cancelling element; kept on OpenBLAS.
+    n = b.shape[-1]
+    row = cx.consts.get(nv.inputs[2]) if c is not None and len(nv.inputs) > 2 else None
+    if row is not None and alpha == 1.0 and row.dtype == np.float32 and row.size == n and (row.ndim == 0 or row.shape[-1] == n) and _packable(cx, a, b):
+        # a classifier's constant bias row is the packed GEMM's epilogue (a Linear layer's
+        # 1 x K @ K x N streams its weights once instead of going through OpenBLAS's transposed path)
+        return _with_epilogue(cx, nv, a, b, _bias_row(cx, (np.float32(beta) * row).reshape(n).astype(np.float32), nv.outputs[0], ()))
     init = None
     if c is not None and beta != 0.0:
         shape = (a.shape[0], b.shape[1])

@@ -66,8 +66,11 @@ CASES = {
         [mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [13, 40], ["y", "h"], (70,), [(False, False)],
     ),
     "bias-broadcasts-rows": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [13, 40], ["y"], (13, 1), [(False, False)]),
-    # Gemm keeps its bias as beta * C on OpenBLAS (see rules_nn._gemm)
-    "gemm-transb-beta": ([mm("Gemm", ["x", "wt", "b"], ["y"], transB=1, beta=0.5)], [13, 40], ["y"], (70,), [(False, False)]),
+    # a classifier's Gemm: beta * C is the bias row of the packed GEMM, a Relu after it its clamp
+    "gemm-transb-beta": ([mm("Gemm", ["x", "wt", "b"], ["y"], transB=1, beta=0.5)], [13, 40], ["y"], (70,), [(True, False)]),
+    "gemm-one-row-relu": ([mm("Gemm", ["x", "wt", "b"], ["h"], transB=1), mm("Relu", ["h"], ["y"])], [1, 40], ["y"], (70,), [(True, True)]),
+    "gemm-flattened-row": ([mm("Flatten", ["x"], ["f"]), mm("Gemm", ["f", "wt", "b"], ["y"], transB=1)], [1, 40, 1, 1], ["y"], (70,), [(True, False)]),
+    "gemm-bias-broadcasts-rows": ([mm("Gemm", ["x", "wt", "b"], ["y"], transB=1)], [13, 40], ["y"], (13, 1), [(False, False)]),
     "too-many-rows": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [600, 40], ["y"], (70,), [(False, False)]),
 }
 
@@ -83,8 +86,10 @@ def test_matmul_bias_relu_epilogue(case: str) -> None:
     feeds = {"x": np.random.default_rng(5).standard_normal(x_shape).astype(np.float32)}
     compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
     got = compiled(feeds)
-    steps = [s for s in compiled.executable_for(feeds).program.steps if isinstance(s, MatMulStep)]
+    exe = compiled.executable_for(feeds)
+    steps = [s for s in exe.program.steps if isinstance(s, MatMulStep)]
     assert [(s.bias is not None, s.relu) for s in steps] == expected
+    assert exe.stats.one_native_call
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(outputs, feeds)
     for name, value in zip(outputs, want, strict=True):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-4)

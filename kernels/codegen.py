@@ -34,6 +34,7 @@ from onnxsat.lowering.kernel_ir import (
     dtype_of,
     is_float,
     is_signed,
+    walk_exprs,
 )
 
 from . import mathlib, streaming
@@ -325,6 +326,8 @@ class FunctionBuilder:
     def loop(self, s: Loop) -> None:
         var = self.slot(s.var, I64)
         start, stop = self.expr(s.start), self.expr(s.stop)
+        for part in invariant_parts(s, self._cacheable):
+            self.expr(part)  # computed once here; the body finds it in this scope's cache
 
         def body(_: ir.Value) -> None:
             self.scopes.append({})
@@ -421,6 +424,67 @@ class FunctionBuilder:
         if self.streamed:
             self.store_fence()
         b.ret_void()
+
+
+_COSTLY_BINARY = frozenset({"div", "pow"})
+
+
+def invariant_parts(loop: Loop, cacheable: Any) -> list[Expr]:
+    """The largest costly subexpressions (transcendental and other unary math, division, power)
+    of ``loop``'s body that nothing bound inside the loop changes: a per-channel ``sigmoid`` of a
+    squeeze-excitation scale is then computed once per channel, not once per pixel (LLVM does
+    not hoist it: the kernel's output might alias its input as far as it knows). Only loops that
+    surely run (constant bounds, at least one iteration), so a hoisted load is one the loop does;
+    ``cacheable`` (the builder's) refuses loads of buffers the kernel writes."""
+    if not _surely_runs(loop):
+        return []
+    bound = {loop.var} | {stmt.var for stmt in _statements(loop.body) if isinstance(stmt, Loop)}
+    found: dict[Expr, None] = {}
+
+    def visit(e: Expr) -> None:
+        if isinstance(e, (Const, Var, Local)):
+            return
+        costly = isinstance(e, Unary) or (isinstance(e, Binary) and e.op in _COSTLY_BINARY)
+        if costly and not any(streaming.mentions(e, name) for name in bound) and cacheable(e):
+            found[e] = None
+            return
+        for child in _children(e):
+            visit(child)
+
+    for stmt in _statements(loop.body, _surely_runs):
+        if isinstance(stmt, Loop):
+            visit(stmt.start)
+            visit(stmt.stop)
+        else:
+            for root in walk_exprs((stmt,)):
+                visit(root)
+    return list(found)
+
+
+def _surely_runs(loop: Loop) -> bool:
+    return isinstance(loop.start, Const) and isinstance(loop.stop, Const) and loop.stop.value > loop.start.value
+
+
+def _statements(body: tuple[Stmt, ...], enter: Any = None) -> list[Stmt]:
+    """Every statement of ``body``, nested ones included (only inside loops ``enter`` accepts)."""
+    out: list[Stmt] = []
+    for stmt in body:
+        out.append(stmt)
+        if isinstance(stmt, Loop) and (enter is None or enter(stmt)):
+            out.extend(_statements(stmt.body, enter))
+    return out
+
+
+def _children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Load):
+        return (e.index,)
+    if isinstance(e, (Unary, Cast)):
+        return (e.a,)
+    if isinstance(e, (Binary, Compare)):
+        return (e.a, e.b)
+    if isinstance(e, Select):
+        return (e.cond, e.a, e.b)
+    return ()
 
 
 def build_module(kernels: list[Kernel], name: str = "onnxsat") -> ir.Module:

@@ -13,11 +13,27 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxsat.kernels.arena import lifetimes, plan_arena
+from onnxsat.kernels.codegen import invariant_parts
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.kernels.executable import compile_together
 from onnxsat.lowering.interpret import interpret
-from onnxsat.lowering.kernel_ir import NUMPY_DTYPES, Buffer, Kernel, Load, Store, Unary, Var
+from onnxsat.lowering.kernel_ir import (
+    NUMPY_DTYPES,
+    Binary,
+    Buffer,
+    Expr,
+    Kernel,
+    Load,
+    Loop,
+    Store,
+    Unary,
+    Var,
+    add,
+    i64,
+    loads_in,
+    mul,
+)
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.partition import PNode, partition
 from onnxsat.lowering.program import KernelStep
@@ -52,6 +68,10 @@ FUSION_CASES = {
             helper.make_node("ReduceSum", ["p", "axes"], ["y"], keepdims=0),
         ],
         {"x": [2, 3, 4], "r": [2, 2, 4]},
+    ),
+    "squeeze-excite-scale": (  # the per-channel sigmoid is hoisted out of the pixel loop
+        [helper.make_node("Sigmoid", ["s"], ["g"]), helper.make_node("Mul", ["x", "g"], ["y"])],
+        {"x": [1, 6, 5, 7], "s": [1, 6, 1, 1]},
     ),
     "tanh-sigmoid-exp": (
         [helper.make_node("Tanh", ["x"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]), helper.make_node("Exp", ["s"], ["y"])],
@@ -101,6 +121,26 @@ def test_llvm_kernels_agree_with_the_interpreter(name: str) -> None:
         interpret(step.kernel, arrays)
     for tensor, buf in program.outputs:
         np.testing.assert_allclose(native[tensor], arrays[buf.name], rtol=2e-5, atol=2e-6)
+
+
+def test_only_what_the_loop_cannot_change_is_hoisted() -> None:
+    """``invariant_parts``: the costly subexpression free of the loop's variables, in a loop that
+    surely runs, reading no buffer the kernel writes."""
+    x, s, out = Buffer("x", "f32", (6, 7)), Buffer("s", "f32", (6,)), Buffer("out", "f32", (6, 7))
+    p, j = Var("p"), Var("j")
+    gate = Unary("sigmoid", Load(s, p))
+
+    def loop(value: Expr, stop: Expr = i64(7)) -> Loop:
+        return Loop("j", stop, (Store(out, add(mul(p, i64(7)), j), value),))
+
+    def readable(e: Expr) -> bool:
+        return all(load.buffer.name != "out" for load in loads_in(e))
+
+    pixel = Load(x, add(mul(p, i64(7)), j))
+    assert invariant_parts(loop(Binary("mul", pixel, gate)), readable) == [gate]
+    assert invariant_parts(loop(Binary("mul", pixel, gate), stop=Var("n")), readable) == []  # may not run
+    assert invariant_parts(loop(Unary("exp", pixel)), readable) == []  # changes with j
+    assert invariant_parts(loop(Unary("exp", Load(out, p))), readable) == []  # written by the kernel
 
 
 def test_fusion_makes_one_kernel_per_chain() -> None:

@@ -3,7 +3,8 @@
 Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
 flag, not copied). Conv is im2col (a kernel that gathers windows, skipped for 1x1 convolutions)
 plus one batched GEMM whose output already has the NCHW layout; the bias add stays a ``Lazy``
-so it fuses with whatever activation follows. ConvTranspose is the adjoint: one GEMM per group
+so it fuses with whatever activation follows. A 1x1 Conv of a 1x1 image is a dot product per
+output channel, and few output channels per group a direct kernel (conv_kernels). ConvTranspose is the adjoint: one GEMM per group
 (``W_g^T @ X_g``, every input pixel times every tap) and a col2im kernel that gathers each output's
 taps residue by residue, so its loads are unit stride and need no bounds checks.
 """
@@ -28,6 +29,7 @@ from .kernel_ir import (
     i64,
     mul,
 )
+from .loops import buffers_of, reduction_kernel
 from .operands import stored_in_source_order
 from .program import PACKED_GEMM_MAX_ROWS, MatMulStep, StridedOperand
 from .rules_elementwise import hard_sigmoid, relu, sigmoid
@@ -266,6 +268,8 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     ohw = math.prod(out_sp)
     dt = x.dtype
     pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin) and tuple(out_sp) == tuple(in_sp)
+    if pointwise and ohw == 1 and group == 1:
+        return [_matvec(cx, nv.outputs[0], x, w, bias)]
     if pointwise:
         col = reshape(x, (batch, group, ck, ohw))
     else:
@@ -311,6 +315,27 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
+
+
+def _matvec(cx: Any, tensor: str, x: Lazy, w: Lazy, bias: Lazy | None) -> Lazy:
+    """A 1x1 Conv of a 1x1 image (a squeeze-excitation's fully connected layers): one dot product
+    per output channel, vectorized along the input channels. As a GEMM it would be a single
+    column, most of every micro-kernel tile wasted. Its activation stays an elementwise node."""
+    batch, cin = x.shape[:2]
+    cout = w.shape[0]
+    stored = cx.materialize(x, "matvec_in")  # read once per output channel: not recomputed
+    out = cx.out_buffer(tensor, (batch, cout, *x.shape[2:]), x.dtype)
+    zeros = [i64(0)] * (len(x.shape) - 2)
+
+    def product(o: Index, r: Index) -> Expr:
+        return Binary("mul", w.gen([o[1], r[0], *zeros]), stored.gen([o[0], r[0], *zeros]))
+
+    def finish(acc: Expr, o: Index) -> Expr:
+        return acc if bias is None else Binary("add", acc, bias.gen([o[1]]))
+
+    inputs = [*buffers_of(w), *buffers_of(stored), *(buffers_of(bias) if bias is not None else [])]
+    cx.emit_kernel(reduction_kernel(f"matvec_{out.name}", out, (batch, cout), (cin,), product, "add", Const(0.0, x.dtype), finish, inputs, 2.0))
+    return of_buffer(out)
 
 
 def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> Epilogue | None:

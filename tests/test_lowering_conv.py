@@ -22,7 +22,7 @@ from onnxsat.lowering.conv_kernels import DIRECT_MAX_CHANNELS
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
 
-INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7]}
+INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1]}
 """Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
 
 CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
@@ -39,6 +39,8 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv1d_s3": ("x1", [4, 2, 3], {"strides": [3], "group": 2}, True),
     "conv3d": ("x3", [2, 4, 2, 3, 3], {"pads": [1, 1, 1, 0, 1, 1]}, True),
     "conv3d_s2": ("x3", [2, 4, 3, 3, 2], {"strides": [1, 2, 2], "pads": [1, 1, 0, 1, 1, 1]}, False),
+    "squeeze": ("x0", [10, 40, 1, 1], {}, True),  # a squeeze-excitation layer: dot products
+    "excite": ("x0", [24, 40, 1, 1], {}, False),
 }
 
 TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
@@ -86,7 +88,8 @@ def test_convolutions_match_onnxruntime() -> None:
 
 
 def test_few_output_channels_run_without_a_gemm() -> None:
-    """Direct kernels for depthwise and few-channel convs; a GEMM for many channels and ConvTranspose."""
+    """Direct kernels for depthwise and few-channel convs, dot products for a 1x1 image; a GEMM for
+    many channels and ConvTranspose."""
     model = _model()
     shapes = {n: tuple(s) for n, s in INPUTS.items()}
     steps = lower(model, shapes).steps
@@ -98,3 +101,6 @@ def test_few_output_channels_run_without_a_gemm() -> None:
     for case in ("depthwise_s1", "depthwise_s2", "conv3d", "conv1d"):
         assert not any(f"c_{case}" in g for g in gemms), case
         assert any(k.startswith(("fconv_", "dconv_")) and f"c_{case}" in k for k in kernels), case
+    for case in ("squeeze", "excite"):
+        assert not any(f"c_{case}" in g for g in gemms), case
+        assert any(k.startswith("matvec_") and f"c_{case}" in k for k in kernels), case

@@ -49,8 +49,8 @@ from .native_runner import (
 )
 from .parallel import parallel_pays
 
-GEMM_SPLIT_FLOPS = 2_000_000.0
-"""GEMM steps below this many FLOPs run on one thread."""
+GEMM_SPLIT_FLOPS = 200_000.0
+"""GEMM steps below this many FLOPs run on one thread (see ``parallel.PARALLEL_MIN_COST``)."""
 CHUNKS_PER_THREAD = 4
 """Parallel work is cut into this many chunks per thread, taken from a shared queue."""
 L2_RESIDENT_A_BYTES = 1 << 20

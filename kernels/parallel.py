@@ -4,24 +4,26 @@ A split costs the hand-off to the helper threads and a wait for the slowest part
 the kernel runs longer than that. The estimate of how long a kernel runs takes the larger of two
 measures, since either can dominate: ``Kernel.cost`` (scalar operations: exp-heavy chains,
 softmax) and the bytes of the buffers it touches (memory-bound stores: bias adds, head
-splits and merges, whose cost in operations is small). Both thresholds come from
-``benchmarks/parallel_threshold.py`` (serial against split, per kernel class and size).
+splits and merges, whose cost in operations is small). ``benchmarks/parallel_threshold.py``
+measures serial against split per kernel class and size; ``benchmarks/split_thresholds_ab.py``
+sets the thresholds on whole models.
 """
 
 from __future__ import annotations
 
 from onnxsat.lowering.kernel_ir import Kernel
 
-PARALLEL_MIN_COST = 1_000_000.0
+PARALLEL_MIN_COST = 100_000.0
 """Kernels estimated below this many scalar operations (and below PARALLEL_MIN_BYTES) run on one
-thread. With helper threads that persist for the model's lifetime, splitting paid for every
-class from 64K floats on (benchmarks/results/parallel_threshold.md, load 1.8: x1.14-1.22 at
-0.4-0.9M operations, x1.3-2.1 from 256K floats); the 20M used before (tuned for a Python pool
-thread entering the worker per run) kept LayerNorm and the head splits serial at BERT sizes."""
-PARALLEL_MIN_BYTES = float(1 << 20)
+thread. Helper threads stay awake through a run (they yield rather than sleep), so a split costs
+a few microseconds: against 1M operations and 1 MiB (the values measured when helpers slept
+between steps, benchmarks/results/parallel_threshold.md), 100K and 128 KiB (with GEMMs split
+from 200K FLOPs) ran MobileNetV3-small x1.28, ShuffleNetV2 x1.13 and EfficientNet-B0 x1.08 faster
+at 2 threads, resnet18 and whisper-tiny unchanged (x1.00): three programs built in one process,
+12 interleaved rounds (``benchmarks/split_thresholds_ab.py``); 40K and 64 KiB gained 1% more."""
+PARALLEL_MIN_BYTES = float(1 << 17)
 """Kernels touching at least this many bytes (inputs and outputs) are split whatever their cost:
-memory-bound stores (head splits and merges, bias adds) count few operations. At 1 MiB a relu
-chain alone was a tie; every class at 2 MiB and more paid."""
+memory-bound stores (head splits and merges, bias adds) count few operations."""
 
 
 def touched_bytes(kernel: Kernel) -> int:

@@ -9,6 +9,7 @@ Large elementwise outputs get explicit vector loops with non-temporal stores (ke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from llvmlite import binding, ir
@@ -429,7 +430,7 @@ class FunctionBuilder:
 _COSTLY_BINARY = frozenset({"div", "pow"})
 
 
-def invariant_parts(loop: Loop, cacheable: Any) -> list[Expr]:
+def invariant_parts(loop: Loop, cacheable: Callable[[Expr], bool]) -> list[Expr]:
     """The largest costly subexpressions (transcendental and other unary math, division, power)
     of ``loop``'s body that nothing bound inside the loop changes: a per-channel ``sigmoid`` of a
     squeeze-excitation scale is then computed once per channel, not once per pixel (LLVM does
@@ -465,7 +466,7 @@ def _surely_runs(loop: Loop) -> bool:
     return isinstance(loop.start, Const) and isinstance(loop.stop, Const) and loop.stop.value > loop.start.value
 
 
-def _statements(body: tuple[Stmt, ...], enter: Any = None) -> list[Stmt]:
+def _statements(body: tuple[Stmt, ...], enter: Callable[[Loop], bool] | None = None) -> list[Stmt]:
     """Every statement of ``body``, nested ones included (only inside loops ``enter`` accepts)."""
     out: list[Stmt] = []
     for stmt in body:

@@ -4,9 +4,10 @@ Matrix products become BLAS calls on strided views (a transposed weight is passe
 flag, not copied). Conv is im2col (a kernel that gathers windows, skipped for 1x1 convolutions)
 plus one batched GEMM whose output already has the NCHW layout; the bias add stays a ``Lazy``
 so it fuses with whatever activation follows. A 1x1 Conv of a 1x1 image is a dot product per
-output channel, and few output channels per group a direct kernel (conv_kernels). ConvTranspose is the adjoint: one GEMM per group
-(``W_g^T @ X_g``, every input pixel times every tap) and a col2im kernel that gathers each output's
-taps residue by residue, so its loads are unit stride and need no bounds checks.
+output channel, and few output channels per group a direct kernel (conv_kernels). ConvTranspose
+is the adjoint: one GEMM per group (``W_g^T @ X_g``, every input pixel times every tap) and a
+col2im kernel that gathers each output's taps residue by residue, so its loads are unit stride
+and need no bounds checks.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from onnxsat.lowering.program import (
 )
 
 from .arena import ArenaPlan, plan_arena
-from .blas import gemm_function, matrix_layout, restore_blas_threads, single_threaded_blas
+from .blas import NO_TRANS, gemm_function, matrix_layout, restore_blas_threads, single_threaded_blas
 from .build import BuildStats, cache_directory, compile_kernels
 from .codegen import kernel_signature
 from .compile_options import CompileOptions
@@ -279,7 +279,7 @@ class Executable:
         alpha, beta = step.alpha, step.beta
         a_name, b_name, out_name = step.a.buffer.name, step.b.buffer.name, step.out.name
         a_buf, b_buf = step.a.buffer, step.b.buffer
-        packed = self._packed_runner(step, a_offs, m, n, k) if self.gemm == "llvm" and a_layout and b_layout else None
+        packed = self._packed_runner(step, a_offs, m, n, k, a_layout) if self.gemm == "llvm" and a_layout and b_layout else None
         if packed is None and self.gemm == "llvm":
             packed = self._rows_runner(step, a_offs, b_offs, m, n, k)
         if packed is not None:
@@ -354,7 +354,7 @@ class Executable:
         return run
 
     def _packed_runner(
-        self, step: MatMulStep, a_offs: list[int], m: int, n: int, k: int
+        self, step: MatMulStep, a_offs: list[int], m: int, n: int, k: int, a_layout: tuple[int, int]
     ) -> Callable[[dict[str, np.ndarray]], None] | None:
         """The LLVM micro-kernel for ``A @ W`` with a constant float32 weight W (packed here, once,
         with the epilogue's bias), split over threads by column panels; None when the step does not
@@ -365,8 +365,8 @@ class Executable:
         a = step.a
         if b_value is None or step.out.dtype != "f32" or step.alpha != 1.0 or step.beta != 0.0 or len(step.b.shape) != 2:
             return None
-        lda = a.strides[-2] if m > 1 else k  # one row: its stride is never used (often 0, a broadcast view)
-        if a.strides[-1] != 1 or lda < k:
+        transposed, lda = a_layout  # a one-row A has lda k whatever its row stride (often 0, a broadcast)
+        if transposed != NO_TRANS:
             return None
         # every leading (batch) index of A must continue its rows contiguously, so A is one M x K matrix
         rows = m * max(len(a_offs), 1)

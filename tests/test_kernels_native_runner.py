@@ -149,9 +149,9 @@ def test_helper_threads_start_once_and_are_joined_on_close_and_collection() -> N
     import gc
 
     model, feeds = _mlp(256)
-    before = set(_native_threads())
+    before = set(_native_threads())  # an earlier test's helper may stop meanwhile: compare new threads only
     single = CompiledModel(model, CompileOptions(threads=1, cache=False))  # type: ignore[arg-type]
-    assert set(_native_threads()) == before
+    assert not set(_native_threads()) - before
     want = single(feeds)["y"]
     batch = model.graph.input[0].type.tensor_type.shape.dim[0]  # type: ignore[attr-defined]
     batch.dim_param = "batch"  # two signatures: two task tables served by the same helpers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 FOLD_GROWTH_FLOOR = 4096
@@ -13,6 +14,15 @@ families add ``plugin:FAMILY``."""
 TARGET_NAMES = ("ort-cpu", "onnxsat-cpu", "h200")
 """The built-in cost-model targets (``Options.target``, ``--cost-target``; their profiles are
 ``extract/profile.py``'s)."""
+CACHE_DIR_ENV = "ONNXSAT_CACHE_DIR"
+"""Environment variable naming the cache folder: ``Options``' default, and the CLI's before
+``$XDG_CACHE_HOME/onnxsat`` (a notebook kernel or a worker process started with it reads the built
+rules instead of building them, ~3 s per process)."""
+
+
+def env_cache_dir() -> str | None:
+    """``$ONNXSAT_CACHE_DIR``, or None when it is unset or empty."""
+    return os.environ.get(CACHE_DIR_ENV) or None
 
 
 @dataclass(frozen=True)
@@ -71,9 +81,10 @@ class Options:
     """Load the installed plugins of the ``onnxsat.rules`` entry-point group."""
     strict_plugins: bool = False
     """A plugin that fails to load or a plugin rule that fails verification is an error, not a warning."""
-    plugin_cache_dir: str | None = None
+    plugin_cache_dir: str | None = field(default_factory=env_cache_dir)
     """Where plugin rules' verification verdicts and the built in-tree rules are cached between
-    processes (None: verify and build in every process). The CLI uses ``$XDG_CACHE_HOME/onnxsat``."""
+    processes (None: verify and build in every process); by default ``$ONNXSAT_CACHE_DIR``. The
+    CLI uses that or ``$XDG_CACHE_HOME/onnxsat``."""
     target: str = "ort-cpu"
     """Cost-model target: ort-cpu (what onnxruntime runs, with its fusions), onnxsat-cpu or h200."""
     cost_profile: str | None = None

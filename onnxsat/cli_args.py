@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxsat.base.errors import BadInputError
-from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, PhaseBudget
+from onnxsat.base.options import PHASE_NAMES, TARGET_NAMES, Budgets, Options, PhaseBudget, env_cache_dir
 
 PROG = "onnxsat"
 
@@ -94,7 +94,11 @@ def add_plugin_flags(group: Any) -> None:
 
 
 def plugin_cache_dir() -> str:
-    """Where verdicts on plugin rules are kept between runs: $XDG_CACHE_HOME/onnxsat or ~/.cache/onnxsat."""
+    """Where plugin verdicts and built rules are kept between runs: $ONNXSAT_CACHE_DIR, else
+    $XDG_CACHE_HOME/onnxsat or ~/.cache/onnxsat."""
+    chosen = env_cache_dir()
+    if chosen is not None:
+        return chosen
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "onnxsat")
 

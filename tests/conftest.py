@@ -1,4 +1,4 @@
-"""Test-run order: the modules with tests marked slow start first.
+"""Test-run order (the modules with tests marked slow start first), and a cache that holds the rules.
 
 With CI's two xdist workers, a long test that starts near the end leaves the other worker idle
 until it finishes; started first, the short tests fill in around it. Whole modules move, not
@@ -9,6 +9,8 @@ worker, as xdist requires.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +27,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for index, item in enumerate(items):
         first.setdefault(module(item), index)
     items.sort(key=lambda item: (module(item) not in with_slow, first[module(item)], not slow(item)))
+
+
+@pytest.fixture(scope="session")
+def rule_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding this worker's built rules: a Python process a test starts with it
+    (``Options.plugin_cache_dir``, ``$ONNXSAT_CACHE_DIR``) reads the rules instead of building them."""
+    from onnxsat.rules.registry import RuleTable
+
+    folder = tmp_path_factory.mktemp("rule-cache")
+    RuleTable.default(folder)
+    return folder

@@ -188,6 +188,18 @@ def test_defaults_map_to_default_options(fake: FakePipeline, tmp_path: Path) -> 
     assert fake.calls == [Options(progress=True, plugin_cache_dir=plugin_cache_dir())]
 
 
+def test_onnxsat_cache_dir_is_the_default_cache_of_the_api_and_the_cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("ONNXSAT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert Options().plugin_cache_dir is None
+    assert plugin_cache_dir() == str(tmp_path / "xdg" / "onnxsat")
+    monkeypatch.setenv("ONNXSAT_CACHE_DIR", str(tmp_path / "mine"))
+    assert Options().plugin_cache_dir == plugin_cache_dir() == str(tmp_path / "mine")
+    assert Options(plugin_cache_dir=None).plugin_cache_dir is None  # an explicit None still means no cache
+
+
 def test_every_flag_maps_to_options(fake: FakePipeline, tmp_path: Path) -> None:
     argv = [
         "optimize",

@@ -35,8 +35,9 @@ def test_the_three_notebooks_are_committed_with_the_outputs_of_their_code() -> N
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_and_plots(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_executes_and_plots(path: Path, monkeypatch: pytest.MonkeyPatch, rule_cache_dir: Path) -> None:
     monkeypatch.setenv("ONNXSAT_NOTEBOOK_QUICK", "1")  # the kernel inherits it: small budgets
+    monkeypatch.setenv("ONNXSAT_CACHE_DIR", str(rule_cache_dir))  # the kernel reads the built rules
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     monkeypatch.setenv("XDG_CACHE_HOME", str(Path(os.environ.get("TMPDIR", "/tmp")) / "onnxsat-nb-cache"))
     book = nbformat.read(path, as_version=4)

@@ -194,7 +194,7 @@ def test_a_plugin_of_one_run_is_not_seen_by_the_next(clean_plugins: None, tmp_pa
     plugin (its rules and its op rows) is gone in the second."""
     plugin_file = str(EXAMPLE_PLUGIN / "onnxsat_soft_activations" / "__init__.py")
     with_plugin = {"rule_files": [plugin_file], "entry_point_plugins": False, "plugin_cache_dir": str(tmp_path)}
-    without = {"entry_point_plugins": False}
+    without = {"entry_point_plugins": False, "plugin_cache_dir": str(tmp_path)}  # the fresh run reads the rules
     model = onnx.load(str(EXAMPLE_MODEL))
     first, first_report = onnxsat.optimize(model, onnxsat.Options(**with_plugin))
     second, second_report = onnxsat.optimize(model, onnxsat.Options(**without))

@@ -95,6 +95,8 @@ class FunctionBuilder:
         self.ptrs: dict[str, ir.Value] = self.parameter_pointers()
         self.scopes: list[dict[Expr, ir.Value]] = [{}]
         self.written = set(kernel.outputs)
+        self.alias: dict[str, tuple[ir.MDValue, ir.MDValue]] = {}
+        """Buffer name -> (its alias scope list, the other buffers' scopes); empty: no metadata."""
 
     def declare_function(self) -> ir.Function:
         """The kernel's function: ``void name(i8** args, i64 begin, i64 end)`` on the CPU."""
@@ -124,6 +126,25 @@ class FunctionBuilder:
 
     def pointer(self, buf: Buffer) -> ir.Value:
         return self.ptrs[buf.name]
+
+    def declare_alias_scopes(self) -> None:
+        """One alias scope per buffer parameter: the buffers of one kernel never overlap (the arena
+        keeps every buffer a step touches apart; a buffer written in place is one parameter), so
+        LLVM needs no run-time overlap checks, which it does not emit for short loops (a blocked
+        conv's 8 channel lanes would stay scalar)."""
+        md, text = self.module.add_metadata, ir.MetaDataString
+        domain = md([text(self.module, f"onnxsat.{self.kernel.name}")])
+        scopes = {buf.name: md([text(self.module, f"{self.kernel.name}.{buf.name}"), domain]) for buf in self.kernel.params}
+        for name, scope in scopes.items():
+            self.alias[name] = (md([scope]), md([other for n, other in scopes.items() if n != name]))
+
+    def mark(self, instr: ir.Instruction, buf: Buffer) -> ir.Instruction:
+        """``instr`` (a load or store of ``buf``) tagged with ``buf``'s alias scope."""
+        if buf.name in self.alias:
+            scope, others = self.alias[buf.name]
+            instr.set_metadata("alias.scope", scope)
+            instr.set_metadata("noalias", others)
+        return instr
 
     # ------------------------------------------------------------ expressions
     def expr(self, e: Expr) -> ir.Value:
@@ -179,7 +200,7 @@ class FunctionBuilder:
         if isinstance(e, Load):
             st = storage_type(e.buffer.dtype)
             ptr = b.gep(self.pointer(e.buffer), [self.expr(e.index)], inbounds=True, source_etype=st)
-            value = b.load(ptr, typ=st)
+            value = self.mark(b.load(ptr, typ=st), e.buffer)
             return b.icmp_unsigned("!=", value, ir.Constant(I8, 0)) if e.buffer.dtype == "bool" else value
         if isinstance(e, Unary):
             return self._unary(e.op, self.expr(e.a), dtype_of(e.a))
@@ -316,7 +337,7 @@ class FunctionBuilder:
                 if s.buffer.dtype == "bool":
                     value = self.b.zext(value, I8)
                 ptr = self.b.gep(self.pointer(s.buffer), [self.expr(s.index)], inbounds=True, source_etype=st)
-                self.b.store(value, ptr)
+                self.mark(self.b.store(value, ptr), s.buffer)
             elif isinstance(s, Decl):
                 value = self.expr(s.init)
                 self.b.store(value, self.slot(s.name, LL_TYPES[s.dtype]))
@@ -346,8 +367,9 @@ class FunctionBuilder:
         ptr = b.gep(self.pointer(e.buffer), [self.expr(e.index)], inbounds=True, source_etype=LL_TYPES["f32"])
         self.lanes = lanes
         if streaming.stride_of(e.index, self.vector_var) == 1:
-            return b.load(b.bitcast(ptr, vty.as_pointer()), typ=vty, align=4)
-        one = b.insert_element(ir.Constant(vty, ir.Undefined), b.load(ptr, typ=LL_TYPES["f32"]), ir.Constant(ir.IntType(32), 0))
+            return self.mark(b.load(b.bitcast(ptr, vty.as_pointer()), typ=vty, align=4), e.buffer)
+        scalar = self.mark(b.load(ptr, typ=LL_TYPES["f32"]), e.buffer)
+        one = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
         return b.shuffle_vector(one, ir.Constant(vty, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
 
     def streaming_loop(self, s: Loop, store: Store) -> None:
@@ -396,7 +418,7 @@ class FunctionBuilder:
         self.lanes = None
         ptr = b.gep(self.pointer(store.buffer), [self.expr(store.index)], inbounds=True, source_etype=LL_TYPES["f32"])
         vty = ir.VectorType(LL_TYPES["f32"], lanes)
-        instr = b.store(value, b.bitcast(ptr, vty.as_pointer()), align=4 * lanes)
+        instr = self.mark(b.store(value, b.bitcast(ptr, vty.as_pointer()), align=4 * lanes), store.buffer)
         instr.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
         self.scopes = saved
         b.store(b.add(b.load(slot, typ=I64), ir.Constant(I64, lanes), flags=["nsw"]), slot)
@@ -418,6 +440,7 @@ class FunctionBuilder:
         for k, buf in enumerate(self.kernel.params):
             raw = b.load(b.gep(self.fn.args[0], [ir.Constant(I64, k)], source_etype=I8.as_pointer()), typ=I8.as_pointer())
             self.ptrs[buf.name] = b.bitcast(raw, storage_type(buf.dtype).as_pointer(), name=f"p.{buf.name}")
+        self.declare_alias_scopes()
         outer = Loop(self.kernel.parallel_var, Var("__end"), self.kernel.body, Var("__begin"))
         b.store(self.fn.args[1], self.slot("__begin", I64))
         b.store(self.fn.args[2], self.slot("__end", I64))

@@ -4,7 +4,8 @@ Matrix products become BLAS calls on strided views (a transposed weight is passe
 flag, not copied). Conv is im2col (a kernel that gathers windows, skipped for 1x1 convolutions)
 plus one batched GEMM whose output already has the NCHW layout; the bias add stays a ``Lazy``
 so it fuses with whatever activation follows. A 1x1 Conv of a 1x1 image is a dot product per
-output channel, and few output channels per group a direct kernel (conv_kernels). ConvTranspose
+output channel, few output channels per group a direct kernel, and a strided or narrow depthwise
+Conv a channel-blocked kernel with its weight packed at compile time (conv_kernels). ConvTranspose
 is the adjoint: one GEMM per group (``W_g^T @ X_g``, every input pixel times every tap) and a
 col2im kernel that gathers each output's taps residue by residue, so its loads are unit stride
 and need no bounds checks.
@@ -19,7 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from .conv_kernels import col2im, direct_conv, fits_direct, transpose_phases
+from .conv_kernels import (
+    blocked_depthwise_conv,
+    col2im,
+    direct_conv,
+    fits_blocked_depthwise,
+    fits_direct,
+    pack_depthwise_weight,
+    transpose_phases,
+)
 from .kernel_ir import (
     Binary,
     Buffer,
@@ -278,17 +287,22 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # every index is affine in the loop variables with no bounds checks, so the innermost
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
+        weight = nv.const(1)
+        if weight is not None and dt == "f32" and fits_blocked_depthwise(x.shape, w.shape, group, strides, out_sp) and math.prod(out_sp):
+            padded_sp = tuple(d + b + e for d, b, e in zip(in_sp, begin, need, strict=True))
+            packed = cx.const_lazy(pack_depthwise_weight(np.asarray(weight, np.float32)))
+
+            def blocked(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
+                return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation)
+
+            return _with_activation(cx, nv, blocked)
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
         if fits_direct(mg, kernel) and math.prod(out_sp):
-            act = _activation_of(cx, nv.outputs[0]) if cg == 1 else None
-            if act is None:
-                return [direct_conv(cx, nv.outputs[0], src, w, bias, group, kernel, strides, dilations, tuple(out_sp))]
-            # the activation is applied as the direct kernel stores: its node(s) are skipped
-            kind, tensor, skipped = act
-            y = direct_conv(cx, tensor, src, w, bias, group, kernel, strides, dilations, tuple(out_sp), ACTIVATIONS[kind])
-            cx.lazies[tensor] = y
-            cx.fused.update(t for t in (*skipped, tensor) if t != nv.outputs[0])
-            return [None]
+
+            def direct(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
+                return direct_conv(cx, tensor, src, w, bias, group, kernel, strides, dilations, tuple(out_sp), activation)
+
+            return _with_activation(cx, nv, direct) if cg == 1 else [direct(nv.outputs[0], None)]
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
@@ -316,6 +330,18 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
+
+
+def _with_activation(cx: Any, nv: Any, conv: Callable[[str, Callable[[Expr], Expr] | None], Lazy]) -> list[Any]:
+    """The outputs of a direct conv kernel ``conv(tensor, activation)``; when a Relu, HardSwish or
+    SiLU alone reads the conv, the kernel applies it as it stores and those nodes are skipped."""
+    act = _activation_of(cx, nv.outputs[0])
+    if act is None:
+        return [conv(nv.outputs[0], None)]
+    kind, tensor, skipped = act
+    cx.lazies[tensor] = conv(tensor, ACTIVATIONS[kind])
+    cx.fused.update(t for t in (*skipped, tensor) if t != nv.outputs[0])
+    return [None]
 
 
 def _matvec(cx: Any, tensor: str, x: Lazy, w: Lazy, bias: Lazy | None) -> Lazy:

@@ -19,6 +19,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .kernel_ir import (
     Binary,
     Buffer,
@@ -276,7 +278,7 @@ def _blocked_padded(cx: Any, x: Lazy, begin: list[int], padded_sp: tuple[int, ..
     return xb
 
 
-def pack_depthwise_weight(w: Any) -> Any:
+def pack_depthwise_weight(w: np.ndarray) -> np.ndarray:
     """A depthwise weight [C, 1, kh, kw] as ``blocked_depthwise_conv`` reads it: [C/8, taps, 8]."""
     chans = w.shape[0]
     return w.reshape(chans // CHANNEL_BLOCK, CHANNEL_BLOCK, -1).transpose(0, 2, 1).copy()

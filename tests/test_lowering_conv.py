@@ -32,6 +32,7 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     # channel-blocked (16 channels): asymmetric pads, a stride on one axis, dilation
     "blocked_s2": ("x4", [16, 1, 3, 3], {"group": 16, "pads": [1, 0, 2, 1], "strides": [2, 2]}, True),
     "blocked_5x3_dil": ("x4", [16, 1, 5, 3], {"group": 16, "pads": [2, 1, 2, 1], "strides": [1, 2], "dilations": [1, 2]}, False),
+    "blocked_narrow": ("x4", [16, 1, 3, 3], {"group": 16, "pads": [1, 0, 1, 0]}, True),  # stride 1, 7 wide
     "grouped_dilated": ("x2", [6, 3, 3, 2], {"group": 2, "dilations": [2, 1], "pads": [2, 0, 1, 1]}, True),
     "dense_s2_dilated": ("x2", [5, 6, 3, 3], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]}, True),
     "valid_no_pad": ("x2", [3, 6, 2, 4], {}, True),
@@ -104,7 +105,7 @@ def test_few_output_channels_run_without_a_gemm() -> None:
     for case in ("depthwise_s1", "depthwise_s2", "conv3d", "conv1d"):
         assert not any(f"c_{case}" in g for g in gemms), case
         assert any(k.startswith(("fconv_", "dconv_")) and f"c_{case}" in k for k in kernels), case
-    for case in ("blocked_s2", "blocked_5x3_dil"):
+    for case in ("blocked_s2", "blocked_5x3_dil", "blocked_narrow"):
         assert any(k.startswith("bdconv_") and f"c_{case}" in k for k in kernels), case
         assert any(k.startswith("nchwc_") for k in kernels)
     for case in ("squeeze", "excite"):
@@ -121,7 +122,7 @@ def test_blocked_depthwise_conv_computes_eight_channels_per_vector() -> None:
     compiled(feeds)
     (exe,) = compiled._executables.values()
     symbols = [sym for name, sym in exe.symbols.items() if name.startswith("bdconv_")]
-    assert len(symbols) == 2
+    assert len(symbols) == 3
     ir_text = exe.module.optimized_ir()
     for sym in symbols:
         body = ir_text.split(f"@{sym}(", 1)[1].split("\n}\n", 1)[0]

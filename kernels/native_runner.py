@@ -12,7 +12,7 @@ Helper threads (``NativeWorkers``) are started once per compiled model and stay 
 entry word, parked helpers join it with a compare-and-swap (counted in the same word), spin
 between steps (``pause``, then ``sched_yield``) and leave when the run stops; the run closes the entry
 word when it ends, and the next run waits for the joined count to reach zero before it starts. Between runs a helper spins
-briefly, then parks on a futex. Task indices grow monotonically over a run, so a helper that
+for about two milliseconds, then parks on a futex. Task indices grow monotonically over a run, so a helper that
 looks late can never run a task of the wrong step: it only takes an index below the published
 limit, with a compare-and-swap.
 """
@@ -37,9 +37,13 @@ KIND_KERNEL, KIND_PACKED_GEMM, KIND_SGEMM, KIND_DGEMM = 0, 1, 2, 3
 CTX_WORDS = 80
 """Run state, one word per 64-byte line: next task, done tasks, step limit, stop flag; the entry
 word (open run's generation << GEN_SHIFT | helpers joined), the futex word, parked helpers, the
-shutdown flag, the open run's task table, and the parked helpers' futex timeout."""
+shutdown flag, the open run's task table, the parked helpers' futex timeout, and how long an idle
+helper spins."""
 NEXT, DONE, LIMIT, STOP, ENTRY, SEQ, SLEEPERS, SHUTDOWN, TASKS = 0, 8, 16, 24, 32, 40, 48, 56, 64
 TIMESPEC = 72
+IDLE_SPINS = 74
+"""Word holding the ``pause`` rounds an idle helper spins before it parks (``SPINS_BEFORE_PARK``;
+a benchmark sets it per model to compare values in one process)."""
 GEN_SHIFT = 16
 SPINS_BEFORE_YIELD = 64
 HELPER_SPINS_BEFORE_YIELD = 1000
@@ -48,9 +52,14 @@ between polls: it stays awake through serial steps, yet gives way at once to any
 needs its core. (It used to sleep in ``usleep(20)`` steps: on this 2-vCPU VM each sleep idles
 the vCPU, which wakes late; MobileNetV3-small, the run after a settled onnxruntime block, three
 alternating processes each: 6.1-6.6 ms with the sleep, 4.1-4.4 ms with the yield.)"""
-SPINS_BEFORE_PARK = 2000
-"""``pause`` rounds (~50 us) a helper spins after a run before it parks on the futex: back-to-back
-runs find it awake, an idle model costs nothing."""
+SPINS_BEFORE_PARK = 100_000
+"""``pause`` rounds (~2 ms here: ~20 ns each) a helper spins after a run before it parks on the
+futex; an idle model then costs nothing. A helper that parked answers the next runs late on this
+VM (its vCPU idles): in ``benchmarks/helper_idle_ab.py``'s pattern (0.2 s pause, one untimed call,
+five timed), one process, 20 interleaved rounds, 2,000 rounds (~40 us) against 50,000 / 100,000 /
+200,000: MobileNetV3-small 3.86 -> 2.54 / 2.53 / 2.38 ms, ShuffleNetV2 5.05 -> 3.02 / 3.19 /
+2.99 ms (onnxruntime 2.64 and 3.62 ms in the same rounds). Polling with ``sched_yield`` instead
+helped less (10 ms of it: 2.48 against 2.09 ms of pausing). onnxruntime's workers spin too."""
 PARK_TIMEOUT_NS = 100_000_000
 """A parked helper re-checks at least this often (a lost wake-up cannot hang a run or a close)."""
 SYS_FUTEX, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129
@@ -262,7 +271,7 @@ class _Gen:
         """``worker(ctx, yield_fn, syscall_fn)``: a helper thread's whole life. It joins each newly
         opened run (a compare-and-swap on the entry word, which the run closes before it waits
         for the joined count to drop to zero), helps until the run stops, and between runs spins
-        briefly, then parks on a futex (bounded wait) until the next run or shutdown."""
+        ``ctx[IDLE_SPINS]`` rounds, then parks on a futex (bounded wait) until the next run or shutdown."""
         help_fn = self.helper()
         fty = ir.FunctionType(ir.VoidType(), [P64, I64, I64])
         fn = ir.Function(self.module, fty, "onnxsat_worker")
@@ -302,7 +311,8 @@ class _Gen:
         b.store(spins, spins_slot)
         pause = fn.append_basic_block("worker.pause")
         park = fn.append_basic_block("worker.park")
-        b.cbranch(b.icmp_signed("<", spins, ir.Constant(I64, SPINS_BEFORE_PARK)), pause, park)
+        limit = b.load_atomic(self._at(b, ctx, IDLE_SPINS), "monotonic", 8)
+        b.cbranch(b.icmp_signed("<", spins, limit), pause, park)
         b.position_at_end(pause)
         b.call(self.pause, [])
         b.branch(head)
@@ -375,6 +385,7 @@ def _aligned_ctx() -> tuple[np.ndarray, int]:
     base = ctx.ctypes.data
     start = base + (-base) % 64
     ctypes.c_int64.from_address(start + (TIMESPEC + 1) * 8).value = PARK_TIMEOUT_NS
+    ctypes.c_int64.from_address(start + IDLE_SPINS * 8).value = SPINS_BEFORE_PARK
     return ctx, start
 
 

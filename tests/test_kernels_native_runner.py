@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsat.kernels.build import compile_kernels
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
-from onnxsat.kernels.native_runner import KIND_KERNEL, NativeWorkers, TaskTable
+from onnxsat.kernels.native_runner import IDLE_SPINS, KIND_KERNEL, SLEEPERS, NativeWorkers, TaskTable
 from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
 
 
@@ -174,3 +174,24 @@ def test_helper_threads_start_once_and_are_joined_on_close_and_collection() -> N
     del dropped
     gc.collect()
     assert not helper_thread.is_alive()  # type: ignore[attr-defined]
+
+
+def test_an_idle_helper_spins_a_while_then_parks_and_answers_the_next_run() -> None:
+    """After a run the helper spins (``IDLE_SPINS`` rounds, ~2 ms) so calls a moment apart find it
+    awake, then parks on its futex (an idle model costs nothing); a parked helper joins the next run."""
+    import time
+
+    model, feeds = _mlp(256)
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))  # type: ignore[arg-type]
+    want = CompiledModel(model, CompileOptions(threads=1, cache=False))(feeds)["y"]  # type: ignore[arg-type]
+    workers = compiled.workers
+    assert workers is not None
+    assert ctypes.c_int64.from_address(workers.start + IDLE_SPINS * 8).value >= 50_000
+    sleepers = ctypes.c_int64.from_address(workers.start + SLEEPERS * 8)
+    compiled(feeds)
+    deadline = time.monotonic() + 5.0
+    while sleepers.value != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sleepers.value == 1
+    np.testing.assert_allclose(compiled(feeds)["y"], want, rtol=1e-5, atol=1e-5)
+    compiled.close()

@@ -59,7 +59,7 @@ VM (its vCPU idles): in ``benchmarks/helper_idle_ab.py``'s pattern (0.2 s pause,
 five timed), one process, 20 interleaved rounds, 2,000 rounds (~40 us) against 50,000 / 100,000 /
 200,000: MobileNetV3-small 3.86 -> 2.54 / 2.53 / 2.38 ms, ShuffleNetV2 5.05 -> 3.02 / 3.19 /
 2.99 ms (onnxruntime 2.64 and 3.62 ms in the same rounds). Polling with ``sched_yield`` instead
-helped less (10 ms of it: 2.48 against 2.09 ms of pausing). onnxruntime's workers spin too."""
+helped less (10 ms of it: 2.48 ms; 4 ms of pausing: 2.09 ms). onnxruntime's workers spin too."""
 PARK_TIMEOUT_NS = 100_000_000
 """A parked helper re-checks at least this often (a lost wake-up cannot hang a run or a close)."""
 SYS_FUTEX, FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 202, 128, 129

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -23,21 +22,11 @@ from onnxsat.base.modelio import load_model
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.kernels.native_runner import IDLE_SPINS
-from onnxsat.latency import ort_session
+from onnxsat.latency import block_median, ort_session
+from onnxsat.verification_inputs import make_inputs
 
 SETTLE_S = 0.2
 CALLS = 5
-
-
-def _block(fn: Callable[[], object]) -> float:
-    time.sleep(SETTLE_S)
-    fn()
-    samples = []
-    for _ in range(CALLS):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples)) * 1e3
 
 
 def main() -> None:
@@ -48,13 +37,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     model = load_model(args.model)
-    inits = {t.name for t in model.graph.initializer}
-    rng = np.random.default_rng(0)
-    feeds = {
-        vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-        for vi in model.graph.input
-        if vi.name not in inits
-    }
+    feeds = make_inputs(model, seed=0)
     session = ort_session(model, level="all", threads=args.threads)
     runs: dict[str, Callable[[], object]] = {"onnxruntime": lambda: session.run(None, feeds)}
     for spins in (int(s) for s in args.spins.split(",")):
@@ -68,7 +51,7 @@ def main() -> None:
     for r in range(args.rounds):
         names = list(runs) if r % 2 == 0 else list(reversed(runs))
         for name in names:
-            times[name].append(_block(runs[name]))
+            times[name].append(block_median(runs[name], CALLS, settle_s=SETTLE_S, untimed=1) * 1e3)
     for name, values in times.items():
         print(f"{name:>16}: {np.median(values):.3f} ms (median of {len(values)} blocks)")
 

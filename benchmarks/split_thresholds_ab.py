@@ -12,15 +12,15 @@ the same machine state. The ratio is per round, base time / set time (above 1: f
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
-import onnx
 
 from onnxsat.base.modelio import load_model
 from onnxsat.kernels import executable, parallel
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.latency import block_median
+from onnxsat.verification_inputs import make_inputs
 
 SETS = {
     "1M ops, 1 MiB, GEMM 2M FLOPs": (1_000_000.0, float(1 << 20), 2_000_000.0),
@@ -28,16 +28,6 @@ SETS = {
     "100K, 128 KiB, 200K": (100_000.0, float(1 << 17), 200_000.0),
     "40K, 64 KiB, 80K": (40_000.0, float(1 << 16), 80_000.0),
 }
-
-
-def _inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    inits = {t.name for t in model.graph.initializer}
-    rng = np.random.default_rng(0)
-    return {
-        vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
-        for vi in model.graph.input
-        if vi.name not in inits
-    }
 
 
 def main() -> None:
@@ -48,7 +38,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=15, help="timed calls per block")
     args = parser.parse_args()
     model = load_model(args.model)
-    feeds = _inputs(model)
+    feeds = make_inputs(model, seed=0)
     saved = parallel.PARALLEL_MIN_COST, parallel.PARALLEL_MIN_BYTES, executable.GEMM_SPLIT_FLOPS
     programs = {}
     try:
@@ -61,15 +51,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in SETS}
     for _ in range(args.rounds):
         for name, compiled in programs.items():
-            time.sleep(0.002)
-            for _ in range(3):
-                compiled(feeds)
-            calls = []
-            for _ in range(args.calls):
-                start = time.perf_counter()
-                compiled(feeds)
-                calls.append(time.perf_counter() - start)
-            times[name].append(float(np.median(calls)) * 1e3)
+            times[name].append(block_median(lambda c=compiled: c(feeds), args.calls, settle_s=0.002, untimed=3) * 1e3)
     base = np.array(times[next(iter(SETS))])
     for name, ms in times.items():
         print(f"{name:32s} median {np.median(ms):8.2f} ms   base / this, per round: x{np.median(base / np.array(ms)):.3f}")

@@ -75,6 +75,21 @@ def bootstrap_ratio_ci(
     return float(low), float(high)
 
 
+def block_median(fn: Callable[[], object], calls: int, *, settle_s: float = 0.0, untimed: int = 0) -> float:
+    """Median seconds of ``calls`` timed calls of ``fn``, after a pause of ``settle_s`` and
+    ``untimed`` calls (one timing block of an interleaved comparison)."""
+    if settle_s > 0:
+        time.sleep(settle_s)
+    for _ in range(untimed):
+        fn()
+    samples = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return float(np.median(samples))
+
+
 def compare_latency(
     baseline: Callable[[], object],
     candidate: Callable[[], object],
@@ -98,22 +113,11 @@ def compare_latency(
         baseline()
         candidate()
     times = np.empty((2, rounds))
-
-    def one_round(fn: Callable[[], object]) -> float:
-        if settle_s > 0:
-            time.sleep(settle_s)
-            fn()
-        samples = []
-        for _ in range(calls_per_round):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return float(np.median(samples))
-
     for r in range(rounds):
         order = (0, 1) if r % 2 == 0 else (1, 0)
         for side in order:
-            times[side, r] = one_round(baseline if side == 0 else candidate)
+            fn = baseline if side == 0 else candidate
+            times[side, r] = block_median(fn, calls_per_round, settle_s=settle_s, untimed=1 if settle_s > 0 else 0)
     a, b = times * 1e3
     low, high = bootstrap_ratio_ci(a, b, seed=seed)
     return LatencyComparison(

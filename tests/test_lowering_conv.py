@@ -119,8 +119,7 @@ def test_blocked_depthwise_conv_computes_eight_channels_per_vector() -> None:
     model = _model()
     compiled = CompiledModel(model, CompileOptions(threads=1, cache=False))
     feeds = {n: np.zeros(s, np.float32) for n, s in INPUTS.items()}
-    compiled(feeds)
-    (exe,) = compiled._executables.values()
+    exe = compiled.executable_for(feeds)
     symbols = [sym for name, sym in exe.symbols.items() if name.startswith("bdconv_")]
     assert len(symbols) == 3
     ir_text = exe.module.optimized_ir()

@@ -41,6 +41,7 @@ from .native_runner import (
     KIND_DGEMM,
     KIND_KERNEL,
     KIND_PACKED_GEMM,
+    KIND_ROWS_GEMM,
     KIND_SGEMM,
     NativeWorkers,
     TaskTable,
@@ -290,7 +291,10 @@ class Executable:
 
             def run_numpy(arrays: dict[str, np.ndarray]) -> None:
                 a = _strided(arrays[a_name], a_buf, step.a)
-                b = _strided(arrays[b_name], b_buf, step.b)
+                if step.b_rows is not None:
+                    b = step.b_rows.matrix(arrays[b_name].reshape(-1)[step.b.offset :], k, n)
+                else:
+                    b = _strided(arrays[b_name], b_buf, step.b)
                 out = arrays[out_name].reshape(step.out.shape)  # a view: a batch may run as rows
                 prod = np.matmul(a, b)
                 if beta:
@@ -419,7 +423,7 @@ class Executable:
             return None
         if step.alpha != 1.0 or step.beta != 0.0 or bop.buffer.dtype != "f32" or not k or not m or not n:
             return None
-        if (bop.strides[-1] != 1 and n > 1) or bop.strides[-2] != n or a.strides[-1] != 1 or a.strides[-2] < k:
+        if (bop.strides[-1] != 1 and n > 1 and step.b_rows is None) or a.strides[-1] != 1 or a.strides[-2] < k:
             return None
         if step.bias is not None and (not step.bias_rows or len(a_offs) != 1):
             return None
@@ -446,7 +450,9 @@ class Executable:
         # balance they bought on MobileNet's 7x7 products)
         row_parts = max(1, min(strips, self.threads)) if parallel and panel_parts < per_product else 1
         rows_per = -(-strips // row_parts) * MR
-        self._keep.append(mats)
+        b_rows = step.b_rows.offsets(k) if step.b_rows is not None else np.arange(k, dtype=np.int64) * bop.strides[-2]
+        self._keep += [mats, b_rows]
+        rows_at = b_rows.ctypes.data
         a_base, b_base, c_base = mats.ctypes.data, self._address(bop.buffer.name), self._address(step.out.name)
         units: list[tuple[int, int, int, int, int, int]] = []
         for i, (ao, bo) in enumerate(zip(a_offs, b_offs, strict=True)):
@@ -454,13 +460,13 @@ class Executable:
                 for p0, p1 in _chunks(panels, panel_parts):
                     a_at = (where[ao] * m + r0) * lda * 4
                     units.append((a_at, bo * 4, (i * m + r0) * n * 4, min(rows_per, m - r0), p0, p1))
-        self._tasks[-1] = [[KIND_PACKED_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, k, c_base + co, n, rows, n, p0, p1] for ao, bo, co, rows, p0, p1 in units]
+        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, k, c_base + co, n, rows, n, p0, p1] for ao, bo, co, rows, p0, p1 in units]
         pool = self.pool
         b_name, out_name = bop.buffer.name, step.out.name
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             pb, pc = arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
-            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, k, pc + co, n, rows, n, p0, p1) for ao, bo, co, rows, p0, p1 in units]
+            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, k, pc + co, n, rows, n, p0, p1) for ao, bo, co, rows, p0, p1 in units]
             if len(calls) == 1 or pool is None:
                 for call in calls:
                     call()
@@ -579,7 +585,8 @@ def _blas_layouts(step: MatMulStep) -> tuple[tuple[int, int] | None, tuple[int, 
     """BLAS (transpose flag, leading dimension) of a product's two operands (None: not expressible)."""
     m, n = step.out.shape[-2:]
     k = step.a.shape[-1]
-    return matrix_layout((m, k), step.a.strides[-2:]), matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
+    b_layout = None if step.b_rows is not None else matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
+    return matrix_layout((m, k), step.a.strides[-2:]), b_layout  # type: ignore[arg-type]
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

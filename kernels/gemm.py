@@ -64,7 +64,12 @@ PTR = F32.as_pointer()
 
 
 EPILOGUES = {"none": "onnxsat_sgemm_packed", "bias": "onnxsat_sgemm_packed_bias", "bias_relu": "onnxsat_sgemm_packed_bias_relu"}
-"""Epilogue name -> function name; every variant takes the same ten integer arguments."""
+"""Epilogue name -> function name; every variant takes the ten integer arguments ``ARGS``."""
+ARGS = ("a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
+ROWS_ARGS = ("a", "lda", "bp", "b_rows", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
+"""The unpacked-B form's arguments: ``b_rows`` holds K offsets (elements from ``bp``), where each
+row of B starts. Rows N apart are a stored B (``k * N``); an implicit-GEMM convolution's rows are
+shifted windows of its padded input (``program.ShiftedRows``), so it needs no im2col copy."""
 ROW_EPILOGUES = {
     "none": "onnxsat_sgemm_rows",
     "bias": "onnxsat_sgemm_rows_bias",
@@ -72,8 +77,8 @@ ROW_EPILOGUES = {
     "bias_silu": "onnxsat_sgemm_rows_bias_silu",
     "bias_hardswish": "onnxsat_sgemm_rows_bias_hardswish",
 }
-"""The same epilogues for the unpacked-B form (a Conv's ``W @ col``): ``bp`` is then B itself, K x N
-row-major with row stride N, and the bias is per row of C, read from column K of A (A is the
+"""The same epilogues for the unpacked-B form (a Conv's ``W @ col``): ``bp`` is then B itself, K rows
+of N values at the offsets ``b_rows`` (see ``ROWS_ARGS``), and the bias is per row of C, read from column K of A (A is the
 constant weight, stored M x (K + 1) with the bias as its last column, so a task that starts at a
 later row finds its bias with its rows). SiLU (``x * sigmoid(x)``, mathlib's vector sigmoid) and
 HardSwish (``x * clamp(x / 6 + 1/2, 0, 1)``) follow the bias as MobileNet's and EfficientNet's
@@ -117,13 +122,16 @@ class _Gen:
         self.module = module
         self.epilogue = epilogue
         self.packed = packed
-        """False: B is unpacked (row stride N, masked loads), the bias is per row (A's column K),
+        """False: B is unpacked (rows at the offsets ``b_rows``, masked loads), the bias is per row (A's column K),
         and a panel's last columns run with only as many vectors as they need."""
-        fnty = ir.FunctionType(ir.VoidType(), [PTR, I64, PTR, I64, PTR, I64, I64, I64, I64, I64])
+        names = ARGS if packed else ROWS_ARGS
+        types = {"a": PTR, "bp": PTR, "c": PTR, "b_rows": I64.as_pointer()}
+        fnty = ir.FunctionType(ir.VoidType(), [types.get(name, I64) for name in names])
         self.fn = ir.Function(module, fnty, (EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
-        names = ["a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end"]
+        self.arg: dict[str, ir.Argument] = {}
         for arg, name in zip(self.fn.args, names, strict=True):
             arg.name = name
+            self.arg[name] = arg
         self.entry = self.fn.append_basic_block("entry")
         self.b = ir.IRBuilder(self.entry)
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
@@ -144,7 +152,7 @@ class _Gen:
         for_range(b, var, start, stop, _i64(step), lambda _: body(b.load(var)), blocks=blocks, nsw=False)
 
     def build(self) -> None:
-        _, _, bp, k, _, _, m, n, p_begin, p_end = self.fn.args
+        bp, k, m, n, p_begin, p_end = (self.arg[name] for name in ("bp", "k", "m", "n", "p_begin", "p_end"))
         b = self.b
         lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
         zero = ir.Constant(VEC, [0.0] * LANES)
@@ -193,7 +201,7 @@ class _Gen:
                     four = ir.Constant(ir.IntType(32), 4)
 
                     def pack_row(kk: ir.Value) -> None:
-                        row = b.gep(src, [b.mul(kk, n)])
+                        row = b.gep(src, [b.load(b.gep(self.arg["b_rows"], [kk]))])
                         dst = b.gep(self.pack, [b.mul(b.sub(kk, k0), _i64(NR))])
                         for h in range(NR // LANES):
                             v = b.call(self.mload, [b.bitcast(b.gep(row, [_i64(h * LANES)]), VEC.as_pointer()), four, masks[h], zero])
@@ -231,7 +239,7 @@ class _Gen:
         """C[i0:i0+min(rows, MR), panel] (+)= A[.., k0:k1] @ Bp[panel, k0:k1]; the first K block
         starts from zero, later ones from what C holds. A short last strip (``rows < MR``) reads
         its last row again in place of the missing ones and stores only its own rows."""
-        a, lda, _, _, c, ldc = self.fn.args[:6]
+        a, lda, c, ldc = (self.arg[name] for name in ("a", "lda", "c", "ldc"))
         k0, k1, first = span
         b = self.b
         zero = ir.Constant(VEC, [0.0] * LANES)
@@ -314,7 +322,7 @@ class _Gen:
         unrolled over the 8 x 3 accumulators their polynomials made these kernels' compile time
         several times the others'."""
         b = self.b
-        a, lda, _, k, c, ldc = self.fn.args[:6]
+        a, lda, k, c, ldc = (self.arg[name] for name in ("a", "lda", "k", "c", "ldc"))
         zero = ir.Constant(VEC, [0.0] * LANES)
         undef = ir.Constant(VEC, None)
         zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
@@ -344,7 +352,7 @@ class _Gen:
     def apply_row_epilogue(self, accs: list[list[ir.Value]], a_rows: list[ir.Value]) -> None:
         """The finished tile plus each row's bias (column K of A), then ReLU as in ``apply_epilogue``."""
         b = self.b
-        k = self.fn.args[3]
+        k = self.arg["k"]
         zero = ir.Constant(VEC, [0.0] * LANES)
         undef = ir.Constant(VEC, None)
         zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
@@ -408,10 +416,10 @@ def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed:
 
 
 def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True):  # type: ignore[no-untyped-def]
-    """ctypes callable: (a, lda, bp, k, c, ldc, m, n, p_begin, p_end)."""
+    """ctypes callable taking ``ARGS`` (``ROWS_ARGS`` for ``packed=False``)."""
     import ctypes
 
     _, address = sgemm_address(epilogue, cache_dir, packed)
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    proto = ctypes.CFUNCTYPE(None, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64)
+    types = {"a": ctypes.c_void_p, "bp": ctypes.c_void_p, "c": ctypes.c_void_p, "b_rows": ctypes.c_void_p}
+    proto = ctypes.CFUNCTYPE(None, *[types.get(name, ctypes.c_int64) for name in (ARGS if packed else ROWS_ARGS)])
     return proto(address)

@@ -26,6 +26,27 @@ class StridedOperand:
 
 
 @dataclass(frozen=True)
+class ShiftedRows:
+    """B of an implicit-GEMM convolution (stride 1): row ``c * len(taps) + t`` is the N values of
+    the padded input from ``c * plane + taps[t]`` (tap ``t``'s window shifted over whole padded rows;
+    the columns past each output row's width are computed and never read). The product reads its
+    input where it lies instead of an im2col copy of it (K x N values, 7 MB for a 64-channel 56x56
+    3x3 conv)."""
+
+    plane: int
+    taps: tuple[int, ...]
+
+    def offsets(self, k: int) -> np.ndarray:
+        """Where each of the K rows starts (elements from the operand's offset), as int64."""
+        channels = k // len(self.taps)
+        return (np.arange(channels, dtype=np.int64)[:, None] * self.plane + np.asarray(self.taps, np.int64)).reshape(-1)
+
+    def matrix(self, flat: np.ndarray, k: int, n: int) -> np.ndarray:
+        """B as a K x N array read from ``flat`` (the operand's buffer from its offset)."""
+        return flat[self.offsets(k)[:, None] + np.arange(n)]
+
+
+@dataclass(frozen=True)
 class KernelStep:
     kernel: Kernel
 
@@ -54,6 +75,8 @@ class MatMulStep:
     of per column."""
     activation: str = ""
     """With a row bias: ``silu`` or ``hardswish`` after it (ReLU is ``relu``)."""
+    b_rows: ShiftedRows | None = None
+    """B's rows are shifted windows of ``b.buffer`` (``b`` then has shape K x N and strides (0, 1))."""
 
 
 @dataclass(frozen=True)

@@ -109,12 +109,13 @@ def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) 
     aa = rows_a(a, None if epilogue == "none" else bias)
     c = np.full((m, n + 3), np.nan, np.float32)
     fn = sgemm_function(epilogue, packed=False)
+    b_rows = np.arange(k, dtype=np.int64) * n
     panels = -(-n // NR)
     split = min(m, 8)
     for r0, rows in ((0, split), (split, m - split)):
         for p0, p1 in ((0, panels // 2), (panels // 2, panels)):
             if rows and p1 > p0:
-                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1)
+                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, b_rows.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1)
     want = a.astype(np.float64) @ b.astype(np.float64)
     if epilogue != "none":
         want += bias[:, None]

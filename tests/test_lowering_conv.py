@@ -1,8 +1,9 @@
 """The Conv and ConvTranspose lowerings on the cases the node tests lack, against onnxruntime.
 
 Conv: the direct kernels (flat stride-1 form over the padded plane, row form for strides;
-depthwise, grouped, dilated, 1-D and 3-D, with and without bias) and the im2col + GEMM path for
-many output channels. ConvTranspose: GEMM + col2im with strides larger than the kernel (residues
+depthwise, grouped, dilated, 1-D and 3-D, with and without bias), the implicit GEMM of batch-1
+convs (strides, dilations, pads, an activation applied as the product stores) and the im2col +
+GEMM path for many output channels. ConvTranspose: GEMM + col2im with strides larger than the kernel (residues
 no tap reaches), output_padding, groups, dilations, asymmetric pads, output_shape and widths the
 stride does not divide. All cases share one model, so they compile once.
 """
@@ -22,7 +23,7 @@ from onnxsat.lowering.conv_kernels import DIRECT_MAX_CHANNELS
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
 
-INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9]}
+INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11]}
 """Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
 
 CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
@@ -43,6 +44,14 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv1d_s3": ("x1", [4, 2, 3], {"strides": [3], "group": 2}, True),
     "conv3d": ("x3", [2, 4, 2, 3, 3], {"pads": [1, 1, 1, 0, 1, 1]}, True),
     "conv3d_s2": ("x3", [2, 4, 3, 3, 2], {"strides": [1, 2, 2], "pads": [1, 1, 0, 1, 1, 1]}, False),
+    # implicit GEMM (batch 1, more channels than a direct kernel takes): shifted windows of the
+    # padded input, its phase planes for strides; an extra column per row, a surplus input row
+    "implicit_s1": ("x5", [20, 5, 3, 3], {"pads": [1, 1, 1, 1]}, True),
+    "implicit_s2": ("x5", [18, 5, 3, 3], {"strides": [2, 2], "pads": [1, 0, 2, 1]}, False),
+    "implicit_7x7s2": ("x5", [17, 5, 7, 7], {"strides": [2, 2], "pads": [3, 3, 3, 3]}, True),
+    "implicit_dil": ("x5", [20, 5, 3, 2], {"dilations": [2, 3], "strides": [1, 2], "pads": [2, 1, 1, 2]}, True),
+    "implicit_s3": ("x5", [20, 5, 2, 2], {"strides": [3, 1]}, True),
+    "implicit_same": ("x5", [24, 5, 4, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 1]}, False),
     "squeeze": ("x0", [10, 40, 1, 1], {}, True),  # a squeeze-excitation layer: dot products
     "excite": ("x0", [24, 40, 1, 1], {}, False),
 }
@@ -56,6 +65,9 @@ TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv1d": ("x1", [4, 3, 5], {"strides": [3], "pads": [1, 2]}, True),
     "conv3d": ("x3", [4, 2, 3, 2, 3], {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0]}, True),
 }
+
+ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu"}
+"""Convs whose output only an activation reads (the others are graph outputs themselves)."""
 
 
 def _model() -> onnx.ModelProto:
@@ -71,7 +83,10 @@ def _model() -> onnx.ModelProto:
                 channels = wshape[0] if op == "Conv" else wshape[1] * int(attrs.get("group", 1))
                 inits.append(numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), f"{name}_b"))
                 inputs.append(f"{name}_b")
-            nodes.append(helper.make_node(op, inputs, [name], **attrs))
+            activation = ACTIVATED.get(case) if op == "Conv" else None
+            nodes.append(helper.make_node(op, inputs, [f"{name}_pre" if activation else name], **attrs))
+            if activation:  # read by its activation alone: the product applies it as it stores
+                nodes.append(helper.make_node(activation, [f"{name}_pre"], [name]))
             outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
     xs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in INPUTS.items()]
     return helper.make_model(helper.make_graph(nodes, "convs", xs, outs, inits), opset_imports=[helper.make_opsetid("", 19)])
@@ -111,6 +126,31 @@ def test_few_output_channels_run_without_a_gemm() -> None:
     for case in ("squeeze", "excite"):
         assert not any(f"c_{case}" in g for g in gemms), case
         assert any(k.startswith("matvec_") and f"c_{case}" in k for k in kernels), case
+
+
+def test_batch_one_convs_read_shifted_windows_of_the_padded_input() -> None:
+    """Batch-1 convs with overlapping taps run as implicit GEMMs (no im2col kernel): B's rows are
+    shifted windows of the padded input or of its phase planes, and ``ShiftedRows.matrix`` (the
+    numpy form of those rows) is what im2col would have stored."""
+    model = _model()
+    steps = lower(model, {n: tuple(s) for n, s in INPUTS.items()}, gemm_epilogues=True).steps
+    shifted = {s.out.name: s.b_rows for s in steps if isinstance(s, MatMulStep) and s.b_rows is not None}
+    kernels = {s.kernel.name for s in steps if isinstance(s, KernelStep)}
+    for case in (c for c in CONVS if c.startswith("implicit_")):
+        assert any(f"c_{case}" in name for name in shifted), case
+        assert not any("im2col" in k and f"c_{case}" in k for k in kernels), case
+    assert not any(f"c_{case}" in name for name in shifted for case in ("many_channels", "pointwise"))  # batch 2, one tap
+
+    # stride 1, 3x3, dilation 1 over a 2-channel 4x5 input padded by one (6 x 7, plus a zero row)
+    x = np.arange(2 * 4 * 5, dtype=np.float32).reshape(2, 4, 5)
+    padded = np.zeros((2, 7, 7), np.float32)
+    padded[:, 1:5, 1:6] = x
+    from onnxsat.lowering.program import ShiftedRows
+
+    rows = ShiftedRows(7 * 7, tuple(kh * 7 + kw for kh in range(3) for kw in range(3)))
+    b = rows.matrix(padded.reshape(-1), 2 * 9, 4 * 7).reshape(2, 3, 3, 4, 7)[..., :5]
+    im2col = np.stack([padded[:, kh : kh + 4, kw : kw + 5] for kh in range(3) for kw in range(3)], axis=1).reshape(2, 3, 3, 4, 5)
+    np.testing.assert_array_equal(b, im2col)
 
 
 def test_blocked_depthwise_conv_computes_eight_channels_per_vector() -> None:

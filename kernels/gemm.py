@@ -217,13 +217,17 @@ class _Gen:
 
                         self.loop(f"s{width}", _i64(0), strips, 1, strip)
 
-                    # a short last panel (49 = 48 + 1 columns) does one vector of FMAs, not three
-                    # (a two-vector form too doubled the compile time of these kernels)
-                    with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (then, otherwise):
+                    # a short last panel does as many vectors of FMAs as it has columns (49 = 48 + 1:
+                    # one, not three; an implicit conv's 224 = 4 x 48 + 32: two)
+                    with b.if_else(b.icmp_signed(">", left, _i64(2 * LANES))) as (then, otherwise):
                         with then:
                             narrow(NR // LANES)
                         with otherwise:
-                            narrow(1)
+                            with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (two, one):
+                                with two:
+                                    narrow(2)
+                                with one:
+                                    narrow(1)
 
                 self.loop("p", p_begin, p_end, 1, panel)
 

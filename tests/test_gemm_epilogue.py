@@ -95,7 +95,7 @@ def test_matmul_bias_relu_epilogue(case: str) -> None:
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (20, 9, 49), (17, 4, 17), (8, 3, 33)])
+@pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (20, 9, 49), (17, 4, 17), (8, 3, 33), (11, 6, 68), (16, 40, 80)])
 @pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_silu", "bias_hardswish"])
 def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) -> None:
     """The unpacked-B form (a Conv's ``W @ col``): B read in place with row stride N, a per-row

@@ -36,7 +36,7 @@ from .kernel_ir import (
 )
 from .loops import buffers_of, for_nest, outer_kernel, reduction_kernel
 from .table import NotLowered, lowering
-from .values import Index, Lazy, broadcast_to, elementwise, of_buffer
+from .values import Index, Lazy, broadcast_to, elementwise, of_buffer, reshape
 
 
 def lowest_value(dtype: str) -> Const:
@@ -231,6 +231,11 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
     is_max = nv.op_type == "GlobalMaxPool"
     n = math.prod(red_shape)
+    flat = reshape(x, (*x.shape[:2], n))
+    if rank > 3 and flat.is_view:
+        # one loop over a contiguous plane: LLVM fully unrolls a short inner loop (a 56-wide row)
+        # and then vectorizes the row loop with gathers (3x onnxruntime's time on 96x56x56)
+        x, rank, red, red_shape = flat, 3, [2], (n,)
 
     dt = compute_dtype(x.dtype)
 

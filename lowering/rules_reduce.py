@@ -33,10 +33,11 @@ from .kernel_ir import (
     flat_index,
     i64,
     is_float,
+    mod,
 )
 from .loops import buffers_of, for_nest, outer_kernel, reduction_kernel
 from .table import NotLowered, lowering
-from .values import Index, Lazy, broadcast_to, elementwise, of_buffer, reshape
+from .values import Index, Lazy, View, broadcast_to, elementwise, general, of_buffer, reshape
 
 
 def lowest_value(dtype: str) -> Const:
@@ -218,6 +219,25 @@ def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     return [of_buffer(b) for b in outs]
 
 
+def _pitched_plane(x: Lazy, fill: Const) -> Lazy | None:
+    """A 2-D plane whose rows lie ``pitch`` apart in a view, as one axis over its rows and the
+    gaps between them, the gaps read as ``fill``; None for any other ``x``."""
+    if len(x.shape) != 4 or not x.is_view or x.view.strides[-1] != 1:
+        return None
+    v, (h, w) = x.view, x.shape[2:]
+    pitch = v.strides[-2]
+    if h < 2 or pitch <= w or pitch > 2 * w:
+        return None
+    span = (h - 1) * pitch + w
+    rows = View(v.buffer, (*v.strides[:2], 1), v.offset)
+
+    def gen(idx: Index) -> Expr:
+        inside = Compare("lt", mod(idx[2], pitch), i64(w))
+        return Select(inside, rows.load(idx), fill)
+
+    return general((*x.shape[:2], span), x.dtype, gen, x.size + 2)
+
+
 @lowering("GlobalAveragePool", "GlobalMaxPool", kind="reduce")
 def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     x = xs[0]
@@ -232,10 +252,15 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     is_max = nv.op_type == "GlobalMaxPool"
     n = math.prod(red_shape)
     flat = reshape(x, (*x.shape[:2], n))
+    pitched = _pitched_plane(x, lowest_value(x.dtype) if is_max else Const(0.0, x.dtype))
     if rank > 3 and flat.is_view:
         # one loop over a contiguous plane: LLVM fully unrolls a short inner loop (a 56-wide row)
         # and then vectorizes the row loop with gathers (3x onnxruntime's time on 96x56x56)
         x, rank, red, red_shape = flat, 3, [2], (n,)
+    elif pitched is not None:
+        # rows stored apart (a conv's output on its padded width): one loop over the rows and the
+        # gaps between them, the gaps selected away, for the same reason
+        x, rank, red, red_shape = pitched, 3, [2], pitched.shape[2:]
 
     dt = compute_dtype(x.dtype)
 

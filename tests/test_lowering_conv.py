@@ -52,6 +52,7 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "implicit_dil": ("x5", [20, 5, 3, 2], {"dilations": [2, 3], "strides": [1, 2], "pads": [2, 1, 1, 2]}, True),
     "implicit_s3": ("x5", [20, 5, 2, 2], {"strides": [3, 1]}, True),
     "implicit_same": ("x5", [24, 5, 4, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 1]}, False),
+    "implicit_16": ("x5", [16, 5, 3, 3], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True),  # a direct kernel's size
     "squeeze": ("x0", [10, 40, 1, 1], {}, True),  # a squeeze-excitation layer: dot products
     "excite": ("x0", [24, 40, 1, 1], {}, False),
 }

@@ -227,7 +227,7 @@ class Executable:
         if isinstance(step, KernelStep):
             outs = set(step.kernel.outputs)
             return [span(b) for b in step.kernel.params if b.name not in outs], [span(b) for b in step.kernel.params if b.name in outs]
-        read = [span(step.a.buffer), span(step.b.buffer)] + ([span(step.out)] if step.beta else []) + ([span(step.bias)] if step.bias else [])
+        read = [span(b) for b in step.operands()] + ([span(step.out)] if step.beta else [])
         return read, [span(step.out)]
 
     def _address(self, name: str) -> int:
@@ -295,6 +295,8 @@ class Executable:
                     b = step.b_rows.matrix(arrays[b_name].reshape(-1)[step.b.offset :], k, n)
                 else:
                     b = _strided(arrays[b_name], b_buf, step.b)
+                if step.b_scale is not None:
+                    b = b * arrays[step.b_scale.name].reshape(-1)[:, None]
                 out = arrays[out_name].reshape(step.out.shape)  # a view: a batch may run as rows
                 prod = np.matmul(a, b)
                 if beta:
@@ -453,6 +455,8 @@ class Executable:
         b_rows = step.b_rows.offsets(k) if step.b_rows is not None else np.arange(k, dtype=np.int64) * bop.strides[-2]
         self._keep += [mats, b_rows]
         rows_at = b_rows.ctypes.data
+        scale_name = None if step.b_scale is None else step.b_scale.name
+        scale_at = 0 if scale_name is None else self._address(scale_name)
         a_base, b_base, c_base = mats.ctypes.data, self._address(bop.buffer.name), self._address(step.out.name)
         units: list[tuple[int, int, int, int, int, int]] = []
         for i, (ao, bo) in enumerate(zip(a_offs, b_offs, strict=True)):
@@ -460,13 +464,14 @@ class Executable:
                 for p0, p1 in _chunks(panels, panel_parts):
                     a_at = (where[ao] * m + r0) * lda * 4
                     units.append((a_at, bo * 4, (i * m + r0) * n * 4, min(rows_per, m - r0), p0, p1))
-        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, k, c_base + co, n, rows, n, p0, p1] for ao, bo, co, rows, p0, p1 in units]
+        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, scale_at, k, c_base + co, n, rows, n, p0, p1] for ao, bo, co, rows, p0, p1 in units]
         pool = self.pool
         b_name, out_name = bop.buffer.name, step.out.name
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             pb, pc = arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
-            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, k, pc + co, n, rows, n, p0, p1) for ao, bo, co, rows, p0, p1 in units]
+            ps = 0 if scale_name is None else arrays[scale_name].ctypes.data
+            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, ps, k, pc + co, n, rows, n, p0, p1) for ao, bo, co, rows, p0, p1 in units]
             if len(calls) == 1 or pool is None:
                 for call in calls:
                     call()
@@ -585,7 +590,7 @@ def _blas_layouts(step: MatMulStep) -> tuple[tuple[int, int] | None, tuple[int, 
     """BLAS (transpose flag, leading dimension) of a product's two operands (None: not expressible)."""
     m, n = step.out.shape[-2:]
     k = step.a.shape[-1]
-    b_layout = None if step.b_rows is not None else matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
+    b_layout = None if step.b_rows is not None or step.b_scale is not None else matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
     return matrix_layout((m, k), step.a.strides[-2:]), b_layout  # type: ignore[arg-type]
 
 

@@ -66,10 +66,12 @@ PTR = F32.as_pointer()
 EPILOGUES = {"none": "onnxsat_sgemm_packed", "bias": "onnxsat_sgemm_packed_bias", "bias_relu": "onnxsat_sgemm_packed_bias_relu"}
 """Epilogue name -> function name; every variant takes the ten integer arguments ``ARGS``."""
 ARGS = ("a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
-ROWS_ARGS = ("a", "lda", "bp", "b_rows", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
+ROWS_ARGS = ("a", "lda", "bp", "b_rows", "b_scale", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
 """The unpacked-B form's arguments: ``b_rows`` holds K offsets (elements from ``bp``), where each
 row of B starts. Rows N apart are a stored B (``k * N``); an implicit-GEMM convolution's rows are
-shifted windows of its padded input (``program.ShiftedRows``), so it needs no im2col copy."""
+shifted windows of its padded input (``program.ShiftedRows``), so it needs no im2col copy.
+``b_scale`` (K floats, or null) multiplies each row of B as it is packed: a squeeze-excitation's
+channel scale, applied to the 1x1 conv's input without a pass of its own over it."""
 ROW_EPILOGUES = {
     "none": "onnxsat_sgemm_rows",
     "bias": "onnxsat_sgemm_rows_bias",
@@ -125,7 +127,7 @@ class _Gen:
         """False: B is unpacked (rows at the offsets ``b_rows``, masked loads), the bias is per row (A's column K),
         and a panel's last columns run with only as many vectors as they need."""
         names = ARGS if packed else ROWS_ARGS
-        types = {"a": PTR, "bp": PTR, "c": PTR, "b_rows": I64.as_pointer()}
+        types = {"a": PTR, "bp": PTR, "c": PTR, "b_rows": I64.as_pointer(), "b_scale": PTR}
         fnty = ir.FunctionType(ir.VoidType(), [types.get(name, I64) for name in names])
         self.fn = ir.Function(module, fnty, (EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
         self.arg: dict[str, ir.Argument] = {}
@@ -139,6 +141,12 @@ class _Gen:
         self.mload = _intrinsic(module, ir.FunctionType(VEC, [VEC.as_pointer(), i32, MASK, VEC]), "llvm.masked.load.v16f32.p0")
         self.prefetch = _intrinsic(module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
         self.mstore = _intrinsic(module, ir.FunctionType(ir.VoidType(), [VEC, VEC.as_pointer(), i32, MASK]), "llvm.masked.store.v16f32.p0")
+
+    def splat(self, value: ir.Value) -> ir.Value:
+        """``value`` in every lane of a vector."""
+        b = self.b
+        undef = ir.Constant(VEC, None)
+        return b.shuffle_vector(b.insert_element(undef, value, ir.Constant(ir.IntType(32), 0)), undef, ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
 
     def alloca(self, ty: ir.Type, name: str) -> ir.Value:
         with self.b.goto_block(self.entry):
@@ -158,6 +166,7 @@ class _Gen:
         zero = ir.Constant(VEC, [0.0] * LANES)
         if not self.packed:
             self.pack = b.bitcast(self.alloca(ir.ArrayType(F32, KC * NR), "pack"), PTR)
+            self.scaled = b.icmp_unsigned("!=", b.ptrtoint(self.arg["b_scale"], I64), _i64(0))
         total_panels = b.sdiv(b.add(n, _i64(NR - 1)), _i64(NR))
         self.bias = b.gep(bp, [b.mul(total_panels, b.mul(k, _i64(NR)))])  # read by the epilogues only
 
@@ -203,9 +212,20 @@ class _Gen:
                     def pack_row(kk: ir.Value) -> None:
                         row = b.gep(src, [b.load(b.gep(self.arg["b_rows"], [kk]))])
                         dst = b.gep(self.pack, [b.mul(b.sub(kk, k0), _i64(NR))])
-                        for h in range(NR // LANES):
-                            v = b.call(self.mload, [b.bitcast(b.gep(row, [_i64(h * LANES)]), VEC.as_pointer()), four, masks[h], zero])
-                            b.store(v, b.bitcast(b.gep(dst, [_i64(h * LANES)]), VEC.as_pointer()), align=4)
+
+                        def copy(scaled: bool) -> None:
+                            factor = self.splat(b.load(b.gep(self.arg["b_scale"], [kk]))) if scaled else None
+                            for h in range(NR // LANES):
+                                v = b.call(self.mload, [b.bitcast(b.gep(row, [_i64(h * LANES)]), VEC.as_pointer()), four, masks[h], zero])
+                                if factor is not None:
+                                    v = b.fmul(v, factor)
+                                b.store(v, b.bitcast(b.gep(dst, [_i64(h * LANES)]), VEC.as_pointer()), align=4)
+
+                        with b.if_else(self.scaled) as (then, otherwise):  # loop-invariant: unswitched
+                            with then:
+                                copy(True)
+                            with otherwise:
+                                copy(False)
 
                     self.loop("pk", k0, k1, 1, pack_row)
                     b_panel = b.gep(self.pack, [b.sub(_i64(0), b.mul(k0, _i64(NR)))])
@@ -424,6 +444,6 @@ def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed
     import ctypes
 
     _, address = sgemm_address(epilogue, cache_dir, packed)
-    types = {"a": ctypes.c_void_p, "bp": ctypes.c_void_p, "c": ctypes.c_void_p, "b_rows": ctypes.c_void_p}
+    types = {"a": ctypes.c_void_p, "bp": ctypes.c_void_p, "c": ctypes.c_void_p, "b_rows": ctypes.c_void_p, "b_scale": ctypes.c_void_p}
     proto = ctypes.CFUNCTYPE(None, *[types.get(name, ctypes.c_int64) for name in (ARGS if packed else ROWS_ARGS)])
     return proto(address)

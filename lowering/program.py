@@ -77,6 +77,12 @@ class MatMulStep:
     """With a row bias: ``silu`` or ``hardswish`` after it (ReLU is ``relu``)."""
     b_rows: ShiftedRows | None = None
     """B's rows are shifted windows of ``b.buffer`` (``b`` then has shape K x N and strides (0, 1))."""
+    b_scale: Buffer | None = None
+    """K values that multiply B's rows (a squeeze-excitation's channel scale of a 1x1 conv's input)."""
+
+    def operands(self) -> list[Buffer]:
+        """The buffers the product reads besides ``out`` (which it also reads when ``beta``)."""
+        return [self.a.buffer, self.b.buffer, *(b for b in (self.bias, self.b_scale) if b is not None)]
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,7 @@ class KernelProgram:
                 parts.append(render(step.kernel))
             elif isinstance(step, MatMulStep):
                 epilogue = (f" + {step.bias.name}{' per row' if step.bias_rows else ''}" if step.bias else "") + (", relu" if step.relu else "") + (f", {step.activation}" if step.activation else "")
+                epilogue += (f", B's rows from {step.b_rows}" if step.b_rows else "") + (f", B's rows times {step.b_scale.name}" if step.b_scale else "")
                 parts.append(f"matmul {step.out.name} = {step.alpha} * {step.a} @ {step.b} + {step.beta} * out{epilogue}")
             else:
                 parts.append(f"fallback {step.node.op_type} ({step.reason})")
@@ -139,7 +146,7 @@ def step_buffers(step: Step) -> list[Buffer]:
     if isinstance(step, KernelStep):
         return list(step.kernel.params)
     if isinstance(step, MatMulStep):
-        return [step.a.buffer, step.b.buffer, *([step.bias] if step.bias else []), step.out]
+        return [*step.operands(), step.out]
     return [b for b in step.inputs if b is not None] + [b for _, b in step.captures] + list(step.outputs)
 
 

@@ -35,8 +35,10 @@ from .kernel_ir import (
     Cast,
     Const,
     Expr,
+    Var,
     add,
     i64,
+    loads_in,
     mul,
 )
 from .loops import buffers_of, reduction_kernel
@@ -78,10 +80,19 @@ def _operand(cx: Any, x: Lazy) -> StridedOperand:
 
 
 def matmul(
-    cx: Any, a: Lazy, b: Lazy, out_tensor: str, alpha: float = 1.0, beta: float = 0.0, init: Lazy | None = None, epilogue: Epilogue | None = None
+    cx: Any,
+    a: Lazy,
+    b: Lazy,
+    out_tensor: str,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    init: Lazy | None = None,
+    epilogue: Epilogue | None = None,
+    b_scale: Buffer | None = None,
 ) -> Lazy:
-    """``alpha * a @ b (+ beta * init)`` with numpy matmul shapes (then the ``epilogue``'s bias
-    and ReLU); returns the stored result. A float16 product is computed in float32 and rounded
+    """``alpha * a @ (b_scale * b) (+ beta * init)`` with numpy matmul shapes (then the
+    ``epilogue``'s bias and ReLU; ``b_scale``: one value per row of a 2-D ``b``); returns the
+    stored result. A float16 product is computed in float32 and rounded
     once (onnxruntime's CPU MatMul on hardware without float16 arithmetic does the same)."""
     if a.dtype == b.dtype == "f16" and epilogue is None:
         def wide(x: Lazy) -> Lazy:
@@ -116,7 +127,7 @@ def matmul(
             rows = epilogue is not None and epilogue.rows
             activation = "" if epilogue is None else epilogue.activation
             a_op, b_op, step_out = batch_as_rows(_operand(cx, a2), _operand(cx, b2), out)
-            cx.emit(MatMulStep(a_op, b_op, step_out, alpha, beta, bias, relu, rows, activation))
+            cx.emit(MatMulStep(a_op, b_op, step_out, alpha, beta, bias, relu, rows, activation, b_scale=b_scale))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
 
@@ -324,14 +335,21 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         windows = general((batch, group, cg, *kernel, *out_sp), dt, im2col, src.size + 8)
         col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
+    scale = None
+    if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view and nv.const(1) is not None:
+        scaled = _channel_scaled(cx, col)
+        if scaled is not None:  # a squeeze-excitation's Mul: the product scales B's rows as it packs them
+            col, scale = scaled
     if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
-        # stored here rather than by the product (a residual Add or SE Mul feeding a 1x1 conv), so
-        # the epilogue check below sees its rows
+        # stored here rather than by the product (a residual Add feeding a 1x1 conv), so the
+        # epilogue check below sees its rows
         col = cx.materialize(col, "operand")
     epilogue = _conv_epilogue(cx, nv, wm, col, bias)
+    if epilogue is None and scale is not None:
+        col = cx.materialize(elementwise(lambda v, f: Binary("mul", v, f), [col, reshape(of_buffer(scale), (1, 1, ck, 1))], dt), "operand")
     if epilogue is not None:
         # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
-        y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue)
+        y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue, b_scale=scale)
         cx.lazies[epilogue.tensor] = reshape(y, (batch, cout, *out_sp))
         cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
         return [None] if epilogue.tensor != nv.outputs[0] else [cx.lazies[epilogue.tensor]]
@@ -341,6 +359,40 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
+
+
+def _channel_scaled(cx: Any, col: Lazy) -> tuple[Lazy, Buffer] | None:
+    """``col`` (1 x 1 x K x N) as ``x * f`` with ``x`` a stored view with contiguous rows and ``f``
+    one value per row (a squeeze-excitation's gate, broadcast over the positions): ``x`` and ``f``
+    stored in a buffer of K values; None for any other ``col``."""
+    if col.leaves is None or col.combine is None or len(col.shape) != 4 or col.shape[:2] != (1, 1):
+        return None
+    k, n = col.shape[2:]
+    full = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 1 and v.strides[-2] == n]
+    per_row = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 0]
+    if len(full) != 1 or len(per_row) != len(col.leaves) - 1 or not per_row or n < 2:
+        return None
+    loads = [v.load([i64(0), i64(0), Var("k"), Var("n")]) for v in col.leaves]
+    value = col.combine(loads)
+    x_load = loads[full[0]]
+    if not (isinstance(value, Binary) and value.op == "mul" and (value.a is x_load or value.b is x_load)):
+        return None
+    x_first = value.a is x_load
+    if any(ld == x_load for ld in loads_in(value.b if x_first else value.a)):
+        return None
+    combine = col.combine
+
+    def factor(row_loads: list[Expr]) -> Expr:  # the gate alone: the other operand of the product
+        every = list(row_loads)
+        every.insert(full[0], Const(1.0, col.dtype))
+        product = combine(every)
+        assert isinstance(product, Binary)
+        return product.b if x_first else product.a
+
+    gate = Lazy((1, 1, k, 1), col.dtype, tuple(col.leaves[i] for i in per_row), factor, None, col.size)
+    stored = cx.materialize(reshape(gate, (k,)), "gate")
+    x = of_view(col.leaves[full[0]], col.shape)
+    return x, stored.view.buffer
 
 
 def _implicit_conv(

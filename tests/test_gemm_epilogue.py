@@ -97,9 +97,10 @@ def test_matmul_bias_relu_epilogue(case: str) -> None:
 
 @pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (20, 9, 49), (17, 4, 17), (8, 3, 33), (11, 6, 68), (16, 40, 80)])
 @pytest.mark.parametrize("epilogue", ["none", "bias", "bias_relu", "bias_silu", "bias_hardswish"])
-def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) -> None:
-    """The unpacked-B form (a Conv's ``W @ col``): B read in place with row stride N, a per-row
-    bias from A's extra column, short last panels of one or two vectors; run as the runtime
+@pytest.mark.parametrize("scaled", [False, True], ids=["", "scaled"])
+def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str, scaled: bool) -> None:
+    """The unpacked-B form (a Conv's ``W @ col``): B read in place with row stride N (its rows
+    multiplied by a scale when one is given), a per-row bias from A's extra column, short last panels of one or two vectors; run as the runtime
     splits it (a later row block and a panel range per call), columns past N untouched."""
     m, k, n = shape
     rng = np.random.default_rng(m * k + n)
@@ -110,13 +111,14 @@ def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str) 
     c = np.full((m, n + 3), np.nan, np.float32)
     fn = sgemm_function(epilogue, packed=False)
     b_rows = np.arange(k, dtype=np.int64) * n
+    scale = rng.standard_normal(k).astype(np.float32) if scaled else None
     panels = -(-n // NR)
     split = min(m, 8)
     for r0, rows in ((0, split), (split, m - split)):
         for p0, p1 in ((0, panels // 2), (panels // 2, panels)):
             if rows and p1 > p0:
-                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, b_rows.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1)
-    want = a.astype(np.float64) @ b.astype(np.float64)
+                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, b_rows.ctypes.data, 0 if scale is None else scale.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1)
+    want = a.astype(np.float64) @ (b if scale is None else b * scale[:, None]).astype(np.float64)
     if epilogue != "none":
         want += bias[:, None]
     if epilogue == "bias_relu":

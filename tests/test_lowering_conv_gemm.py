@@ -3,8 +3,8 @@ HardSwish epilogues), on the conv shapes of resnet18, mobilenet_v3_small and eff
 onnxruntime.
 
 Each case is ``Conv (+ Relu)`` on one input; the shapes cover 1x1 convs (widths 49 = 48 + 1, 196,
-3136), strided 3x3 and 7x7 stems through im2col, K past one K block (4608 > 1024), and M not a
-multiple of the 8-row strip. Every case also checks the lowering put the bias (and the Relu) into
+3136), strided 3x3 and 7x7 stems (implicit GEMMs over phase planes), K past one K block (4608 >
+1024), and M not a multiple of the 8-row strip. Every case also checks the lowering put the bias (and the Relu) into
 the product. Depthwise convs (direct kernels) apply their activation as they store.
 """
 
@@ -128,3 +128,34 @@ def test_conv_bias_and_relu_go_into_the_product(name: str) -> None:
     assert (products[0].bias is not None) == fused and products[0].bias_rows == fused
     assert products[0].relu == (act == "relu")
     assert products[0].activation == (act if act in ("silu", "hardswish") else "")
+
+
+def test_a_squeeze_excitation_scale_is_applied_as_the_projection_packs_its_input() -> None:
+    """MobileNetV3's and EfficientNet's squeeze-excitation: ``x * sigmoid(fc(relu(fc(pool(x)))))``
+    feeding a 1x1 projection. The gate (one value per channel) is stored, and the projection
+    scales B's rows by it as it packs them, instead of storing the scaled ``x`` first."""
+    rng = np.random.default_rng(4)
+
+    def weight(name: str, shape: list[int]) -> onnx.TensorProto:
+        return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.3, name)
+
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["x"], ["pool"]),
+        helper.make_node("Conv", ["pool", "w1", "b1"], ["fc1"]),
+        helper.make_node("Relu", ["fc1"], ["act"]),
+        helper.make_node("Conv", ["act", "w2", "b2"], ["fc2"]),
+        helper.make_node("Sigmoid", ["fc2"], ["gate"]),
+        helper.make_node("Mul", ["x", "gate"], ["scaled"]),
+        helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"]),
+    ]
+    inits = [weight("w1", [8, 40, 1, 1]), weight("b1", [8]), weight("w2", [40, 8, 1, 1]), weight("b2", [40]), weight("w3", [24, 40, 1, 1]), weight("b3", [24])]
+    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 40, 14, 14])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    steps = lower(model, {"x": (1, 40, 14, 14)}, gemm_epilogues=True).steps
+    (product,) = [s for s in steps if isinstance(s, MatMulStep)]
+    assert product.b_scale is not None and product.b_scale.shape == (40,)
+    assert not any("operand" in s.kernel.name for s in steps if isinstance(s, KernelStep))
+    feeds = {"x": rng.standard_normal((1, 40, 14, 14)).astype(np.float32)}
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = CompiledModel(model, CompileOptions(threads=2, cache=False))(feeds)["y"]
+    assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want))) + 1e-6

@@ -292,7 +292,8 @@ class Executable:
             def run_numpy(arrays: dict[str, np.ndarray]) -> None:
                 a = _strided(arrays[a_name], a_buf, step.a)
                 if step.b_rows is not None:
-                    b = step.b_rows.matrix(arrays[b_name].reshape(-1)[step.b.offset :], k, n)
+                    flat = arrays[b_name].reshape(-1)
+                    b = np.stack([step.b_rows.matrix(flat[off:], k, n) for off in b_offs]).reshape(*batch, k, n)
                 else:
                     b = _strided(arrays[b_name], b_buf, step.b)
                 if step.b_scale is not None:
@@ -427,7 +428,7 @@ class Executable:
             return None
         if (bop.strides[-1] != 1 and n > 1 and step.b_rows is None) or a.strides[-1] != 1 or a.strides[-2] < k:
             return None
-        if step.bias is not None and (not step.bias_rows or len(a_offs) != 1):
+        if step.bias is not None and (not step.bias_rows or len(set(a_offs)) != 1):  # one weight: a batch of images
             return None
         bias = None if step.bias is None else self.program.constants.get(step.bias.name)
         if step.bias is not None and bias is None:

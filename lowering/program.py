@@ -76,7 +76,8 @@ class MatMulStep:
     activation: str = ""
     """With a row bias: ``silu`` or ``hardswish`` after it (ReLU is ``relu``)."""
     b_rows: ShiftedRows | None = None
-    """B's rows are shifted windows of ``b.buffer`` (``b`` then has shape K x N and strides (0, 1))."""
+    """B's rows are shifted windows of ``b.buffer`` (``b`` then has shape [batch..., K, N] and
+    strides [batch strides..., 0, 1]: the windows are offsets from each image's plane)."""
     b_scale: Buffer | None = None
     """K values that multiply B's rows (a squeeze-excitation's channel scale of a 1x1 conv's input)."""
 

@@ -314,7 +314,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # It also beats the direct kernel from 16 output channels, or 8 with a stride (one
         # thread, MobileNetV3's 3->16 3x3/2 stem: 392 -> 237 us; with 4 the direct kernel won)
         prefer_gemm = mg >= 16 or (mg >= 8 and any(s > 1 for s in strides))
-        if (prefer_gemm or not direct) and weight is not None and group == 1 and batch == 1 and n_sp == 2 and math.prod(kernel) > math.prod(strides):
+        if (prefer_gemm or not direct) and weight is not None and group == 1 and n_sp == 2 and math.prod(kernel) > math.prod(strides):
             implicit = _implicit_conv(cx, nv, x, w, bias, kernel, strides, dilations, begin, need, tuple(out_sp))
             if implicit is not None:
                 return implicit
@@ -431,13 +431,13 @@ def _implicit_conv(
     cout, ck = w.shape[0], cin * math.prod(kernel)
     n = out_sp[0] * wph
     tensor = nv.outputs[0] if epilogue is None else epilogue.tensor
-    grid = cx.buffer(f"{tensor}_grid", (cout, n), x.dtype)
+    grid = cx.buffer(f"{tensor}_grid", (batch, cout, n), x.dtype)
     a_op = _operand(cx, reshape(w, (cout, ck)))
-    b_op = StridedOperand(padded.view.buffer, (ck, n), (0, 1), 0)
+    b_op = StridedOperand(padded.view.buffer, (batch, ck, n), (cin * sh * sw * phase, 0, 1), 0)
     relu, activation = (False, "") if epilogue is None else (epilogue.relu, epilogue.activation)
     shifted = ShiftedRows(sh * sw * phase, taps)
     cx.emit(MatMulStep(a_op, b_op, grid, bias=None if row_bias is None else row_bias.view.buffer, relu=relu, bias_rows=True, activation=activation, b_rows=shifted))
-    y = of_view(View(grid, (cout * n, n, wph, 1), 0), (1, cout, *out_sp))
+    y = of_view(View(grid, (cout * n, n, wph, 1), 0), (batch, cout, *out_sp))
     if epilogue is None:
         return [y]
     cx.lazies[tensor] = y

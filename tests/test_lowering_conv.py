@@ -1,7 +1,7 @@
 """The Conv and ConvTranspose lowerings on the cases the node tests lack, against onnxruntime.
 
 Conv: the direct kernels (flat stride-1 form over the padded plane, row form for strides;
-depthwise, grouped, dilated, 1-D and 3-D, with and without bias), the implicit GEMM of batch-1
+depthwise, grouped, dilated, 1-D and 3-D, with and without bias), the implicit GEMM of
 convs (strides, dilations, pads, an activation applied as the product stores) and the im2col +
 GEMM path for many output channels. ConvTranspose: GEMM + col2im with strides larger than the kernel (residues
 no tap reaches), output_padding, groups, dilations, asymmetric pads, output_shape and widths the
@@ -44,7 +44,7 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv1d_s3": ("x1", [4, 2, 3], {"strides": [3], "group": 2}, True),
     "conv3d": ("x3", [2, 4, 2, 3, 3], {"pads": [1, 1, 1, 0, 1, 1]}, True),
     "conv3d_s2": ("x3", [2, 4, 3, 3, 2], {"strides": [1, 2, 2], "pads": [1, 1, 0, 1, 1, 1]}, False),
-    # implicit GEMM (batch 1, more channels than a direct kernel takes): shifted windows of the
+    # implicit GEMM (more channels than a direct kernel takes; batch 1 and 2): shifted windows of the
     # padded input, its phase planes for strides; an extra column per row, a surplus input row
     "implicit_s1": ("x5", [20, 5, 3, 3], {"pads": [1, 1, 1, 1]}, True),
     "implicit_s2": ("x5", [18, 5, 3, 3], {"strides": [2, 2], "pads": [1, 0, 2, 1]}, False),
@@ -53,6 +53,7 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "implicit_s3": ("x5", [20, 5, 2, 2], {"strides": [3, 1]}, True),
     "implicit_same": ("x5", [24, 5, 4, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 1]}, False),
     "implicit_16": ("x5", [16, 5, 3, 3], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True),  # a direct kernel's size
+    "implicit_batch2": ("x4", [20, 16, 3, 3], {"strides": [2, 1], "pads": [1, 1, 1, 1]}, True),
     "squeeze": ("x0", [10, 40, 1, 1], {}, True),  # a squeeze-excitation layer: dot products
     "excite": ("x0", [24, 40, 1, 1], {}, False),
 }
@@ -67,7 +68,7 @@ TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv3d": ("x3", [4, 2, 3, 2, 3], {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0]}, True),
 }
 
-ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu"}
+ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu"}
 """Convs whose output only an activation reads (the others are graph outputs themselves)."""
 
 
@@ -129,8 +130,8 @@ def test_few_output_channels_run_without_a_gemm() -> None:
         assert any(k.startswith("matvec_") and f"c_{case}" in k for k in kernels), case
 
 
-def test_batch_one_convs_read_shifted_windows_of_the_padded_input() -> None:
-    """Batch-1 convs with overlapping taps run as implicit GEMMs (no im2col kernel): B's rows are
+def test_convs_read_shifted_windows_of_the_padded_input() -> None:
+    """Convs with overlapping taps run as implicit GEMMs (no im2col kernel): B's rows are
     shifted windows of the padded input or of its phase planes, and ``ShiftedRows.matrix`` (the
     numpy form of those rows) is what im2col would have stored."""
     model = _model()
@@ -140,7 +141,7 @@ def test_batch_one_convs_read_shifted_windows_of_the_padded_input() -> None:
     for case in (c for c in CONVS if c.startswith("implicit_")):
         assert any(f"c_{case}" in name for name in shifted), case
         assert not any("im2col" in k and f"c_{case}" in k for k in kernels), case
-    assert not any(f"c_{case}" in name for name in shifted for case in ("many_channels", "pointwise"))  # batch 2, one tap
+    assert not any(f"c_{case}" in name for name in shifted for case in ("pointwise", "depthwise_s1"))  # one tap; groups
 
     # stride 1, 3x3, dilation 1 over a 2-channel 4x5 input padded by one (6 x 7, plus a zero row)
     x = np.arange(2 * 4 * 5, dtype=np.float32).reshape(2, 4, 5)

@@ -199,7 +199,19 @@ class _Gen:
 
                         def strip(s: ir.Value) -> None:
                             i0 = b.add(r0, b.mul(s, _i64(MR)))
-                            self.block(i0, b.sub(r_end, i0), col0, b_panel, masks, (k0, k1, first))
+                            rows = b.sub(r_end, i0)
+                            # one row (a classifier's or a decode step's product): one row of FMAs,
+                            # not eight copies of it (the weights then stream at memory speed); two
+                            # to four rows (a batch of a few): four
+                            with b.if_else(b.icmp_signed("==", rows, _i64(1))) as (one, many):
+                                with one:
+                                    self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), mr=1)
+                                with many:
+                                    with b.if_else(b.icmp_signed("<=", rows, _i64(4))) as (few, full):
+                                        with few:
+                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), mr=4)
+                                        with full:
+                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first))
 
                         self.loop("s", _i64(0), strips, 1, strip)
                         return
@@ -259,17 +271,18 @@ class _Gen:
     def block(
         self, i0: ir.Value, rows: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value],
         width: int = NR // LANES,
+        mr: int = MR,
     ) -> None:
-        """C[i0:i0+min(rows, MR), panel] (+)= A[.., k0:k1] @ Bp[panel, k0:k1]; the first K block
-        starts from zero, later ones from what C holds. A short last strip (``rows < MR``) reads
+        """C[i0:i0+min(rows, mr), panel] (+)= A[.., k0:k1] @ Bp[panel, k0:k1]; the first K block
+        starts from zero, later ones from what C holds. A short last strip (``rows < mr``) reads
         its last row again in place of the missing ones and stores only its own rows."""
         a, lda, c, ldc = (self.arg[name] for name in ("a", "lda", "c", "ldc"))
         k0, k1, first = span
         b = self.b
         zero = ir.Constant(VEC, [0.0] * LANES)
-        accs = [[self.alloca(VEC, f"acc{r}_{h}") for h in range(width)] for r in range(MR)]
+        accs = [[self.alloca(VEC, f"acc{r}_{h}") for h in range(width)] for r in range(mr)]
         last = b.sub(rows, _i64(1))
-        present = [b.icmp_signed(">", rows, _i64(r)) for r in range(MR)]
+        present = [b.icmp_signed(">", rows, _i64(r)) for r in range(mr)]
 
         def c_vector(r: int, h: int) -> ir.Value:
             crow = b.gep(c, [b.add(b.mul(b.add(i0, _i64(r)), ldc), col0)])
@@ -279,12 +292,12 @@ class _Gen:
             for slot in row:
                 b.store(zero, slot)
         with b.if_then(b.not_(first)):
-            for r in range(MR):
+            for r in range(mr):
                 with b.if_then(present[r]):
                     for h in range(width):
                         b.store(b.call(self.mload, [c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h], zero]), accs[r][h])
         # one base pointer per row: the unrolled k steps then address A as base + k (no index chain)
-        a_rows = [b.gep(a, [b.mul(b.add(i0, b.select(present[r], _i64(r), last)), lda)]) for r in range(MR)]
+        a_rows = [b.gep(a, [b.mul(b.add(i0, b.select(present[r], _i64(r), last)), lda)]) for r in range(mr)]
         undef = ir.Constant(VEC, None)
         zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
 
@@ -298,12 +311,12 @@ class _Gen:
                     for h in range(NR // LANES):
                         ahead = b.bitcast(b.gep(brow, [_i64(PREFETCH_ROWS * NR + h * LANES)]), ir.IntType(8).as_pointer())
                         b.call(self.prefetch, [ahead, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
-                for r in range(MR):
+                for r in range(mr):
                     av = b.load(b.gep(a_rows[r], [kk]))
                     splat = b.shuffle_vector(b.insert_element(undef, av, ir.Constant(ir.IntType(32), 0)), undef, zeros)
                     for h in range(width):
                         acc[r][h] = b.call(self.fma, [splat, bv[h], acc[r][h]])
-            for r in range(MR):
+            for r in range(mr):
                 for h in range(width):
                     b.store(acc[r][h], accs[r][h])
 
@@ -317,7 +330,7 @@ class _Gen:
                     self.apply_epilogue(accs, col0)
                 else:
                     self.apply_row_epilogue(accs, a_rows)
-        for r in range(MR):
+        for r in range(mr):
             with b.if_then(present[r]):
                 for h in range(width):
                     b.call(self.mstore, [b.load(accs[r][h]), c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h]])

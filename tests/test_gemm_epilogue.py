@@ -17,11 +17,11 @@ from onnxsat.kernels.gemm import KC, NR, pack_b, rows_a, sgemm_function
 from onnxsat.lowering.program import MatMulStep
 
 
-@pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1)])
+@pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (1, KC + 5, 100), (2, 40, 49), (4, 9, 50), (12, 6, 48)])
 @pytest.mark.parametrize("epilogue", ["bias", "bias_relu"])
 def test_packed_gemm_epilogue(shape: tuple[int, int, int], epilogue: str) -> None:
-    """Row tails (M % 8), column tails (N % 48) and two K blocks (the bias is added once, after
-    the last); columns past N (ldc > N) stay untouched."""
+    """Row tails (M % 8: one row, two to four, more), column tails (N % 48) and two K blocks (the
+    bias is added once, after the last); columns past N (ldc > N) stay untouched."""
     m, k, n = shape
     rng = np.random.default_rng(m + k + n)
     a = rng.standard_normal((m, k)).astype(np.float32)

@@ -1,11 +1,14 @@
 """Lowering rules of MatMul, Gemm, Conv and ConvTranspose.
 
 Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
-flag, not copied). Conv is im2col (a kernel that gathers windows, skipped for 1x1 convolutions)
-plus one batched GEMM whose output already has the NCHW layout; the bias add stays a ``Lazy``
-so it fuses with whatever activation follows. A 1x1 Conv of a 1x1 image is a dot product per
-output channel, few output channels per group a direct kernel, and a strided or narrow depthwise
-Conv a channel-blocked kernel with its weight packed at compile time (conv_kernels). ConvTranspose
+flag, not copied). A 2-D Conv of one group whose taps overlap is an implicit GEMM: the product
+reads shifted windows of its padded input (or of the input's stride phases) as B's rows, with the
+bias and activation in its epilogue (``_implicit_conv``); a squeeze-excitation's channel scale is
+applied as a 1x1 conv's product packs its input. Other convs are im2col (a kernel that gathers
+windows, skipped for 1x1 convolutions) plus one batched GEMM whose output already has the NCHW
+layout. A 1x1 Conv of a 1x1 image is a dot product per output channel, few output channels per
+group a direct kernel, and a strided or narrow depthwise Conv a channel-blocked kernel with its
+weight packed at compile time (conv_kernels). ConvTranspose
 is the adjoint: one GEMM per group (``W_g^T @ X_g``, every input pixel times every tap) and a
 col2im kernel that gathers each output's taps residue by residue, so its loads are unit stride
 and need no bounds checks.

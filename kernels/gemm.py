@@ -72,6 +72,8 @@ row of B starts. Rows N apart are a stored B (``k * N``); an implicit-GEMM convo
 shifted windows of its padded input (``program.ShiftedRows``), so it needs no im2col copy.
 ``b_scale`` (K floats, or null) multiplies each row of B as it is packed: a squeeze-excitation's
 channel scale, applied to the 1x1 conv's input without a pass of its own over it."""
+POINTER_ARGS = frozenset({"a", "bp", "c", "b_rows", "b_scale"})
+"""The arguments that are addresses (the others are int64)."""
 ROW_EPILOGUES = {
     "none": "onnxsat_sgemm_rows",
     "bias": "onnxsat_sgemm_rows_bias",
@@ -127,8 +129,7 @@ class _Gen:
         """False: B is unpacked (rows at the offsets ``b_rows``, masked loads), the bias is per row (A's column K),
         and a panel's last columns run with only as many vectors as they need."""
         names = ARGS if packed else ROWS_ARGS
-        types = {"a": PTR, "bp": PTR, "c": PTR, "b_rows": I64.as_pointer(), "b_scale": PTR}
-        fnty = ir.FunctionType(ir.VoidType(), [types.get(name, I64) for name in names])
+        fnty = ir.FunctionType(ir.VoidType(), [(I64.as_pointer() if name == "b_rows" else PTR) if name in POINTER_ARGS else I64 for name in names])
         self.fn = ir.Function(module, fnty, (EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
         self.arg: dict[str, ir.Argument] = {}
         for arg, name in zip(self.fn.args, names, strict=True):
@@ -298,8 +299,6 @@ class _Gen:
                         b.store(b.call(self.mload, [c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h], zero]), accs[r][h])
         # one base pointer per row: the unrolled k steps then address A as base + k (no index chain)
         a_rows = [b.gep(a, [b.mul(b.add(i0, b.select(present[r], _i64(r), last)), lda)]) for r in range(mr)]
-        undef = ir.Constant(VEC, None)
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
 
         def steps(k_at: ir.Value, count: int) -> None:
             acc = [[b.load(slot) for slot in row] for row in accs]
@@ -313,7 +312,7 @@ class _Gen:
                         b.call(self.prefetch, [ahead, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
                 for r in range(mr):
                     av = b.load(b.gep(a_rows[r], [kk]))
-                    splat = b.shuffle_vector(b.insert_element(undef, av, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+                    splat = self.splat(av)
                     for h in range(width):
                         acc[r][h] = b.call(self.fma, [splat, bv[h], acc[r][h]])
             for r in range(mr):
@@ -361,15 +360,13 @@ class _Gen:
         b = self.b
         a, lda, k, c, ldc = (self.arg[name] for name in ("a", "lda", "k", "c", "ldc"))
         zero = ir.Constant(VEC, [0.0] * LANES)
-        undef = ir.Constant(VEC, None)
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
         four = ir.Constant(ir.IntType(32), 4)
         count = b.select(b.icmp_signed("<", rows, _i64(MR)), rows, _i64(MR))
 
         def row(r: ir.Value) -> None:
             i = b.add(i0, r)
             bias = b.load(b.gep(a, [b.add(b.mul(i, lda), k)]))
-            splat = b.shuffle_vector(b.insert_element(undef, bias, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+            splat = self.splat(bias)
             crow = b.gep(c, [b.add(b.mul(i, ldc), col0)])
             for h in range(width):
                 ptr = b.bitcast(b.gep(crow, [_i64(h * LANES)]), VEC.as_pointer())
@@ -391,11 +388,9 @@ class _Gen:
         b = self.b
         k = self.arg["k"]
         zero = ir.Constant(VEC, [0.0] * LANES)
-        undef = ir.Constant(VEC, None)
-        zeros = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
         for r, row in enumerate(accs):
             bias = b.load(b.gep(a_rows[r], [k]))
-            splat = b.shuffle_vector(b.insert_element(undef, bias, ir.Constant(ir.IntType(32), 0)), undef, zeros)
+            splat = self.splat(bias)
             for slot in row:
                 value = b.fadd(b.load(slot), splat)
                 if self.epilogue == "bias_relu":
@@ -457,6 +452,5 @@ def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed
     import ctypes
 
     _, address = sgemm_address(epilogue, cache_dir, packed)
-    types = {"a": ctypes.c_void_p, "bp": ctypes.c_void_p, "c": ctypes.c_void_p, "b_rows": ctypes.c_void_p, "b_scale": ctypes.c_void_p}
-    proto = ctypes.CFUNCTYPE(None, *[types.get(name, ctypes.c_int64) for name in (ARGS if packed else ROWS_ARGS)])
+    proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p if name in POINTER_ARGS else ctypes.c_int64 for name in (ARGS if packed else ROWS_ARGS)])
     return proto(address)

@@ -27,9 +27,9 @@ class StridedOperand:
 
 @dataclass(frozen=True)
 class ShiftedRows:
-    """B of an implicit-GEMM convolution (stride 1): row ``c * len(taps) + t`` is the N values of
-    the padded input from ``c * plane + taps[t]`` (tap ``t``'s window shifted over whole padded rows;
-    the columns past each output row's width are computed and never read). The product reads its
+    """B of an implicit-GEMM convolution: row ``c * len(taps) + t`` is the N values of the padded
+    input (for a stride, its stride phases) from ``c * plane + taps[t]`` (tap ``t``'s window shifted
+    over whole rows; the columns past each output row's width are computed and never read). The product reads its
     input where it lies instead of an im2col copy of it (K x N values, 7 MB for a 64-channel 56x56
     3x3 conv)."""
 

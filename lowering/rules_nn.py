@@ -339,17 +339,16 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         col = reshape(cx.materialize(windows, "im2col"), (batch, group, ck, ohw))
     wm = reshape(w, (1, group, mg, ck))
     scale = None
-    if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view and nv.const(1) is not None:
-        scaled = _channel_scaled(cx, col)
+    if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
+        scaled = _channel_scaled(cx, col) if _row_epilogue(cx, nv, wm, bias) is not None else None
         if scaled is not None:  # a squeeze-excitation's Mul: the product scales B's rows as it packs them
             col, scale = scaled
-    if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
-        # stored here rather than by the product (a residual Add feeding a 1x1 conv), so the
-        # epilogue check below sees its rows
-        col = cx.materialize(col, "operand")
+        else:
+            # stored here rather than by the product (a residual Add feeding a 1x1 conv), so the
+            # epilogue check below sees its rows
+            col = cx.materialize(col, "operand")
     epilogue = _conv_epilogue(cx, nv, wm, col, bias)
-    if epilogue is None and scale is not None:
-        col = cx.materialize(elementwise(lambda v, f: Binary("mul", v, f), [col, reshape(of_buffer(scale), (1, 1, ck, 1))], dt), "operand")
+    assert epilogue is not None or scale is None
     if epilogue is not None:
         # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
         y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue, b_scale=scale)

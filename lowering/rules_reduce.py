@@ -251,16 +251,14 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
     is_max = nv.op_type == "GlobalMaxPool"
     n = math.prod(red_shape)
+    # one loop over the plane: over rows, LLVM fully unrolls a short row (56 wide) and then
+    # vectorizes the row loop with gathers (3x onnxruntime's time on 96x56x56). Rows stored apart
+    # (a conv's output on its padded width) are one loop over the rows and the gaps between them,
+    # the gaps selected away.
     flat = reshape(x, (*x.shape[:2], n))
-    pitched = _pitched_plane(x, lowest_value(x.dtype) if is_max else Const(0.0, x.dtype))
-    if rank > 3 and flat.is_view:
-        # one loop over a contiguous plane: LLVM fully unrolls a short inner loop (a 56-wide row)
-        # and then vectorizes the row loop with gathers (3x onnxruntime's time on 96x56x56)
-        x, rank, red, red_shape = flat, 3, [2], (n,)
-    elif pitched is not None:
-        # rows stored apart (a conv's output on its padded width): one loop over the rows and the
-        # gaps between them, the gaps selected away, for the same reason
-        x, rank, red, red_shape = pitched, 3, [2], pitched.shape[2:]
+    one_loop = flat if flat.is_view else _pitched_plane(x, lowest_value(x.dtype) if is_max else Const(0.0, x.dtype))
+    if rank > 3 and one_loop is not None:
+        x, rank, red, red_shape = one_loop, 3, [2], one_loop.shape[2:]
 
     dt = compute_dtype(x.dtype)
 

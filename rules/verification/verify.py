@@ -189,7 +189,7 @@ def round_symbols(batch: list[Instance]) -> frozenset[str]:
 
 
 @functools.cache
-def LEAF_SYMBOLS() -> frozenset[str]:
+def _leaf_symbols() -> frozenset[str]:
     """The tables any round may fill for its leaves (``round_symbols``), whatever its instances."""
     kinds = [L.model_opset, L.graph_output, L.shape, L.dtype, L.small_const, L.tensor_ref]
     return frozenset({_symbol_of(fn) for fn in kinds} | {_op_symbol(f"Tensor.{leaf}") for leaf in ("weight", "input")})
@@ -307,7 +307,7 @@ class RuleVerifier:
         patterns = [parse_rule(egg_name, built) for egg_name, built in self.table.egg_rules[result.name]]
         self.rtol = self.table.tolerances.get(result.name, RTOL)
         self._declared.clear()  # the previous rule's e-graphs
-        self._symbols = LEAF_SYMBOLS()
+        self._symbols = _leaf_symbols()
         target = max(1, math.ceil(self.min_instances / len(patterns)))
         fired = {p.egg_name: 0 for p in patterns}
         discarded: Counter[str] = Counter()

@@ -76,7 +76,7 @@ def ort_profile(path: str, feeds: dict[str, np.ndarray], rounds: int, threads: i
     name_form = {}
     for node in model.graph.node:
         if node.op_type == "Conv":
-            name_form[node.name] = forms[node.output[0]]
+            name_form[node.name] = name_form[node.output[0]] = forms[node.output[0]]
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads
@@ -97,7 +97,7 @@ def ort_profile(path: str, feeds: dict[str, np.ndarray], rounds: int, threads: i
             continue
         node = ev["name"][: -len("_kernel_time")]
         op = ev["args"].get("op_name", "?")
-        form = name_form.get(node)
+        form = name_form.get(node.removesuffix("_nchwc"))  # the NCHWc transformer renames the Conv it replaces
         if form is None:
             form = "other:" + op + ("" if op != "Conv" else ":" + node)
         per[form].append(ev["dur"] / 1000.0)

@@ -56,8 +56,12 @@ def host_target() -> HostTarget:
     features = llvm.get_host_cpu_features().flatten()
     if "+avx512f" in features.split(","):
         # LLVM tunes AVX-512 CPUs to prefer 256-bit vectors (clock drops on old Xeons); the
-        # kernels here are loops over whole rows, where 512-bit vectors measured faster
-        features += ",-prefer-256-bit"
+        # kernels here are loops over whole rows, where 512-bit vectors measured faster.
+        # Its cost model also takes masked gathers and scatters as cheap there, but they are
+        # microcoded: a blocked depthwise conv that scattered each 8-channel vector over 8
+        # planes ran 1.4x slower than with scalar stores, and stalled the SiLU after it
+        # (EfficientNet-B0 x1.03, MobileNetV3-small x1.05, ShuffleNetV2 x1.04; the rest ties)
+        features += ",-prefer-256-bit,+prefer-no-gather,+prefer-no-scatter"
     return HostTarget(llvm.get_process_triple(), llvm.get_host_cpu_name(), features)
 
 

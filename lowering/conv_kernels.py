@@ -35,12 +35,14 @@ from .kernel_ir import (
     Select,
     Stmt,
     Store,
+    Unary,
     Var,
     add,
     flat_index,
     i64,
     mod,
     mul,
+    subexpressions,
     unflatten,
 )
 from .loops import buffers_of, outer_kernel
@@ -203,6 +205,16 @@ BLOCKED_MAX_WIDTH = 8
 vectors along the flat padded plane (measured: 7-wide ~20% faster blocked, 14-wide ~30% slower)."""
 
 
+ROW_ACTIVATION_MIN_WIDTH = 14
+"""Output width from which a blocked depthwise conv applies a transcendental activation (SiLU) in
+a pass along its rows: on 7-wide rows that pass is mostly a scalar tail (measured 3% slower)."""
+
+
+def _transcendental(e: Expr) -> bool:
+    """Whether ``e`` calls exp, sigmoid, tanh or erf (an activation of ~20 dependent operations)."""
+    return any(isinstance(x, Unary) and x.op in ("exp", "sigmoid", "tanh", "erf") for x in subexpressions(e))
+
+
 def fits_blocked_depthwise(x_shape: tuple[int, ...], w_shape: tuple[int, ...], group: int, strides: list[int], out_sp: list[int]) -> bool:
     """Whether a depthwise Conv runs channel-blocked (``blocked_depthwise_conv``): 2-D, channels a
     multiple of the block, and strided or narrow (where the flat stride-1 form cannot fill vectors)."""
@@ -235,9 +247,20 @@ def blocked_depthwise_conv(
         iw = add(mul(ow, i64(strides[1])), i64(tw * dilations[1]))
         tap = Load(xb, flat_index([n, cb, ih, iw, c], xb.shape))
         acc = Binary("add", acc, Binary("mul", packed_w.gen([cb, i64(t), c]), tap))
-    value = activation(Local("v", dt)) if activation is not None else Local("v", dt)
-    lanes = (Decl("v", dt, acc), Store(out, flat_index([n, channel, oh, ow], out.shape), value))
-    body = (Loop(ow.name, i64(out_sp[1]), (Loop(c.name, i64(CHANNEL_BLOCK), lanes),)),)
+    at = flat_index([n, channel, oh, ow], out.shape)
+    if activation is not None and out_sp[1] >= ROW_ACTIVATION_MIN_WIDTH and _transcendental(activation(Local("v", dt))):
+        # The taps' vectors first, then the activation along each of the 8 stored rows (16 lanes,
+        # unit stride): applied to each 8-channel vector as it is stored, a SiLU made the kernel
+        # 1.2x slower (96x112 3x3/2, 144x56 5x5/2, 240x28 3x3/2, one thread)
+        apply = Store(out, at, activation(Load(out, at)))
+        body: tuple[Stmt, ...] = (
+            Loop(ow.name, i64(out_sp[1]), (Loop(c.name, i64(CHANNEL_BLOCK), (Store(out, at, acc),)),)),
+            Loop(c.name, i64(CHANNEL_BLOCK), (Loop(ow.name, i64(out_sp[1]), (apply,)),)),
+        )
+    else:
+        value = activation(Local("v", dt)) if activation is not None else Local("v", dt)
+        lanes = (Decl("v", dt, acc), Store(out, at, value))
+        body = (Loop(ow.name, i64(out_sp[1]), (Loop(c.name, i64(CHANNEL_BLOCK), lanes),)),)
     inputs = [xb, *buffers_of(packed_w), *(buffers_of(bias) if bias is not None else [])]
     units = batch * blocks * out_sp[0]
     cost = float(math.prod(out.shape) * math.prod(kernel) * 2)

@@ -323,11 +323,16 @@ def walk_exprs(stmts: tuple[Stmt, ...]) -> Iterator[Expr]:
 
 
 def loads_in(e: Expr) -> Iterator[Load]:
+    return (x for x in subexpressions(e) if isinstance(x, Load))
+
+
+def subexpressions(e: Expr) -> Iterator[Expr]:
+    """``e`` and every expression under it (load indices included)."""
     stack = [e]
     while stack:
         x = stack.pop()
+        yield x
         if isinstance(x, Load):
-            yield x
             stack.append(x.index)
         elif isinstance(x, (Unary, Cast)):
             stack.append(x.a)

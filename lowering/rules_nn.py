@@ -3,7 +3,9 @@
 Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
 flag, not copied). A 2-D Conv of one group whose taps overlap is an implicit GEMM: the product
 reads shifted windows of its padded input (or of the input's stride phases) as B's rows, with the
-bias and activation in its epilogue (``_implicit_conv``); a squeeze-excitation's channel scale is
+bias and activation in its epilogue (``_implicit_conv``); with a small output image (ResNet's 7 x 7)
+it runs position-major instead, one row per output position against the weight laid out
+[taps x C, M], so the vector lanes run over output channels (``_position_major_conv``); a squeeze-excitation's channel scale is
 applied as a 1x1 conv's product packs its input. Other convs are im2col (a kernel that gathers
 windows, skipped for 1x1 convolutions) plus one batched GEMM whose output already has the NCHW
 layout. A 1x1 Conv of a 1x1 image is a dot product per output channel, few output channels per
@@ -36,8 +38,10 @@ from .kernel_ir import (
     Binary,
     Buffer,
     Cast,
+    Compare,
     Const,
     Expr,
+    Select,
     Var,
     add,
     i64,
@@ -318,6 +322,9 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # thread, MobileNetV3's 3->16 3x3/2 stem: 392 -> 237 us; with 4 the direct kernel won)
         prefer_gemm = mg >= 16 or (mg >= 8 and any(s > 1 for s in strides))
         if (prefer_gemm or not direct) and weight is not None and group == 1 and n_sp == 2 and math.prod(kernel) > math.prod(strides):
+            small = _position_major_conv(cx, nv, x, np.asarray(weight), bias, kernel, strides, dilations, begin, need, tuple(out_sp))
+            if small is not None:
+                return small
             implicit = _implicit_conv(cx, nv, x, w, bias, kernel, strides, dilations, begin, need, tuple(out_sp))
             if implicit is not None:
                 return implicit
@@ -442,6 +449,68 @@ def _implicit_conv(
     y = of_view(View(grid, (cout * n, n, wph, 1), 0), (batch, cout, *out_sp))
     if epilogue is None:
         return [y]
+    cx.lazies[tensor] = y
+    cx.fused.update(t for t in (*epilogue.skipped, tensor) if t != nv.outputs[0])
+    return [None] if tensor != nv.outputs[0] else [y]
+
+
+POSITION_MAJOR_MAX_POSITIONS = 64
+"""Output positions per image up to which a dense conv runs position-major (``_position_major_conv``)."""
+POSITION_MAJOR_MIN_CHANNELS = 48
+"""Output channels from which it does: one panel of the packed micro-kernel (three vectors)."""
+
+
+def _position_major_conv(
+    cx: Any, nv: Any, x: Lazy, weight: np.ndarray, bias: Lazy | None, kernel: list[int], strides: list[int], dilations: list[int], begin: list[int], need: list[int], out_sp: tuple[int, ...]
+) -> list[Any] | None:
+    """A 2-D Conv with a small output image (ResNet's last stage: 7 x 7) as ``windows @ W^T``: one row
+    per output position (the padded input, channels last, copied tap by tap: runs of C values) times
+    the constant weight laid out [taps x C, M], so the micro-kernel's vector lanes run over output
+    channels. As an implicit GEMM its lanes ran over the 7 x 9 padded-width grid (63 columns, 64
+    lanes, 49 useful); ResNet-18's 512-channel 3x3 convs took 2.8 ms each there against 2.2 ms here
+    (one thread). Bias and ReLU are the packed micro-kernel's epilogue; the result is a strided NCHW
+    view of the [positions, M] product. None where the product would not be the packed micro-kernel
+    (its row limit) or the row epilogue does not apply."""
+    positions = math.prod(out_sp)
+    batch, cin = x.shape[:2]
+    cout = weight.shape[0]
+    if positions > POSITION_MAJOR_MAX_POSITIONS or cout < POSITION_MAJOR_MIN_CHANNELS or batch * positions > PACKED_GEMM_MAX_ROWS:
+        return None
+    wm = reshape(cx.const_lazy(weight), (1, 1, cout, weight[0].size))
+    epilogue = _row_epilogue(cx, nv, wm, bias)
+    if not cx.gemm_epilogues or x.dtype != "f32" or weight.dtype != np.float32 or (epilogue is None and bias is not None):
+        return None
+    (sh, sw), (dh, dw) = strides, dilations
+    size = [d + b + e for d, b, e in zip(x.shape[2:], begin, need, strict=True)]
+
+    def channels_last(idx: Index) -> Expr:  # the zero-padded input as [N, Hp, Wp, C]
+        n, h, w, c = idx
+        at, inside = [], []
+        for pos, lo, extent in ((h, begin[0], x.shape[2]), (w, begin[1], x.shape[3])):
+            src = add(pos, i64(-lo))
+            inside += [Compare("ge", src, i64(0)), Compare("lt", src, i64(extent))]
+            at.append(Binary("min", Binary("max", src, i64(0)), i64(extent - 1)))
+        cond = Binary("and", Binary("and", inside[0], inside[1]), Binary("and", inside[2], inside[3]))
+        return Select(cond, x.gen([n, c, *at]), Const(0.0, x.dtype))
+
+    last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
+
+    def window(idx: Index) -> Expr:
+        n, oh, ow, kh, kw, c = idx
+        return last.gen([n, add(mul(oh, i64(sh)), mul(kh, i64(dh))), add(mul(ow, i64(sw)), mul(kw, i64(dw))), c])
+
+    windows = cx.materialize(general((batch, *out_sp, *kernel, cin), x.dtype, window, last.size + 8), "windows")
+    rows = reshape(windows, (batch * positions, math.prod(kernel) * cin))
+    tensor = nv.outputs[0] if epilogue is None else epilogue.tensor
+    columns = cx.const_lazy(np.ascontiguousarray(weight.transpose(2, 3, 1, 0).reshape(-1, cout)))
+    by_column = None if epilogue is None else Epilogue(epilogue.bias, epilogue.relu, tensor, ())
+    product = matmul(cx, rows, columns, f"{tensor}_pm", epilogue=by_column)
+    assert product.is_view
+    y = of_view(View(product.view.buffer, (positions * cout, 1, out_sp[1] * cout, cout), 0), (batch, cout, *out_sp))
+    if epilogue is None:
+        return [y]
+    if epilogue.activation:  # the packed micro-kernel's epilogues end at ReLU
+        y = elementwise(ACTIVATIONS[epilogue.activation], [y], x.dtype)
     cx.lazies[tensor] = y
     cx.fused.update(t for t in (*epilogue.skipped, tensor) if t != nv.outputs[0])
     return [None] if tensor != nv.outputs[0] else [y]

@@ -25,7 +25,7 @@ from onnxsat.lowering.kernel_ir import Loop, Unary, subexpressions, walk_exprs
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
 
-INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31]}
+INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31], "x7": [2, 8, 7, 6]}
 """Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
 
 CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
@@ -57,6 +57,10 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "implicit_same": ("x5", [24, 5, 4, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 1]}, False),
     "implicit_16": ("x5", [16, 5, 3, 3], {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True),  # a direct kernel's size
     "implicit_batch2": ("x4", [20, 16, 3, 3], {"strides": [2, 1], "pads": [1, 1, 1, 1]}, True),
+    # position-major (a small output image, 48+ output channels): batch 2, a stride, no bias
+    "pm_s1": ("x7", [48, 8, 3, 3], {"pads": [1, 1, 1, 1]}, True),
+    "pm_s2": ("x7", [50, 8, 3, 2], {"strides": [2, 2], "pads": [1, 0, 1, 1]}, False),
+    "pm_hswish": ("x7", [64, 8, 3, 3], {"pads": [0, 1, 2, 1], "dilations": [1, 2]}, True),
     "squeeze": ("x0", [10, 40, 1, 1], {}, True),  # a squeeze-excitation layer: dot products
     "excite": ("x0", [24, 40, 1, 1], {}, False),
 }
@@ -71,7 +75,7 @@ TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv3d": ("x3", [4, 2, 3, 2, 3], {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0]}, True),
 }
 
-ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu", "blocked_silu": "SiLU"}
+ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu", "blocked_silu": "SiLU", "pm_s1": "Relu", "pm_hswish": "HardSwish"}
 """Convs whose output only an activation reads (the others are graph outputs themselves)."""
 
 
@@ -159,6 +163,18 @@ def test_convs_read_shifted_windows_of_the_padded_input() -> None:
     b = rows.matrix(padded.reshape(-1), 2 * 9, 4 * 7).reshape(2, 3, 3, 4, 7)[..., :5]
     im2col = np.stack([padded[:, kh : kh + 4, kw : kw + 5] for kh in range(3) for kw in range(3)], axis=1).reshape(2, 3, 3, 4, 5)
     np.testing.assert_array_equal(b, im2col)
+
+
+def test_small_images_run_position_major() -> None:
+    """A conv with at most 64 output positions and 48+ channels is one product of its windows (a row
+    per position, channels last) and the weight laid out [taps x C, M]: a packed-B product whose
+    lanes run over output channels, with the bias (and ReLU) in its epilogue."""
+    steps = lower(_model(), {n: tuple(s) for n, s in INPUTS.items()}, gemm_epilogues=True).steps
+    for case, positions, channels, bias in (("pm_s1", 7 * 6, 48, True), ("pm_s2", 4 * 3, 50, False), ("pm_hswish", 7 * 4, 64, True)):
+        (step,) = [s for s in steps if isinstance(s, MatMulStep) and f"c_{case}" in s.out.name]
+        assert step.out.name.endswith("_pm") and step.b_rows is None, case
+        assert step.out.shape == (2 * positions, channels) and step.b.shape == (8 * 9 if case != "pm_s2" else 8 * 6, channels), case
+        assert (step.bias is not None) == bias and not step.bias_rows and step.relu == (case == "pm_s1"), case
 
 
 def test_blocked_depthwise_conv_computes_eight_channels_per_vector() -> None:

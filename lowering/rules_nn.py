@@ -322,7 +322,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # thread, MobileNetV3's 3->16 3x3/2 stem: 392 -> 237 us; with 4 the direct kernel won)
         prefer_gemm = mg >= 16 or (mg >= 8 and any(s > 1 for s in strides))
         if (prefer_gemm or not direct) and weight is not None and group == 1 and n_sp == 2 and math.prod(kernel) > math.prod(strides):
-            small = _position_major_conv(cx, nv, x, np.asarray(weight), bias, kernel, strides, dilations, begin, need, tuple(out_sp))
+            small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, need, tuple(out_sp))
             if small is not None:
                 return small
             implicit = _implicit_conv(cx, nv, x, w, bias, kernel, strides, dilations, begin, need, tuple(out_sp))
@@ -461,7 +461,8 @@ POSITION_MAJOR_MIN_CHANNELS = 48
 
 
 def _position_major_conv(
-    cx: Any, nv: Any, x: Lazy, weight: np.ndarray, bias: Lazy | None, kernel: list[int], strides: list[int], dilations: list[int], begin: list[int], need: list[int], out_sp: tuple[int, ...]
+    cx: Any, nv: Any, x: Lazy, w: Lazy, weight: np.ndarray, bias: Lazy | None, kernel: list[int], strides: list[int], dilations: list[int], begin: list[int], need: list[int],
+    out_sp: tuple[int, ...],
 ) -> list[Any] | None:
     """A 2-D Conv with a small output image (ResNet's last stage: 7 x 7) as ``windows @ W^T``: one row
     per output position (the padded input, channels last, copied tap by tap: runs of C values) times
@@ -476,8 +477,7 @@ def _position_major_conv(
     cout = weight.shape[0]
     if positions > POSITION_MAJOR_MAX_POSITIONS or cout < POSITION_MAJOR_MIN_CHANNELS or batch * positions > PACKED_GEMM_MAX_ROWS:
         return None
-    wm = reshape(cx.const_lazy(weight), (1, 1, cout, weight[0].size))
-    epilogue = _row_epilogue(cx, nv, wm, bias)
+    epilogue = _row_epilogue(cx, nv, reshape(w, (1, 1, cout, weight[0].size)), bias)
     if not cx.gemm_epilogues or x.dtype != "f32" or weight.dtype != np.float32 or (epilogue is None and bias is not None):
         return None
     (sh, sw), (dh, dw) = strides, dilations

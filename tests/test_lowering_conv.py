@@ -3,7 +3,8 @@
 Conv: the direct kernels (flat stride-1 form over the padded plane, row form for strides;
 depthwise, grouped, dilated, 1-D and 3-D, with and without bias; channel-blocked depthwise with a
 SiLU), the implicit GEMM of
-convs (strides, dilations, pads, an activation applied as the product stores) and the im2col +
+convs (strides, dilations, pads, an activation applied as the product stores), the position-major
+product of small output images and the im2col +
 GEMM path for many output channels. ConvTranspose: GEMM + col2im with strides larger than the kernel (residues
 no tap reaches), output_padding, groups, dilations, asymmetric pads, output_shape and widths the
 stride does not divide. All cases share one model, so they compile once.

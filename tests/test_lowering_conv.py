@@ -62,6 +62,7 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "pm_s1": ("x7", [48, 8, 3, 3], {"pads": [1, 1, 1, 1]}, True),
     "pm_s2": ("x7", [50, 8, 3, 2], {"strides": [2, 2], "pads": [1, 0, 1, 1]}, False),
     "pm_hswish": ("x7", [64, 8, 3, 3], {"pads": [0, 1, 2, 1], "dilations": [1, 2]}, True),
+    "pm_1x1": ("x7", [56, 8, 1, 1], {}, True),
     "squeeze": ("x0", [10, 40, 1, 1], {}, True),  # a squeeze-excitation layer: dot products
     "excite": ("x0", [24, 40, 1, 1], {}, False),
 }
@@ -76,7 +77,7 @@ TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv3d": ("x3", [4, 2, 3, 2, 3], {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0]}, True),
 }
 
-ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu", "blocked_silu": "SiLU", "pm_s1": "Relu", "pm_hswish": "HardSwish"}
+ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu", "blocked_silu": "SiLU", "pm_s1": "Relu", "pm_hswish": "HardSwish", "pm_1x1": "SiLU"}
 """Convs whose output only an activation reads (the others are graph outputs themselves)."""
 
 
@@ -167,14 +168,15 @@ def test_convs_read_shifted_windows_of_the_padded_input() -> None:
 
 
 def test_small_images_run_position_major() -> None:
-    """A conv with at most 64 output positions and 48+ channels is one product of its windows (a row
-    per position, channels last) and the weight laid out [taps x C, M]: a packed-B product whose
-    lanes run over output channels, with the bias (and ReLU) in its epilogue."""
+    """A conv with at most 64 output positions and 48+ channels (a 1x1 conv too) is one product of its
+    windows (a row per position, channels last) and the weight laid out [taps x C, M]: a packed-B
+    product whose lanes run over output channels, with the bias (and ReLU) in its epilogue."""
     steps = lower(_model(), {n: tuple(s) for n, s in INPUTS.items()}, gemm_epilogues=True).steps
-    for case, positions, channels, bias in (("pm_s1", 7 * 6, 48, True), ("pm_s2", 4 * 3, 50, False), ("pm_hswish", 7 * 4, 64, True)):
+    cases = (("pm_s1", 7 * 6, 48, 9, True), ("pm_s2", 4 * 3, 50, 6, False), ("pm_hswish", 7 * 4, 64, 9, True), ("pm_1x1", 7 * 6, 56, 1, True))
+    for case, positions, channels, taps, bias in cases:
         (step,) = [s for s in steps if isinstance(s, MatMulStep) and f"c_{case}" in s.out.name]
         assert step.out.name.endswith("_pm") and step.b_rows is None, case
-        assert step.out.shape == (2 * positions, channels) and step.b.shape == (8 * 9 if case != "pm_s2" else 8 * 6, channels), case
+        assert step.out.shape == (2 * positions, channels) and step.b.shape == (8 * taps, channels), case
         assert (step.bias is not None) == bias and not step.bias_rows and step.relu == (case == "pm_s1"), case
 
 

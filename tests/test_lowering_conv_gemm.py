@@ -5,7 +5,8 @@ onnxruntime.
 Each case is ``Conv (+ Relu)`` on one input; the shapes cover 1x1 convs (widths 49 = 48 + 1, 196,
 3136), strided 3x3 and 7x7 stems (implicit GEMMs over phase planes), K past one K block (4608 >
 1024), and M not a multiple of the 8-row strip. Every case also checks the lowering put the bias (and the Relu) into
-the product. Depthwise convs (direct kernels) apply their activation as they store.
+the product; a 7 x 7 image with 48+ output channels runs position-major (the packed micro-kernel,
+bias per column). Depthwise convs (direct kernels) apply their activation as they store.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.lowering.kernel_ir import render
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
+from onnxsat.lowering.rules_nn import POSITION_MAJOR_MAX_POSITIONS, POSITION_MAJOR_MIN_CHANNELS
 
 CASES = {
     # name: (input shape, weight shape, attributes, bias, activation after the Conv)
@@ -125,6 +127,16 @@ def test_conv_bias_and_relu_go_into_the_product(name: str) -> None:
         return
     assert len(products) == 1
     fused = bias or bool(act)
+    out_shape, channels = CASES[name][0], CASES[name][1][0]
+    positions = (out_shape[2] // attrs.get("strides", [1, 1])[0]) * (out_shape[3] // attrs.get("strides", [1, 1])[1])
+    if positions <= POSITION_MAJOR_MAX_POSITIONS and channels >= POSITION_MAJOR_MIN_CHANNELS:
+        # position-major: the bias per column of [positions, M], ReLU in the packed epilogue, SiLU
+        # and HardSwish an elementwise kernel after it
+        assert products[0].out.shape == (positions, channels) and not products[0].bias_rows
+        assert (products[0].bias is not None) == fused and products[0].relu == (act == "relu") and not products[0].activation
+        kernels = [render(s.kernel) for s in program.steps if isinstance(s, KernelStep)]
+        assert act in ("", "relu") or any(MARKS[act] in k for k in kernels)
+        return
     assert (products[0].bias is not None) == fused and products[0].bias_rows == fused
     assert products[0].relu == (act == "relu")
     assert products[0].activation == (act if act in ("silu", "hardswish") else "")

@@ -300,8 +300,9 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     pointwise = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(begin) and tuple(out_sp) == tuple(in_sp)
     if pointwise and ohw == 1 and group == 1:
         return [_matvec(cx, nv.outputs[0], x, w, bias)]
-    if pointwise and group == 1 and n_sp == 2 and nv.const(1) is not None:
-        small = _position_major_conv(cx, nv, x, w, np.asarray(nv.const(1)), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp))
+    weight = nv.const(1)
+    if pointwise and group == 1 and n_sp == 2 and weight is not None:
+        small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp))
         if small is not None:
             return small
     if pointwise:
@@ -311,7 +312,6 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # every index is affine in the loop variables with no bounds checks, so the innermost
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
-        weight = nv.const(1)
         if weight is not None and dt == "f32" and fits_blocked_depthwise(x.shape, w.shape, group, strides, out_sp) and math.prod(out_sp):
             padded_sp = tuple(d + b + e for d, b, e in zip(in_sp, begin, need, strict=True))
             packed = cx.const_lazy(pack_depthwise_weight(np.asarray(weight, np.float32)))
@@ -364,9 +364,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if epilogue is not None:
         # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
         y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue, b_scale=scale)
-        cx.lazies[epilogue.tensor] = reshape(y, (batch, cout, *out_sp))
-        cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
-        return [None] if epilogue.tensor != nv.outputs[0] else [cx.lazies[epilogue.tensor]]
+        return _epilogue_result(cx, nv, epilogue, reshape(y, (batch, cout, *out_sp)))
     y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
     y = reshape(y, (batch, cout, *out_sp))
     if bias is not None:
@@ -452,11 +450,15 @@ def _implicit_conv(
     shifted = ShiftedRows(sh * sw * phase, taps)
     cx.emit(MatMulStep(a_op, b_op, grid, bias=None if row_bias is None else row_bias.view.buffer, relu=relu, bias_rows=True, activation=activation, b_rows=shifted))
     y = of_view(View(grid, (cout * n, n, wph, 1), 0), (batch, cout, *out_sp))
-    if epilogue is None:
-        return [y]
-    cx.lazies[tensor] = y
-    cx.fused.update(t for t in (*epilogue.skipped, tensor) if t != nv.outputs[0])
-    return [None] if tensor != nv.outputs[0] else [y]
+    return [y] if epilogue is None else _epilogue_result(cx, nv, epilogue, y)
+
+
+def _epilogue_result(cx: Any, nv: Any, epilogue: Epilogue, y: Lazy) -> list[Any]:
+    """A conv's outputs when ``y`` is its epilogue's tensor (the activation's output): the nodes the
+    epilogue absorbed are skipped."""
+    cx.lazies[epilogue.tensor] = y
+    cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+    return [None] if epilogue.tensor != nv.outputs[0] else [y]
 
 
 POSITION_MAJOR_MAX_POSITIONS = 64
@@ -501,14 +503,14 @@ def _position_major_conv(
         return Select(cond, x.gen([n, c, *at]), Const(0.0, x.dtype))
 
     last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
-
-    def window(idx: Index) -> Expr:
-        n, oh, ow, kh, kw, c = idx
-        return last.gen([n, add(mul(oh, i64(sh)), mul(kh, i64(dh))), add(mul(ow, i64(sw)), mul(kw, i64(dw))), c])
-
     if math.prod(kernel) == 1 and all(s == 1 for s in strides) and tuple(size) == tuple(out_sp):
-        rows = reshape(last, (batch * positions, cin))
+        rows = reshape(last, (batch * positions, cin))  # a 1x1 conv's rows are the copy itself
     else:
+
+        def window(idx: Index) -> Expr:
+            n, oh, ow, kh, kw, c = idx
+            return last.gen([n, add(mul(oh, i64(sh)), mul(kh, i64(dh))), add(mul(ow, i64(sw)), mul(kw, i64(dw))), c])
+
         windows = cx.materialize(general((batch, *out_sp, *kernel, cin), x.dtype, window, last.size + 8), "windows")
         rows = reshape(windows, (batch * positions, math.prod(kernel) * cin))
     tensor = nv.outputs[0] if epilogue is None else epilogue.tensor
@@ -521,9 +523,7 @@ def _position_major_conv(
         return [y]
     if epilogue.activation:  # the packed micro-kernel's epilogues end at ReLU
         y = elementwise(ACTIVATIONS[epilogue.activation], [y], x.dtype)
-    cx.lazies[tensor] = y
-    cx.fused.update(t for t in (*epilogue.skipped, tensor) if t != nv.outputs[0])
-    return [None] if tensor != nv.outputs[0] else [y]
+    return _epilogue_result(cx, nv, epilogue, y)
 
 
 def _with_activation(cx: Any, nv: Any, conv: Callable[[str, Callable[[Expr], Expr] | None], Lazy]) -> list[Any]:

@@ -454,6 +454,7 @@ class Executable:
         row_parts = max(1, min(strips, self.threads)) if parallel and panel_parts < per_product else 1
         rows_per = -(-strips // row_parts) * MR
         b_rows = step.b_rows.offsets(k) if step.b_rows is not None else np.arange(k, dtype=np.int64) * bop.strides[-2]
+        width, pitch = (step.b_rows.width, step.b_rows.pitch) if step.b_rows is not None else (n, n)
         self._keep += [mats, b_rows]
         rows_at = b_rows.ctypes.data
         scale_name = None if step.b_scale is None else step.b_scale.name
@@ -465,14 +466,14 @@ class Executable:
                 for p0, p1 in _chunks(panels, panel_parts):
                     a_at = (where[ao] * m + r0) * lda * 4
                     units.append((a_at, bo * 4, (i * m + r0) * n * 4, min(rows_per, m - r0), p0, p1))
-        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, scale_at, k, c_base + co, n, rows, n, p0, p1] for ao, bo, co, rows, p0, p1 in units]
+        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, scale_at, k, c_base + co, n, rows, n, p0, p1, width, pitch] for ao, bo, co, rows, p0, p1 in units]
         pool = self.pool
         b_name, out_name = bop.buffer.name, step.out.name
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             pb, pc = arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
             ps = 0 if scale_name is None else arrays[scale_name].ctypes.data
-            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, ps, k, pc + co, n, rows, n, p0, p1) for ao, bo, co, rows, p0, p1 in units]
+            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, ps, k, pc + co, n, rows, n, p0, p1, width, pitch) for ao, bo, co, rows, p0, p1 in units]
             if len(calls) == 1 or pool is None:
                 for call in calls:
                     call()

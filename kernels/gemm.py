@@ -66,12 +66,18 @@ PTR = F32.as_pointer()
 EPILOGUES = {"none": "onnxsat_sgemm_packed", "bias": "onnxsat_sgemm_packed_bias", "bias_relu": "onnxsat_sgemm_packed_bias_relu"}
 """Epilogue name -> function name; every variant takes the ten integer arguments ``ARGS``."""
 ARGS = ("a", "lda", "bp", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
-ROWS_ARGS = ("a", "lda", "bp", "b_rows", "b_scale", "k", "c", "ldc", "m", "n", "p_begin", "p_end")
+ROWS_ARGS = ("a", "lda", "bp", "b_rows", "b_scale", "k", "c", "ldc", "m", "n", "p_begin", "p_end", "width", "pitch")
 """The unpacked-B form's arguments: ``b_rows`` holds K offsets (elements from ``bp``), where each
 row of B starts. Rows N apart are a stored B (``k * N``); an implicit-GEMM convolution's rows are
 shifted windows of its padded input (``program.ShiftedRows``), so it needs no im2col copy.
 ``b_scale`` (K floats, or null) multiplies each row of B as it is packed: a squeeze-excitation's
-channel scale, applied to the 1x1 conv's input without a pass of its own over it."""
+channel scale, applied to the 1x1 conv's input without a pass of its own over it. Column ``q`` of
+a row is ``width`` apart from the row's start plus ``(q // width) * (pitch - width)``: an implicit
+conv's output rows (``width`` columns) read input rows ``pitch`` apart, so the columns of the
+padding between them are neither packed nor computed; ``width == pitch``: contiguous columns."""
+PIECES = 3
+"""Input rows one 16-lane vector of B's columns may span (a ``width`` of 8 or more): each is one
+masked load into the vector."""
 POINTER_ARGS = frozenset({"a", "bp", "c", "b_rows", "b_scale"})
 """The arguments that are addresses (the others are int64)."""
 ROW_EPILOGUES = {
@@ -189,12 +195,7 @@ class _Gen:
                     masks = []
                     for half in range(NR // LANES):
                         limit = b.sub(left, _i64(half * LANES))
-                        splat = b.shuffle_vector(
-                            b.insert_element(ir.Constant(ir.VectorType(I64, LANES), None), limit, ir.Constant(ir.IntType(32), 0)),
-                            ir.Constant(ir.VectorType(I64, LANES), None),
-                            ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
-                        )
-                        masks.append(b.icmp_signed("<", lanes, splat))
+                        masks.append(b.icmp_signed("<", lanes, self.splat_i64(limit)))
                     if self.packed:
                         b_panel = b.gep(bp, [b.mul(p, b.mul(k, _i64(NR)))])
 
@@ -219,28 +220,46 @@ class _Gen:
                     # the panel's K block copied to a contiguous buffer once (masked past N) and
                     # read by every strip of the row block: B's rows are N apart, and strided
                     # loads ran at 0.7-0.85 of OpenBLAS on resnet18's products
-                    src = b.gep(bp, [col0])
                     four = ir.Constant(ir.IntType(32), 4)
+                    width, pitch = self.arg["width"], self.arg["pitch"]
 
-                    def pack_row(kk: ir.Value) -> None:
-                        row = b.gep(src, [b.load(b.gep(self.arg["b_rows"], [kk]))])
-                        dst = b.gep(self.pack, [b.mul(b.sub(kk, k0), _i64(NR))])
+                    def pack(pieces: list[list[tuple[ir.Value, ir.Value]]]) -> None:
+                        """Each vector of the panel's row as masked loads at (offset, mask) pieces."""
 
-                        def copy(scaled: bool) -> None:
-                            factor = self.splat(b.load(b.gep(self.arg["b_scale"], [kk]))) if scaled else None
-                            for h in range(NR // LANES):
-                                v = b.call(self.mload, [b.bitcast(b.gep(row, [_i64(h * LANES)]), VEC.as_pointer()), four, masks[h], zero])
-                                if factor is not None:
-                                    v = b.fmul(v, factor)
-                                b.store(v, b.bitcast(b.gep(dst, [_i64(h * LANES)]), VEC.as_pointer()), align=4)
+                        def pack_row(kk: ir.Value) -> None:
+                            row = b.gep(bp, [b.load(b.gep(self.arg["b_rows"], [kk]))])
+                            dst = b.gep(self.pack, [b.mul(b.sub(kk, k0), _i64(NR))])
 
-                        with b.if_else(self.scaled) as (then, otherwise):  # loop-invariant: unswitched
-                            with then:
-                                copy(True)
-                            with otherwise:
-                                copy(False)
+                            def copy(scaled: bool) -> None:
+                                factor = self.splat(b.load(b.gep(self.arg["b_scale"], [kk]))) if scaled else None
+                                for h, vector in enumerate(pieces):
+                                    v = zero
+                                    for offset, mask in vector:
+                                        v = b.call(self.mload, [b.bitcast(b.gep(row, [offset]), VEC.as_pointer()), four, mask, v])
+                                    if factor is not None:
+                                        v = b.fmul(v, factor)
+                                    b.store(v, b.bitcast(b.gep(dst, [_i64(h * LANES)]), VEC.as_pointer()), align=4)
 
-                    self.loop("pk", k0, k1, 1, pack_row)
+                            with b.if_else(self.scaled) as (then, otherwise):  # loop-invariant: unswitched
+                                with then:
+                                    copy(True)
+                                with otherwise:
+                                    copy(False)
+
+                        self.loop("pk", k0, k1, 1, pack_row)
+
+                    def gapped(pieces: int) -> None:
+                        pack([self.row_pieces(b.add(col0, _i64(h * LANES)), masks[h], width, pitch, pieces) for h in range(NR // LANES)])
+
+                    with b.if_else(b.icmp_signed("==", width, pitch)) as (contiguous, skipping):
+                        with contiguous:
+                            pack([[(b.add(col0, _i64(h * LANES)), masks[h])] for h in range(NR // LANES)])
+                        with skipping:  # a vector spans two input rows at most from 16 columns a row
+                            with b.if_else(b.icmp_signed(">=", width, _i64(LANES))) as (wide, narrow_rows):
+                                with wide:
+                                    gapped(2)
+                                with narrow_rows:
+                                    gapped(PIECES)
                     b_panel = b.gep(self.pack, [b.sub(_i64(0), b.mul(k0, _i64(NR)))])
 
                     def narrow(width: int) -> None:
@@ -268,6 +287,26 @@ class _Gen:
 
         self.loop("kc", _i64(0), k, KC, k_block)
         b.ret_void()
+
+    def row_pieces(self, q0: ir.Value, mask: ir.Value, width: ir.Value, pitch: ir.Value, count: int) -> list[tuple[ir.Value, ir.Value]]:
+        """Where the 16 columns from ``q0`` lie in a row of B whose columns skip ``pitch - width``
+        values after every ``width``: for each of the ``count`` input rows they may span, the
+        offset of lane 0 and the lanes that row fills (within ``mask``)."""
+        b = self.b
+        lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
+        first = b.sdiv(q0, width)
+        pieces = []
+        for p in range(count):
+            r = b.add(first, _i64(p))
+            lo = b.sub(b.mul(r, width), q0)  # lane where input row r starts
+            inside = b.and_(b.icmp_signed(">=", lanes, self.splat_i64(lo)), b.icmp_signed("<", lanes, self.splat_i64(b.add(lo, width))))
+            pieces.append((b.add(q0, b.mul(r, b.sub(pitch, width))), b.and_(inside, mask)))
+        return pieces
+
+    def splat_i64(self, value: ir.Value) -> ir.Value:
+        b = self.b
+        ty = ir.VectorType(I64, LANES)
+        return b.shuffle_vector(b.insert_element(ir.Constant(ty, None), value, ir.Constant(ir.IntType(32), 0)), ir.Constant(ty, None), ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
 
     def block(
         self, i0: ir.Value, rows: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value],

@@ -25,25 +25,39 @@ class StridedOperand:
     offset: int = 0
 
 
+MIN_GAPPED_WIDTH = 8
+"""The narrowest output row a ``ShiftedRows`` may skip the padding after (``width < pitch``): the
+GEMM reads a vector of 16 columns as one masked load per input row it spans, three at most."""
+
+
 @dataclass(frozen=True)
 class ShiftedRows:
-    """B of an implicit-GEMM convolution: row ``c * len(taps) + t`` is the N values of the padded
-    input (for a stride, its stride phases) from ``c * plane + taps[t]`` (tap ``t``'s window shifted
-    over whole rows; the columns past each output row's width are computed and never read). The product reads its
-    input where it lies instead of an im2col copy of it (K x N values, 7 MB for a 64-channel 56x56
-    3x3 conv)."""
+    """B of an implicit-GEMM convolution: row ``c * len(taps) + t`` is read from the padded input
+    (for a stride, its stride phases) at ``c * plane + taps[t]`` (tap ``t``'s window shifted over
+    whole rows). Its columns are the output positions, ``width`` per output row, read from input
+    rows ``pitch`` apart: column ``q`` at ``(q // width) * pitch + q % width`` (``width == pitch``:
+    contiguous columns; otherwise ``width >= MIN_GAPPED_WIDTH``). The product reads
+    its input where it lies instead of an im2col copy of it (K x N values, 7 MB for a 64-channel
+    56x56 3x3 conv)."""
 
     plane: int
     taps: tuple[int, ...]
+    width: int
+    pitch: int
 
     def offsets(self, k: int) -> np.ndarray:
         """Where each of the K rows starts (elements from the operand's offset), as int64."""
         channels = k // len(self.taps)
         return (np.arange(channels, dtype=np.int64)[:, None] * self.plane + np.asarray(self.taps, np.int64)).reshape(-1)
 
+    def columns(self, n: int) -> np.ndarray:
+        """Where each of the N columns lies from its row's start, as int64."""
+        q = np.arange(n, dtype=np.int64)
+        return q // self.width * self.pitch + q % self.width
+
     def matrix(self, flat: np.ndarray, k: int, n: int) -> np.ndarray:
         """B as a K x N array read from ``flat`` (the operand's buffer from its offset)."""
-        return flat[self.offsets(k)[:, None] + np.arange(n)]
+        return flat[self.offsets(k)[:, None] + self.columns(n)]
 
 
 @dataclass(frozen=True)

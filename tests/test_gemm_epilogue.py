@@ -117,7 +117,7 @@ def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str, 
     for r0, rows in ((0, split), (split, m - split)):
         for p0, p1 in ((0, panels // 2), (panels // 2, panels)):
             if rows and p1 > p0:
-                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, b_rows.ctypes.data, 0 if scale is None else scale.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1)
+                fn(aa.ctypes.data + r0 * aa.shape[1] * 4, aa.shape[1], b.ctypes.data, b_rows.ctypes.data, 0 if scale is None else scale.ctypes.data, k, c.ctypes.data + r0 * (n + 3) * 4, n + 3, rows, n, p0, p1, n, n)
     want = a.astype(np.float64) @ (b if scale is None else b * scale[:, None]).astype(np.float64)
     if epilogue != "none":
         want += bias[:, None]
@@ -127,6 +127,32 @@ def test_unpacked_gemm_row_epilogue(shape: tuple[int, int, int], epilogue: str, 
         want = want / (1.0 + np.exp(-want))
     if epilogue == "bias_hardswish":
         want = want * np.clip(want / 6.0 + 0.5, 0.0, 1.0)
+    np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * k)
+    assert np.all(np.isnan(c[:, n:]))
+
+
+@pytest.mark.parametrize(("width", "pitch", "rows"), [(8, 10, 9), (14, 16, 14), (16, 18, 5), (28, 30, 7), (9, 9, 6), (56, 58, 3)])
+def test_unpacked_gemm_skips_the_columns_between_rows(width: int, pitch: int, rows: int) -> None:
+    """An implicit conv's B: each row of B is ``rows`` input rows ``pitch`` apart, of which the first
+    ``width`` values are columns of the product (the output positions) and the rest are padding
+    that is neither read into the product nor stored: C has ``rows * width`` columns."""
+    m, k = 19, 13
+    n = rows * width
+    rng = np.random.default_rng(width * pitch)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(m).astype(np.float32)
+    stored = rng.standard_normal((k + 2) * rows * pitch).astype(np.float32)
+    b_rows = np.arange(k, dtype=np.int64) * rows * pitch // 2 + np.arange(k) % 3  # overlapping windows
+    columns = np.arange(n) // width * pitch + np.arange(n) % width
+    b = stored[b_rows[:, None] + columns]
+    aa = rows_a(a, bias)
+    c = np.full((m, n + 1), np.nan, np.float32)
+    fn = sgemm_function("bias_relu", packed=False)
+    panels = -(-n // NR)
+    for p0, p1 in ((0, panels // 2), (panels // 2, panels)):
+        if p1 > p0:
+            fn(aa.ctypes.data, aa.shape[1], stored.ctypes.data, b_rows.ctypes.data, 0, k, c.ctypes.data, n + 1, m, n, p0, p1, width, pitch)
+    want = np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias[:, None], 0)
     np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4 * k)
     assert np.all(np.isnan(c[:, n:]))
 

@@ -154,6 +154,12 @@ def test_convs_read_shifted_windows_of_the_padded_input() -> None:
         assert any(f"c_{case}" in name for name in shifted), case
         assert not any("im2col" in k and f"c_{case}" in k for k in kernels), case
     assert not any(f"c_{case}" in name for name in shifted for case in ("pointwise", "depthwise_s1"))  # one tap; groups
+    # 11 output columns of 13 padded ones: the product skips the padding (C is the NCHW output);
+    # a 6-wide output row is computed on its padded (phase) width
+    ((s1, grid),) = [(rows, name) for name, rows in shifted.items() if "c_implicit_s1" in name]
+    assert (s1.width, s1.pitch) == (11, 13) and next(s.out.shape for s in steps if isinstance(s, MatMulStep) and s.out.name == grid) == (1, 20, 12 * 11)
+    s2 = next(rows for name, rows in shifted.items() if "c_implicit_s2" in name)
+    assert s2.width == s2.pitch
 
     # stride 1, 3x3, dilation 1 over a 2-channel 4x5 input padded by one (6 x 7, plus a zero row)
     x = np.arange(2 * 4 * 5, dtype=np.float32).reshape(2, 4, 5)
@@ -161,9 +167,12 @@ def test_convs_read_shifted_windows_of_the_padded_input() -> None:
     padded[:, 1:5, 1:6] = x
     from onnxsat.lowering.program import ShiftedRows
 
-    rows = ShiftedRows(7 * 7, tuple(kh * 7 + kw for kh in range(3) for kw in range(3)))
-    b = rows.matrix(padded.reshape(-1), 2 * 9, 4 * 7).reshape(2, 3, 3, 4, 7)[..., :5]
+    taps = tuple(kh * 7 + kw for kh in range(3) for kw in range(3))
     im2col = np.stack([padded[:, kh : kh + 4, kw : kw + 5] for kh in range(3) for kw in range(3)], axis=1).reshape(2, 3, 3, 4, 5)
+    # columns on the padded width (the extra two per row unread), or only the output's 5 per row
+    b = ShiftedRows(7 * 7, taps, 7, 7).matrix(padded.reshape(-1), 2 * 9, 4 * 7).reshape(2, 3, 3, 4, 7)[..., :5]
+    np.testing.assert_array_equal(b, im2col)
+    b = ShiftedRows(7 * 7, taps, 5, 7).matrix(padded.reshape(-1), 2 * 9, 4 * 5).reshape(2, 3, 3, 4, 5)
     np.testing.assert_array_equal(b, im2col)
 
 

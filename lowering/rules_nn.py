@@ -32,6 +32,7 @@ from .conv_kernels import (
     direct_conv,
     fits_blocked_depthwise,
     fits_direct,
+    flat_slack,
     pack_depthwise_weight,
     transpose_phases,
 )
@@ -333,6 +334,8 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
             implicit = _implicit_conv(cx, nv, x, w, bias, kernel, strides, dilations, begin, need, tuple(out_sp))
             if implicit is not None:
                 return implicit
+        if direct and all(s == 1 for s in strides):
+            need = [e + more for e, more in zip(need, flat_slack([b + d + e for b, d, e in zip(begin, in_sp, need, strict=True)]), strict=True)]
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
         if direct:
 

@@ -22,11 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.lowering.conv_kernels import DIRECT_MAX_CHANNELS
-from onnxsat.lowering.kernel_ir import Loop, Unary, subexpressions, walk_exprs
+from onnxsat.lowering.kernel_ir import Binary, Const, Loop, Unary, subexpressions, walk_exprs
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
 
-INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31], "x7": [2, 8, 7, 6]}
+INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31], "x7": [2, 8, 7, 6], "x8": [1, 16, 14, 14]}
 """Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
 
 CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
@@ -38,6 +38,7 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "blocked_5x3_dil": ("x4", [16, 1, 5, 3], {"group": 16, "pads": [2, 1, 2, 1], "strides": [1, 2], "dilations": [1, 2]}, False),
     "blocked_narrow": ("x4", [16, 1, 3, 3], {"group": 16, "pads": [1, 0, 1, 0]}, True),  # stride 1, 7 wide
     "blocked_silu": ("x6", [16, 1, 3, 3], {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True),  # 16 wide
+    "flat_silu": ("x8", [16, 1, 5, 5], {"group": 16, "pads": [2, 2, 2, 2]}, True),  # stride 1, 14 wide: flat
     "grouped_dilated": ("x2", [6, 3, 3, 2], {"group": 2, "dilations": [2, 1], "pads": [2, 0, 1, 1]}, True),
     "dense_s2_dilated": ("x2", [5, 6, 3, 3], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]}, True),
     "valid_no_pad": ("x2", [3, 6, 2, 4], {}, True),
@@ -77,7 +78,7 @@ TRANSPOSES: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "conv3d": ("x3", [4, 2, 3, 2, 3], {"strides": [2, 1, 2], "pads": [1, 0, 1, 1, 0, 0]}, True),
 }
 
-ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu", "blocked_silu": "SiLU", "pm_s1": "Relu", "pm_hswish": "HardSwish", "pm_1x1": "SiLU"}
+ACTIVATED = {"implicit_s1": "Relu", "implicit_7x7s2": "HardSwish", "implicit_s2": "Relu", "implicit_batch2": "Relu", "blocked_silu": "SiLU", "flat_silu": "SiLU", "pm_s1": "Relu", "pm_hswish": "HardSwish", "pm_1x1": "SiLU"}
 """Convs whose output only an activation reads (the others are graph outputs themselves)."""
 
 
@@ -174,6 +175,24 @@ def test_convs_read_shifted_windows_of_the_padded_input() -> None:
     np.testing.assert_array_equal(b, im2col)
     b = ShiftedRows(7 * 7, taps, 5, 7).matrix(padded.reshape(-1), 2 * 9, 4 * 5).reshape(2, 3, 3, 4, 5)
     np.testing.assert_array_equal(b, im2col)
+
+
+def test_a_flat_depthwise_conv_runs_whole_vectors_and_a_silu_pass() -> None:
+    """A stride-1 depthwise conv too wide for the blocked form runs over the flat padded plane in
+    whole 16-float vectors (the padded input has a spare row for the last vector's taps: no scalar
+    remainder loop); on a 14 x 14 plane (one block per channel) its SiLU is a second loop over the
+    stored block."""
+    steps = lower(_model(), {n: tuple(s) for n, s in INPUTS.items()}, gemm_epilogues=True).steps
+    (conv,) = [s.kernel for s in steps if isinstance(s, KernelStep) and s.kernel.name.startswith("fconv_") and "c_flat_silu" in s.kernel.name]
+    loops = [s for s in conv.body if isinstance(s, Loop)]
+    assert len(loops) == 2
+    for loop in loops:  # positions [start, min(start + block, span)): span a whole number of vectors
+        assert isinstance(loop.stop, Binary) and isinstance(loop.stop.b, Const) and loop.stop.b.value % 16 == 0
+
+    def sigmoids(stmt: Loop) -> int:
+        return sum(isinstance(e, Unary) and e.op == "sigmoid" for root in walk_exprs((stmt,)) for e in subexpressions(root))
+
+    assert [sigmoids(loop) for loop in loops] == [0, 1]
 
 
 def test_small_images_run_position_major() -> None:

@@ -306,6 +306,10 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp))
         if small is not None:
             return small
+    if pointwise and group == 1 and n_sp == 2 and weight is not None and cx.gemm_epilogues and dt == "f32":
+        gapped = _gapped_pointwise(cx, nv, x, w, bias)
+        if gapped is not None:
+            return gapped
     if pointwise:
         col = reshape(x, (batch, group, ck, ohw))
     else:
@@ -382,32 +386,42 @@ def _channel_scaled(cx: Any, col: Lazy) -> tuple[Lazy, Buffer] | None:
     and a buffer holding ``f`` (K values, stored here); None for any other ``col``."""
     if col.leaves is None or col.combine is None or len(col.shape) != 4 or col.shape[:2] != (1, 1):
         return None
-    k, n = col.shape[2:]
+    n = col.shape[3]
     full = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 1 and v.strides[-2] == n]
-    per_row = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 0]
-    if len(full) != 1 or len(per_row) != len(col.leaves) - 1 or not per_row or n < 2:
+    if len(full) != 1 or n < 2:
         return None
-    loads = [v.load([i64(0), i64(0), Var("k"), Var("n")]) for v in col.leaves]
-    value = col.combine(loads)
-    x_load = loads[full[0]]
+    gate = _channel_gate(cx, col, full[0], 2)
+    return None if gate is None else (of_view(col.leaves[full[0]], col.shape), gate)
+
+
+def _channel_gate(cx: Any, x: Lazy, image: int, axis: int) -> Buffer | None:
+    """A buffer holding ``f`` (stored here, one value per index of ``axis``) when ``x`` is its leaf
+    ``image`` times ``f``, read from the other leaves, which are constant along the axes after
+    ``axis``; None otherwise."""
+    assert x.leaves is not None and x.combine is not None
+    others = [i for i in range(len(x.leaves)) if i != image]
+    if not others or any(any(st != 0 for st in x.leaves[i].strides[axis + 1 :]) for i in others):
+        return None
+    loads = [v.load([Var(f"i{d}") for d in range(len(x.shape))]) for v in x.leaves]
+    value = x.combine(loads)
+    x_load = loads[image]
     if not (isinstance(value, Binary) and value.op == "mul" and (value.a is x_load or value.b is x_load)):
         return None
     x_first = value.a is x_load
     if any(ld == x_load for ld in loads_in(value.b if x_first else value.a)):
         return None
-    combine = col.combine
+    combine = x.combine
 
     def factor(row_loads: list[Expr]) -> Expr:  # the gate alone: the other operand of the product
         every = list(row_loads)
-        every.insert(full[0], Const(1.0, col.dtype))
+        every.insert(image, Const(1.0, x.dtype))
         product = combine(every)
         assert isinstance(product, Binary)
         return product.b if x_first else product.a
 
-    gate = Lazy((1, 1, k, 1), col.dtype, tuple(col.leaves[i] for i in per_row), factor, None, col.size)
-    stored = cx.materialize(reshape(gate, (k,)), "gate")
-    x = of_view(col.leaves[full[0]], col.shape)
-    return x, stored.view.buffer
+    shape = x.shape[: axis + 1] + (1,) * (len(x.shape) - axis - 1)
+    gate = Lazy(shape, x.dtype, tuple(x.leaves[i] for i in others), factor, None, x.size)
+    return cx.materialize(reshape(gate, (x.shape[axis],)), "gate").view.buffer
 
 
 def _implicit_conv(
@@ -427,8 +441,7 @@ def _implicit_conv(
     epilogue = _row_epilogue(cx, nv, reshape(w, (1, 1, *w.shape[:1], math.prod(w.shape[1:]))), bias)
     if not cx.gemm_epilogues or x.dtype != "f32" or (epilogue is None and bias is not None):
         return None
-    row_bias = None if epilogue is None else cx.const_lazy(epilogue.bias)
-    if row_bias is not None and not row_bias.is_view:  # one output channel: a scalar, not a row
+    if epilogue is not None and epilogue.bias.size == 1:  # one output channel: a scalar, not a row
         return None
     (sh, sw), (dh, dw) = strides, dilations
     batch, cin, h, wd = x.shape
@@ -445,18 +458,56 @@ def _implicit_conv(
         for kh in range(kernel[0])
         for kw in range(kernel[1])
     )
-    cout, ck = w.shape[0], cin * math.prod(kernel)
     width = out_sp[1] if out_sp[1] >= MIN_GAPPED_WIDTH and wph - out_sp[1] >= GAPPED_MIN_SHARE * wph else wph
-    n = out_sp[0] * width
+    rows = ShiftedRows(sh * sw * phase, taps, width, wph)
+    return _shifted_product(cx, nv, w, epilogue, padded.view.buffer, rows, batch, tuple(out_sp), None)
+
+
+def _shifted_product(
+    cx: Any, nv: Any, w: Lazy, epilogue: Epilogue | None, source: Buffer, rows: ShiftedRows, batch: int, out_sp: tuple[int, ...], scale: Buffer | None
+) -> list[Any]:
+    """``W @ B`` with B's rows read from ``source`` where ``rows`` says (each scaled by ``scale``,
+    one value per row, when given), the bias and activation of ``epilogue`` applied by the
+    micro-kernel, and C stored ``rows.width`` columns per output row: the Conv's outputs."""
+    cout, ck = w.shape[0], math.prod(w.shape[1:])
+    n = out_sp[0] * rows.width
     tensor = nv.outputs[0] if epilogue is None else epilogue.tensor
-    grid = cx.buffer(f"{tensor}_grid", (batch, cout, n), x.dtype)
+    grid = cx.buffer(f"{tensor}_grid", (batch, cout, n), w.dtype)
     a_op = _operand(cx, reshape(w, (cout, ck)))
-    b_op = StridedOperand(padded.view.buffer, (batch, ck, n), (cin * sh * sw * phase, 0, 1), 0)
+    channels = ck // len(rows.taps)
+    b_op = StridedOperand(source, (batch, ck, n), (channels * rows.plane, 0, 1), 0)
     relu, activation = (False, "") if epilogue is None else (epilogue.relu, epilogue.activation)
-    shifted = ShiftedRows(sh * sw * phase, taps, width, wph)
-    cx.emit(MatMulStep(a_op, b_op, grid, bias=None if row_bias is None else row_bias.view.buffer, relu=relu, bias_rows=True, activation=activation, b_rows=shifted))
-    y = of_view(View(grid, (cout * n, n, width, 1), 0), (batch, cout, *out_sp))
+    bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
+    cx.emit(MatMulStep(a_op, b_op, grid, bias=bias, relu=relu, bias_rows=True, activation=activation, b_rows=rows, b_scale=scale))
+    y = of_view(View(grid, (cout * n, n, rows.width, 1), 0), (batch, cout, *out_sp))
     return [y] if epilogue is None else _epilogue_result(cx, nv, epilogue, y)
+
+
+def _gapped_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, bias: Lazy | None) -> list[Any] | None:
+    """A 1x1 conv of a stored image whose rows are apart by more than their width (a flat
+    depthwise conv's output, a view of its padded plane), or of that image times one value per
+    channel (a squeeze-excitation's gate): B's rows are read from the image as they lie, skipping
+    the padding (``ShiftedRows``), and scaled by the gate as they are packed, instead of storing a
+    contiguous copy of the (scaled) image first. None for any other input."""
+    batch, cin, h, wd = x.shape
+    if batch != 1 or x.leaves is None or not 1 <= len(x.leaves) <= 2 or wd < MIN_GAPPED_WIDTH:
+        return None
+    image = [i for i, v in enumerate(x.leaves) if v.strides[-1] == 1 and v.strides[-2] > wd and v.strides[-3] >= h * v.strides[-2]]
+    if len(image) != 1 or x.leaves[image[0]].buffer.name in cx.constants:
+        return None
+    view = x.leaves[image[0]]
+    epilogue = _row_epilogue(cx, nv, reshape(w, (1, 1, *w.shape[:1], math.prod(w.shape[1:]))), bias)
+    if (epilogue is None and bias is not None) or (epilogue is not None and epilogue.bias.size == 1):
+        return None
+    scale = None
+    if len(x.leaves) == 2:
+        scale = _channel_gate(cx, x, image[0], 1)
+        if scale is None:
+            return None
+    elif not x.is_view:
+        return None
+    rows = ShiftedRows(view.strides[-3], (view.offset,), wd, view.strides[-2])
+    return _shifted_product(cx, nv, w, epilogue, view.buffer, rows, batch, (h, wd), scale)
 
 
 GAPPED_MIN_SHARE = 0.05

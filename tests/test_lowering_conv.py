@@ -241,3 +241,42 @@ def test_a_blocked_depthwise_silu_runs_along_the_stored_rows() -> None:
 
     assert (sigmoids(taps), sigmoids(rows)) == (0, 1)
     assert all(len(k.body) == 1 for name, k in kernels.items() if "c_blocked_silu" not in name)
+
+
+def test_a_pointwise_conv_reads_a_flat_convs_output_where_it_lies() -> None:
+    """A 1x1 conv of a flat depthwise conv's output (a view of its padded plane: rows 18 apart, 14
+    wide), gated by a squeeze-excitation or not, reads its B rows from that plane, skipping the
+    padding, with the gate applied as they are packed: no contiguous copy of the image first."""
+    rng = np.random.default_rng(0)
+
+    def weight(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    inits = [weight("wd", 16, 1, 5, 5), weight("bd", 16), weight("ws", 4, 16, 1, 1), weight("we", 16, 4, 1, 1), weight("wp", 24, 16, 1, 1), weight("bp", 24), weight("wq", 8, 16, 1, 1)]
+    nodes = [
+        helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=16, pads=[2, 2, 2, 2]),
+        helper.make_node("Sigmoid", ["d"], ["ds"]),
+        helper.make_node("Mul", ["d", "ds"], ["a"]),
+        helper.make_node("GlobalAveragePool", ["a"], ["sq"]),
+        helper.make_node("Conv", ["sq", "ws"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["s2"]),
+        helper.make_node("Conv", ["s2", "we"], ["s3"]),
+        helper.make_node("Sigmoid", ["s3"], ["gate"]),
+        helper.make_node("Mul", ["a", "gate"], ["scaled"]),
+        helper.make_node("Conv", ["scaled", "wp", "bp"], ["p"]),
+        helper.make_node("Relu", ["p"], ["y"]),
+        helper.make_node("Conv", ["a", "wq"], ["z"]),
+    ]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")]
+    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])], outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    steps = lower(model, {"x": (1, 16, 14, 14)}, gemm_epilogues=True).steps
+    products = [s for s in steps if isinstance(s, MatMulStep)]
+    assert len(products) == 2 and all(s.b_rows is not None and (s.b_rows.width, s.b_rows.pitch) == (14, 18) for s in products)
+    assert sorted(s.b_scale is not None for s in products) == [False, True]
+    assert not any(isinstance(s, KernelStep) and "operand" in s.kernel.name for s in steps)
+    feeds = {"x": rng.standard_normal((1, 16, 14, 14)).astype(np.float32)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = CompiledModel(model, CompileOptions(threads=2, cache=False))(feeds)
+    for name, expected in zip(("y", "z"), want, strict=True):
+        np.testing.assert_allclose(got[name], expected, rtol=1e-4, atol=1e-4, err_msg=name)

@@ -10,7 +10,8 @@ at 60% of copy bandwidth): the exponent is scaled through integer bits of a roun
 float->int conversion), clamps pass NaN through instead of a select per special case, and the
 divisions of sigmoid/erf/tanh, whose operands are finite by construction, carry ``arcp ninf`` so
 the backend emits a reciprocal estimate plus one Newton step (``vrcp14ps`` on AVX-512, ``rcpps``
-elsewhere) instead of a vector divide.
+elsewhere) instead of a vector divide, and ``contract`` so that step is two FMAs (four operations
+without it: one thread, EfficientNet-B0 14.0-14.2 -> 13.3-13.5 ms, a 1x1 conv + SiLU x1.09).
 
 Every function works on a scalar ``float`` or on a ``<N x float>`` vector (the explicit vector loops
 of kernels/streaming.py): constants and integer types follow the type of the argument.
@@ -42,7 +43,7 @@ TANH_P = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11, 5.
 TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03)
 TANH_CLAMP = 7.90531110763549805
 CONTRACT = ("contract",)
-ESTIMATE = ("arcp", "ninf")
+ESTIMATE = ("arcp", "ninf", "contract")
 """Flags of a division whose operands are finite: a reciprocal estimate and a Newton step may replace it."""
 
 

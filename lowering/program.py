@@ -65,10 +65,13 @@ class KernelStep:
     kernel: Kernel
 
 
-PACKED_GEMM_MAX_ROWS = 512
-"""Above this many rows of A, OpenBLAS (which also blocks and packs A) beat the CPU backend's
-packed micro-kernel (1024^3: 17.4 vs 14.0 GFLOP/s single-threaded); below, the micro-kernel won on
-the BERT/MLP shapes. Lowering gives epilogues only to products the micro-kernel will run."""
+PACKED_GEMM_MAX_ROWS = 4096
+"""Above this many rows of A, products with a constant B run on OpenBLAS instead of the CPU
+backend's packed micro-kernel. Once 512 (when the micro-kernel had no K and row blocking, OpenBLAS
+won at 1024^3); against OpenBLAS now, in-process A/B: Whisper-tiny's encoder (1,500 rows) x1.035
+at one thread, x1.02 at two; swin_t and convnext_tiny (3,136 rows) x1.03 / x1.01-1.04 at two;
+2048 x 1024 x 1024 x1.07 / x0.98, 4096 x 256 x 256 x0.97 / x0.93 (N = 256 leaves a third of the
+last 48-column panel empty). Lowering gives epilogues only to products the micro-kernel will run."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
 from onnxsat.kernels.gemm import KC, NR, pack_b, rows_a, sgemm_function
-from onnxsat.lowering.program import MatMulStep
+from onnxsat.lowering.program import PACKED_GEMM_MAX_ROWS, MatMulStep
 
 
 @pytest.mark.parametrize("shape", [(13, 7, 45), (9, KC + 37, 50), (64, 33, 96), (3, 5, 1), (1, KC + 5, 100), (2, 40, 49), (4, 9, 50), (12, 6, 48)])
@@ -71,7 +71,7 @@ CASES = {
     "gemm-one-row-relu": ([mm("Gemm", ["x", "wt", "b"], ["h"], transB=1), mm("Relu", ["h"], ["y"])], [1, 40], ["y"], (70,), [(True, True)]),
     "gemm-flattened-row": ([mm("Flatten", ["x"], ["f"]), mm("Gemm", ["f", "wt", "b"], ["y"], transB=1)], [1, 40, 1, 1], ["y"], (70,), [(True, False)]),
     "gemm-bias-broadcasts-rows": ([mm("Gemm", ["x", "wt", "b"], ["y"], transB=1)], [13, 40], ["y"], (13, 1), [(False, False)]),
-    "too-many-rows": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [600, 40], ["y"], (70,), [(False, False)]),
+    "too-many-rows": ([mm("MatMul", ["x", "w"], ["h"]), mm("Add", ["h", "b"], ["y"])], [PACKED_GEMM_MAX_ROWS + 8, 40], ["y"], (70,), [(False, False)]),
 }
 
 

@@ -514,7 +514,8 @@ GAPPED_MIN_SHARE = 0.05
 """The share of a padded row from which an implicit conv skips its padding columns (ResNet's 28 x 28
 and 14 x 14 3x3 convs: 2 of 30 and of 16; one thread, 128 and 256 channels: 2.31 -> 2.16 and
 2.42 -> 2.34 ms); the skipping costs two or three masked loads per vector of B as it is packed
-(one otherwise), so 56 x 56 (2 of 58) gained 1% and a 112-wide stem (1 of 113) lost 1%."""
+(one otherwise), so 56 x 56 (2 of 58) gained 1-2% at one thread and lost 3% at two, and a
+112-wide stem (1 of 113) lost 1%."""
 
 
 def _epilogue_result(cx: Any, nv: Any, epilogue: Epilogue, y: Lazy) -> list[Any]:

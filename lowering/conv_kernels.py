@@ -107,19 +107,16 @@ def _conv_body(
         return acc
 
     zero = Const(0.0, dt)
-    first: tuple[Stmt, ...]
+
+    def opening(m: int) -> Expr:  # channel 0's sum, from the bias
+        return window(m, i64(0), bias_at(m) if bias_at is not None else zero)
+
+    first: tuple[Stmt, ...] = tuple(Store(out, out_at(m), opening(m)) for m in range(mg))
     if activation is not None and cg == 1 and activation_pass:
-        first = tuple(Store(out, out_at(m), window(m, i64(0), bias_at(m) if bias_at is not None else zero)) for m in range(mg))
         then = tuple(Store(out, out_at(m), activation(Load(out, out_at(m)))) for m in range(mg))
         return [*weights(i64(0)), Loop(inner, stop, first, start), Loop(inner, stop, then, start)]
     if activation is not None and cg == 1:
-        first = tuple(
-            stmt
-            for m in range(mg)
-            for stmt in (Decl(f"v{m}", dt, window(m, i64(0), bias_at(m) if bias_at is not None else zero)), Store(out, out_at(m), activation(Local(f"v{m}", dt))))
-        )
-    else:
-        first = tuple(Store(out, out_at(m), window(m, i64(0), bias_at(m) if bias_at is not None else zero)) for m in range(mg))
+        first = tuple(stmt for m in range(mg) for stmt in (Decl(f"v{m}", dt, opening(m)), Store(out, out_at(m), activation(Local(f"v{m}", dt)))))
     body: list[Stmt] = [*weights(i64(0)), Loop(inner, stop, first, start)]
     if cg > 1:
         rest = tuple(Store(out, out_at(m), window(m, ci, Load(out, out_at(m)))) for m in range(mg))

@@ -304,10 +304,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     weight = nv.const(1)
     if pointwise and group == 1 and n_sp == 2 and weight is not None:
         small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp))
-        if small is not None:
-            return small
-    if pointwise and group == 1 and n_sp == 2 and weight is not None and cx.gemm_epilogues and dt == "f32":
-        gapped = _gapped_pointwise(cx, nv, x, w, bias)
+        gapped = small if small is not None else _gapped_pointwise(cx, nv, x, w, bias)
         if gapped is not None:
             return gapped
     if pointwise:
@@ -490,7 +487,7 @@ def _gapped_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, bias: Lazy | None) -> 
     the padding (``ShiftedRows``), and scaled by the gate as they are packed, instead of storing a
     contiguous copy of the (scaled) image first. None for any other input."""
     batch, cin, h, wd = x.shape
-    if batch != 1 or x.leaves is None or not 1 <= len(x.leaves) <= 2 or wd < MIN_GAPPED_WIDTH:
+    if not cx.gemm_epilogues or x.dtype != "f32" or batch != 1 or x.leaves is None or not 1 <= len(x.leaves) <= 2 or wd < MIN_GAPPED_WIDTH:
         return None
     image = [i for i, v in enumerate(x.leaves) if v.strides[-1] == 1 and v.strides[-2] > wd and v.strides[-3] >= h * v.strides[-2]]
     if len(image) != 1 or x.leaves[image[0]].buffer.name in cx.constants:

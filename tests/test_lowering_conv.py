@@ -25,6 +25,7 @@ from onnxsat.lowering.conv_kernels import DIRECT_MAX_CHANNELS
 from onnxsat.lowering.kernel_ir import Binary, Const, Loop, Unary, subexpressions, walk_exprs
 from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
+from tests.helpers_onnx import make_model, vi
 
 INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31], "x7": [2, 8, 7, 6], "x8": [1, 16, 14, 14]}
 """Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
@@ -267,9 +268,8 @@ def test_a_pointwise_conv_reads_a_flat_convs_output_where_it_lies() -> None:
         helper.make_node("Relu", ["p"], ["y"]),
         helper.make_node("Conv", ["a", "wq"], ["z"]),
     ]
-    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")]
-    graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])], outs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    outs = [vi(n, TensorProto.FLOAT, [1, c, 14, 14]) for n, c in (("y", 24), ("z", 8))]
+    model = make_model(nodes, [vi("x", TensorProto.FLOAT, [1, 16, 14, 14])], outs, 19, inits)
     steps = lower(model, {"x": (1, 16, 14, 14)}, gemm_epilogues=True).steps
     products = [s for s in steps if isinstance(s, MatMulStep)]
     assert len(products) == 2 and all(s.b_rows is not None and (s.b_rows.width, s.b_rows.pitch) == (14, 18) for s in products)

@@ -93,8 +93,9 @@ def check_phase_budgets(budgets: Budgets, table: RuleTable | None = None) -> Non
 
 def phase_rules(phase: Phase, enabled: list[str], table: RuleTable | None = None) -> list[str]:
     """The enabled rules a phase runs (``--rules-only``/``--disable-rules`` already applied)."""
-    family_of = (table or RuleTable.default()).family_of
-    return [n for n in enabled if family_of(n) in phase.families]
+    families = (table or RuleTable.default()).families
+    members = {name for family in phase.families for name in families.get(family, ())}
+    return [n for n in enabled if n in members]
 
 
 class UnsoundRuleError(RuntimeError):

@@ -14,6 +14,8 @@ families add ``plugin:FAMILY``."""
 TARGET_NAMES = ("ort-cpu", "onnxsat-cpu", "h200")
 """The built-in cost-model targets (``Options.target``, ``--cost-target``; their profiles are
 ``extract/profile.py``'s)."""
+MEASURED_TARGETS = TARGET_NAMES[:2]
+"""The targets ``onnxsat calibrate`` can measure here: onnxruntime, and onnxsat's compiled CPU kernels."""
 CACHE_DIR_ENV = "ONNXSAT_CACHE_DIR"
 """Environment variable naming the cache folder: ``Options``' default, and the CLI's before
 ``$XDG_CACHE_HOME/onnxsat`` (a notebook kernel or a worker process started with it reads the built

@@ -17,6 +17,13 @@ from the ops its input e-class holds (``NodeCtx.in_ops``), since per-node costs 
 node extraction picks there. The ``ort`` mode also prices the NCHWc layout ORT runs convs in: the
 ReorderOutput copy a consumer that cannot read the blocked layout needs, the ReorderInput of a
 conv reading a Split's part, and the slower kernel of a conv whose channels do not fill the block.
+
+With ``fusion="onnxsat"`` (the ``onnxsat-cpu`` target) it prices what ``onnxsat.compile`` runs:
+the lowering's partitioner computes elementwise and layout nodes inside the kernel that consumes
+them (``lowering.partition``), and a conv's or product's activation and bias in its store, so
+such a node costs its FLOPs and the reads of the stored tensors it takes in (weights, graph
+inputs, the outputs of other kernels), with no kernel and no pass over its own output
+(``onnxsat_inlined_us``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from ..egraph.ops.registry import CostCtx, numel
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape_of"})
 
+FUSION_MODES = ("none", "ort", "onnxsat")
+"""``RooflineCost.fusion``: which runtime's fusions the costs price."""
 OP_CLASSES = ("matmul", "conv", "elementwise", "reduce", "layout", "split", "transpose", "pool", "view")
 """Op classes with their own constants; ops outside them (opaque) use ``default``."""
 
@@ -265,7 +274,8 @@ class RooflineCost:
     view_overhead_us: float = 0.2
     """Cost of a metadata-only op: one cheap dispatch."""
     fusion: str = "none"
-    """``ort``: price ORT's graph fusions (the ort-cpu target); ``none``: one kernel per node."""
+    """``ort``: price ORT's graph fusions (the ort-cpu target); ``onnxsat``: the lowering's fusion
+    of elementwise and layout nodes into their consumers (onnxsat-cpu); ``none``: one kernel per node."""
     run_overhead_us: float = 0.0
     """Fixed cost of one inference call (not part of any node; added to whole-model estimates)."""
     graph_output_us: float = 0.0
@@ -291,6 +301,8 @@ class RooflineCost:
         attrs = _named_attrs(ctx.node) if op in BY_CTOR else {}
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
         consts = self.constants(cls)
+        if self.fusion == "onnxsat" and cls in INLINED_CLASSES:
+            return onnxsat_inlined_us(ctx, flops, consts)
         reorders, reorder_bytes, unblocked, copies = 0, 0.0, 0.0, 0.0
         if self.fusion == "ort":
             split_input = bool(ctx.in_ops) and "split" in ctx.in_ops[0]
@@ -329,6 +341,35 @@ class RooflineCost:
         )
         consts = self.constants(cls)
         return consts.time_us(0.0, folded) - consts.overhead_us
+
+
+INLINED_CLASSES = frozenset({"elementwise", "layout", "transpose", "split"})
+"""Cost classes of the ops ``lowering.partition`` computes inside their consumer's kernel (a
+Split's parts are views, or slices its consumers read)."""
+_STORE_EPILOGUE = frozenset({"conv", "matmul", "gemm"})
+"""Producers whose kernel applies a following activation or bias as it stores (their epilogues)."""
+
+
+def onnxsat_inlined_us(ctx: NodeCtx, flops: float, consts: ClassConstants) -> float:
+    """An elementwise or layout node inside another kernel: its FLOPs, and a read of each input
+    that is a stored tensor (a weight, a graph input, another kernel's output), except the
+    output of a conv or product it is the epilogue of (read while still in registers). Its own
+    output is never written: the consuming kernel takes it as computed.
+
+    Judged from every op an input's e-class holds, as the ``ort`` mode does: an input some
+    elementwise or layout node can compute is taken as inlined too."""
+    ins = ctx.in_ops or tuple(frozenset() for _ in ctx.in_shapes)
+    read = 0.0
+    for i, (shape, dtype) in enumerate(zip(ctx.in_shapes, ctx.in_dtypes, strict=False)):
+        ops = ins[i] if i < len(ins) else frozenset()
+        if any(op_class(op) in INLINED_CLASSES for op in ops):
+            continue  # computed in this kernel too
+        if i == 0 and ops & _STORE_EPILOGUE:
+            continue  # the producer's epilogue
+        # a Split's e-node is one part: it reads its own share of the input
+        read += numel(ctx.out_shape if ctx.node.op == "split" else shape) * _ITEMSIZE.get(dtype or 1, 4)
+    rate = consts.bandwidth_gbs if read <= consts.cache_bytes else consts.spill_gbs
+    return max(flops / (consts.peak_gflops * 1e3), read / (rate * 1e3))
 
 
 def ort_fuses_into_producer(ctx: NodeCtx) -> bool:

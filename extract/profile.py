@@ -16,7 +16,7 @@ from typing import Any
 
 from ..base.errors import BadInputError
 from ..base.options import TARGET_NAMES
-from .cost import OP_CLASSES, ClassConstants, RooflineCost
+from .cost import FUSION_MODES, OP_CLASSES, ClassConstants, RooflineCost
 
 FORMAT = "onnxsat-cost-profile/1"
 _RATES = ("peak_gflops", "bandwidth_gbs", "spill_gbs", "cache_bytes", "reorder_gbs", "unblocked_gflops")
@@ -41,7 +41,7 @@ TARGETS: dict[str, RooflineCost] = {
             source="built-in defaults (run `onnxsat calibrate` to measure)",
         ),
         RooflineCost(
-            name=_ONNXSAT_CPU, fusion="none", source="built-in defaults (onnxsat's CPU kernels, not measured)"
+            name=_ONNXSAT_CPU, fusion="onnxsat", source="built-in defaults (onnxsat's CPU kernels, not measured)"
         ),
         RooflineCost(
             name=_H200_TARGET,
@@ -151,8 +151,8 @@ def profile_from_dict(data: dict[str, Any]) -> RooflineCost:
     if unknown:
         raise ValueError(f"unknown op classes {unknown} (known: {', '.join(OP_CLASSES)})")
     fusion = str(data.get("fusion", "none"))
-    if fusion not in ("none", "ort"):
-        raise ValueError(f"fusion must be 'none' or 'ort', not {fusion!r}")
+    if fusion not in FUSION_MODES:
+        raise ValueError(f"fusion must be one of {', '.join(FUSION_MODES)}, not {fusion!r}")
     return RooflineCost(
         name=str(data["target"]),
         default=consts(data["default"]),

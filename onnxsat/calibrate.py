@@ -1,9 +1,11 @@
 """``onnxsat calibrate``: measure the roofline constants of each op class on this machine.
 
 Each sample is a single-node ONNX model (MatMul, Gemm, Conv, Relu/Add/Mul, ReduceMean/Softmax,
-Transpose/Concat, MaxPool/GlobalAveragePool, Reshape) timed in onnxruntime; the time of a
-trivial model (one Identity on one element) is the fixed cost of an inference call and is
-subtracted, so what is fitted is the node's own time. Per op class, the constants of
+Transpose/Concat, MaxPool/GlobalAveragePool, Reshape) timed on the runtime of the cost target:
+onnxruntime (``ort-cpu``), or compiled by onnxsat to native kernels and run as one native call
+(``onnxsat-cpu``: the cost model of what ``onnxsat.compile`` runs). The time of a model without
+nodes is the fixed cost of an inference call and is subtracted, so what is fitted is the node's
+own time. Per op class, the constants of
 time = overhead + max(FLOPs / peak, bytes / bandwidth or spill bandwidth) + the terms onnxruntime
 adds around a kernel (NCHWc reorders and unblocked convs, Split's extra outputs; see
 ``ClassConstants``) are fitted by non-negative weighted least squares (relative error; a grid
@@ -28,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .base.options import MEASURED_TARGETS
 from .extract.cost import (
     OP_CLASSES,
     ClassConstants,
@@ -155,15 +158,19 @@ def _gemm(m: int, k: int, n: int, held: bool = False) -> Sample:
 
 
 def _conv(
-    c: int, hw: int, o: int, k: int, stride: int = 1, held: bool = False, dispatch: bool = False
+    c: int, hw: int, o: int, k: int, stride: int = 1, held: bool = False, dispatch: bool = False, group: int = 1
 ) -> Sample:
     pad = k // 2
     out = (hw + 2 * pad - k) // stride + 1
-    attrs = {"kernel_shape": [k, k], "pads": [pad] * 4, "strides": [stride] * 2}
+    attrs = {"kernel_shape": [k, k], "pads": [pad] * 4, "strides": [stride] * 2, "group": group}
     return Sample(
-        "conv", "Conv", "conv", ((1, c, hw, hw), (o, c, k, k), (o,)), frozenset({1, 2}), (1, o, out, out),
-        attrs, held_out=held, dispatch=dispatch,
+        "conv", "Conv", "conv", ((1, c, hw, hw), (o, c // group, k, k), (o,)), frozenset({1, 2}),
+        (1, o, out, out), attrs, held_out=held, dispatch=dispatch,
     )  # fmt: skip
+
+
+def _depthwise(c: int, hw: int, k: int, stride: int = 1, held: bool = False) -> Sample:
+    return _conv(c, hw, c, k, stride, held, group=c)
 
 
 def _eltwise(
@@ -293,6 +300,18 @@ def samples(quick: bool = False) -> list[Sample]:
         _split((128, 600), 3, True), _split((1, 64, 14, 14), 2, True),
         Sample("view", "Reshape", "reshape", ((4, 4), (1,)), frozenset({1}), (16,), int_values={1: (-1,)}),
         Sample("view", "Reshape", "reshape", ((8, 8), (1,)), frozenset({1}), (64,), int_values={1: (-1,)}),
+        # The sizes real models run: ResNet's 3x3 convs, MobileNet's and EfficientNet's depthwise
+        # and 1x1 convs, BERT's and Whisper's products (a kernel's rate grows with its size, and
+        # depthwise convs are bound by memory, not FLOPs).
+        _conv(64, 56, 64, 3), _conv(128, 28, 128, 3), _conv(256, 14, 256, 3), _conv(512, 7, 512, 3),
+        _conv(64, 56, 128, 3, stride=2, held=True), _conv(256, 14, 512, 3, stride=2, held=True),
+        _conv(96, 56, 24, 1), _conv(24, 56, 144, 1), _conv(240, 28, 40, 1), _conv(112, 14, 672, 1),
+        _conv(960, 7, 160, 1), _conv(40, 28, 240, 1, held=True), _conv(672, 14, 112, 1, held=True),
+        _depthwise(96, 112, 3), _depthwise(144, 56, 3), _depthwise(240, 28, 5), _depthwise(672, 14, 5),
+        _depthwise(96, 112, 3, stride=2), _depthwise(576, 7, 5), _depthwise(144, 56, 5, stride=2, held=True),
+        _depthwise(480, 14, 3, held=True), _depthwise(32, 112, 3, held=True),
+        _matmul(128, 768, 768), _matmul(128, 768, 3072), _matmul(128, 3072, 768), _matmul(1500, 384, 384),
+        _matmul(1500, 384, 1536, True), _matmul(128, 512, 2048, True),
     ]  # fmt: skip
     if not quick:
         return full
@@ -315,13 +334,21 @@ low percentile over rounds spread in time is the least disturbed estimate of the
 CALLS_PER_ROUND = 2
 
 
-def _runner(model: onnx.ModelProto, threads: int | None) -> Callable[[], object]:
-    """A zero-argument call of ``model`` in onnxruntime on seeded random inputs."""
-    from .latency import ort_session
+def runner(model: onnx.ModelProto, threads: int | None, target: str = "ort-cpu") -> Callable[[], object]:
+    """A zero-argument call of ``model`` on the runtime of ``target``, on seeded random inputs:
+    an onnxruntime session, or the model compiled by onnxsat as it is (no optimize), one native call."""
     from .verification import make_inputs
 
-    sess = ort_session(model, threads=threads)
     feeds = make_inputs(model, seed=1)
+    if target == "onnxsat-cpu":
+        from .kernels.compile_options import CompileOptions
+        from .kernels.compiled import CompiledModel
+
+        compiled = CompiledModel(model, CompileOptions(threads=threads))
+        return lambda: compiled(feeds)
+    from .latency import ort_session
+
+    sess = ort_session(model, threads=threads)
     return lambda: sess.run(None, feeds)
 
 
@@ -364,13 +391,17 @@ class Measured:
     """Measured time minus the fixed cost of a call."""
     predicted_us: float = 0.0
     reorder: float = 0.0
-    """Bytes of layout copies around the node (``Sample.reorder_bytes``)."""
+    """Bytes of layout copies the runtime adds around the node (``Sample.reorders``)."""
+    reorder_kernels: int = 0
+    """How many such copies."""
+    unblocked: bool = False
+    """A conv onnxruntime runs without its blocked layout (``nchwc_unblocked``)."""
 
     @property
     def kernels(self) -> int:
         """Dispatches the node pays: its own (one per copy in a chain) and one per layout copy
         around it (a chain of convs stays blocked: one pair of reorders for all)."""
-        return self.sample.chain + self.sample.reorders()[0]
+        return self.sample.chain + self.reorder_kernels
 
     def predict(self, consts: ClassConstants, graph_output_us: float = 0.0) -> float:
         """The node's predicted time as measured: its kernel(s) and handing back its outputs."""
@@ -381,7 +412,7 @@ class Measured:
 
     @property
     def unblocked_flops(self) -> float:
-        return self.flops if nchwc_unblocked(self.sample.op, list(self.sample.inputs)) else 0.0
+        return self.flops if self.unblocked else 0.0
 
     @property
     def rel_error(self) -> float:
@@ -389,17 +420,22 @@ class Measured:
 
 
 def measure(
-    sample_list: list[Sample], *, threads: int | None = None, seconds: float = 10.0
+    sample_list: list[Sample], *, threads: int | None = None, seconds: float = 10.0, target: str = "ort-cpu"
 ) -> tuple[float, list[Measured]]:
-    """The fixed cost of a call and every sample's own time (microseconds)."""
+    """The fixed cost of a call and every sample's own time (microseconds) on ``target``'s runtime.
+    onnxruntime's blocked-layout terms (reorders around a conv, unblocked convs) are onnxruntime's
+    only: onnxsat's kernels read and write the plain layout."""
     models = [_empty_model()]
     models += [sample.model() for sample in sample_list]
-    baseline, *totals = time_runs([_runner(m, threads) for m in models], seconds=seconds)
+    baseline, *totals = time_runs([runner(m, threads, target) for m in models], seconds=seconds)
     out: list[Measured] = []
+    ort = target == "ort-cpu"
     for sample, total in zip(sample_list, totals, strict=True):
         flops, bytes_moved = sample.work()
         node_us = max(total - baseline, MIN_NODE_US)
-        out.append(Measured(sample, flops, bytes_moved, node_us, reorder=sample.reorders()[1]))
+        count, moved = sample.reorders() if ort else (0, 0.0)
+        unblocked = ort and nchwc_unblocked(sample.op, list(sample.inputs))
+        out.append(Measured(sample, flops, bytes_moved, node_us, moved, count, unblocked))
     return baseline, out
 
 
@@ -647,17 +683,17 @@ def calibrate(
     """Measure, fit per class, and predict every sample (held-out ones were not fitted)."""
     from .extract.profile import builtin_profile
 
-    if target != "ort-cpu":
+    if target not in MEASURED_TARGETS:
         from .base.errors import BadInputError
 
         raise BadInputError(
-            f"calibration measures onnxruntime on this CPU: only --cost-target ort-cpu (not {target!r})"
+            f"calibration measures this CPU: --cost-target {' or '.join(MEASURED_TARGETS)} (not {target!r})"
         )
     start = time.perf_counter()
     seconds = seconds if seconds is not None else (3.0 if quick else 20.0)
     base = builtin_profile(target)
     cache = cache_bytes()
-    baseline, measured = measure(samples(quick), threads=threads, seconds=seconds)
+    baseline, measured = measure(samples(quick), threads=threads, seconds=seconds, target=target)
     classes: dict[str, ClassConstants] = {}
     tiny = [m for m in measured if m.sample.dispatch and not m.sample.held_out]
     pinned = dispatch_costs(tiny) if tiny else None
@@ -685,7 +721,7 @@ def calibrate(
         calibrated=True,
         source=(
             f"onnxsat calibrate on {platform.node() or 'this machine'} ({platform.machine()},"
-            f" {_ort_version()}, intra-op threads {threads or 'default'}),"
+            f" {_runtime_version(target)}, threads {threads or 'default'}),"
             f" {datetime.date.today().isoformat()}{' --quick' if quick else ''}"
         ),
     )
@@ -749,15 +785,23 @@ def check_models(
     threads: int | None = None,
     seconds: float = 5.0,
 ) -> list[ModelCheck]:
-    """Whole-model error: every model timed (interleaved, low percentile as in calibration) and priced."""
-    measured = time_runs([_runner(m, threads) for m in models.values()], seconds=seconds)
+    """Whole-model error: every model timed on the runtime of the profile's target (interleaved,
+    low percentile as in calibration) and priced."""
+    target = cost.name if cost.name in MEASURED_TARGETS else "ort-cpu"
+    measured = time_runs([runner(m, threads, target) for m in models.values()], seconds=seconds)
     return [
         ModelCheck(name, predict_model_us(model, cost), us)
         for (name, model), us in zip(models.items(), measured, strict=True)
     ]
 
 
-def _ort_version() -> str:
+def _runtime_version(target: str) -> str:
+    if target == "onnxsat-cpu":
+        import llvmlite
+
+        from .base import __version__
+
+        return f"onnxsat {__version__} compiled kernels, llvmlite {llvmlite.__version__}"
     import onnxruntime as ort
 
     return f"onnxruntime {ort.__version__}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from onnxsat.base.options import MEASURED_TARGETS
 from onnxsat.cli_args import EXIT_OK, int_arg, seconds_arg
 
 
@@ -17,8 +18,9 @@ def add_parser(sub: Any) -> None:
         "calibrate",
         help="measure the cost model's constants on this machine and write a profile",
         description=(
-            "Time single-node models (MatMul, Gemm, Conv, elementwise, reductions, layout, pooling) in\n"
-            "onnxruntime at several sizes, fit per op class the roofline constants (peak FLOP/s,\n"
+            "Time single-node models (MatMul, Gemm, Conv, elementwise, reductions, layout, pooling) at\n"
+            "several sizes on the cost target's runtime (ort-cpu: onnxruntime; onnxsat-cpu: compiled by\n"
+            "onnxsat, one native call each), fit per op class the roofline constants (peak FLOP/s,\n"
             "bandwidth, per-kernel overhead), and write them as a profile for `optimize --cost-profile`.\n"
             "Prints predicted vs measured time per node; shapes marked held-out were not used in the fit."
         ),
@@ -29,14 +31,17 @@ def add_parser(sub: Any) -> None:
         "-o", "--output", required=True, metavar="PROFILE.json", help="where to write the profile"
     )
     cal.add_argument(
-        "--cost-target", choices=("ort-cpu",), default="ort-cpu", help="the cost target to measure (default %(default)s)"
+        "--cost-target",
+        choices=MEASURED_TARGETS,
+        default="ort-cpu",
+        help="the cost target to measure: onnxruntime or onnxsat's compiled kernels (default %(default)s)",
     )
     cal.add_argument("--quick", action="store_true", help="fewer shapes and ~3 s of timing (for tests)")
     cal.add_argument(
         "--seconds", type=seconds_arg, default=None, help="timing budget (default 20, or 3 with --quick)"
     )
     cal.add_argument(
-        "--threads", type=int_arg(1), default=None, help="onnxruntime intra-op threads (default: its own)"
+        "--threads", type=int_arg(1), default=None, help="threads of the runtime measured (default: its own)"
     )
     cal.add_argument(
         "--check-model",

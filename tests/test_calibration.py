@@ -18,6 +18,7 @@ import onnx
 import pytest
 
 from onnxsat import cli
+from onnxsat.base.errors import BadInputError
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report
 from onnxsat.calibrate import (
@@ -119,6 +120,25 @@ def test_quick_calibration_fits_every_class(quick: Calibration) -> None:
     mm, ew = cost.classes["matmul"], cost.classes["elementwise"]
     flops = 2 * 256**3
     assert mm.time_us(flops, 3 * 4 * 256**2) < ew.time_us(flops, 3 * 4 * flops)
+
+
+def test_onnxsat_cpu_calibration_times_the_compiled_kernels() -> None:
+    """``--cost-target onnxsat-cpu`` times each sample compiled by onnxsat (one native call),
+    fits the same classes with none of onnxruntime's layout terms, and keeps the lowering's
+    fusion mode; whole models are timed compiled too."""
+    from onnxsat.calibrate import check_models
+
+    cal = calibrate("onnxsat-cpu", quick=True, threads=1, seconds=1.0)
+    cost = cal.cost
+    assert cost.calibrated and cost.name == "onnxsat-cpu" and cost.fusion == "onnxsat"
+    assert set(cost.classes) == set(OP_CLASSES) and "compiled kernels" in cost.source
+    assert all(m.reorder == 0 and m.kernels == m.sample.chain and m.unblocked_flops == 0 for m in cal.measured)
+    assert all(m.node_us > 0 and m.predicted_us > 0 for m in cal.measured)
+    assert cal.median_error(True) < 1.0  # the floor is benchmarks/calibration_compiled.py's
+    (check,) = check_models({"small_cnn": onnx.load(str(EXAMPLES / "small_cnn.onnx"))}, cost, threads=1, seconds=0.5)
+    assert check.measured_us > 0 and check.predicted_us > 0
+    with pytest.raises(BadInputError, match="ort-cpu or onnxsat-cpu"):
+        calibrate("h200", quick=True)
 
 
 def test_profile_file_round_trip(quick: Calibration, tmp_path: Path) -> None:
@@ -234,7 +254,8 @@ ACT = (1, 64, 56, 56)
     ],
 )
 def test_ort_cpu_prices_what_onnxruntime_fuses(ctx: NodeCtx, fused: bool) -> None:
-    ort_cpu, plain = TARGETS["ort-cpu"], TARGETS["onnxsat-cpu"]
+    ort_cpu = TARGETS["ort-cpu"]
+    plain = dataclasses.replace(ort_cpu, fusion="none")  # one kernel per node
     full = plain.node_cost(ctx)
     assert full > ort_cpu.view_overhead_us  # a real kernel
     cost = ort_cpu.node_cost(ctx)
@@ -242,6 +263,28 @@ def test_ort_cpu_prices_what_onnxruntime_fuses(ctx: NodeCtx, fused: bool) -> Non
         assert 0 < cost < min(full / 2, ort_cpu.view_overhead_us + ort_cpu.default.time_us(0.0, 4.0 * 4 * 64))
     else:
         assert cost == pytest.approx(full)
+
+
+def test_onnxsat_cpu_prices_an_inlined_node_by_its_flops_and_the_stored_tensors_it_reads() -> None:
+    """onnxsat's lowering computes elementwise nodes inside the kernel that consumes them and a
+    conv's or product's activation as it stores: no kernel, no pass over the node's own output; an
+    input another kernel stored (or a graph input) is read, one an inlined node computes is not."""
+    onnxsat_cpu = TARGETS["onnxsat-cpu"]
+    assert onnxsat_cpu.fusion == "onnxsat"
+    plain = dataclasses.replace(onnxsat_cpu, fusion="none")
+    act = (64, 256)
+    read = act[0] * act[1] * 4
+    consts = onnxsat_cpu.constants("elementwise")
+    epilogue = _ctx("relu", (Ref("m"),), [act], act, [{"matmul"}], [False])
+    assert onnxsat_cpu.node_cost(epilogue) == pytest.approx(act[0] * act[1] / (consts.peak_gflops * 1e3))
+    assert onnxsat_cpu.node_cost(epilogue) < plain.node_cost(epilogue) / 10
+    in_chain = _ctx("add", (Ref("a"), Ref("b")), [act, act], act, [{"sigmoid"}, {"relu"}], [False, False])
+    stored = _ctx("add", (Ref("a"), Ref("b")), [act, act], act, [{"Tensor.input"}, {"reduce_mean"}], [False, False])
+    assert onnxsat_cpu.node_cost(stored) == pytest.approx(2 * read / (consts.bandwidth_gbs * 1e3))
+    assert onnxsat_cpu.node_cost(in_chain) < onnxsat_cpu.node_cost(stored) / 10
+    assert plain.node_cost(stored) > onnxsat_cpu.node_cost(stored)  # the output pass and the kernel
+    conv = _ctx("conv", (Ref("x"), Ref("w"), (1, 1), (0, 0, 0, 0), (1, 1), 1), [FMAP, (16, 16, 1, 1)], FMAP, [{"relu"}, {"Tensor.weight"}], [False, True])  # fmt: skip
+    assert onnxsat_cpu.node_cost(conv) == pytest.approx(plain.node_cost(conv))  # a kernel of its own
 
 
 def test_targets_price_the_same_node_differently() -> None:

@@ -12,7 +12,14 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxsat.kernels.build import compile_kernels
 from onnxsat.kernels.compile_options import CompileOptions
 from onnxsat.kernels.compiled import CompiledModel
-from onnxsat.kernels.native_runner import IDLE_SPINS, KIND_KERNEL, SLEEPERS, TIMESPEC, NativeWorkers, TaskTable
+from onnxsat.kernels.native_runner import (
+    IDLE_SPINS,
+    KIND_KERNEL,
+    SLEEPERS,
+    TIMESPEC,
+    NativeWorkers,
+    TaskTable,
+)
 from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
 
 

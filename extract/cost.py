@@ -41,13 +41,14 @@ VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", 
 
 FUSION_MODES = ("none", "ort", "onnxsat")
 """``RooflineCost.fusion``: which runtime's fusions the costs price."""
-OP_CLASSES = ("matmul", "conv", "elementwise", "reduce", "layout", "split", "transpose", "pool", "view")
+OP_CLASSES = ("matmul", "conv", "depthwise", "elementwise", "reduce", "layout", "split", "transpose", "pool", "view")
 """Op classes with their own constants; ops outside them (opaque) use ``default``."""
 
-PARENT_CLASS = {"split": "layout", "transpose": "layout"}
+PARENT_CLASS = {"split": "layout", "transpose": "layout", "depthwise": "conv"}
 """Classes split off a broader one (a profile without them prices their ops as the broader class):
-Split hands over several outputs per kernel, and a strided Transpose runs slower per byte than
-the contiguous copies of Concat."""
+Split hands over several outputs per kernel, a strided Transpose runs slower per byte than the
+contiguous copies of Concat, and a depthwise conv is bound by memory where a dense one is bound
+by FLOPs (one roofline for both fitted the dense convs' rate at half what large ones reach)."""
 
 _FAMILY_CLASS = {
     "matmul": "matmul",
@@ -79,6 +80,22 @@ _CONV_LIKE = frozenset({"conv", "batch_norm"})
 activation or Add after it (Conv -> BatchNorm -> Relu runs as one kernel)."""
 _GEMM_LIKE = frozenset({"gemm"})
 _MATMUL_LIKE = frozenset({"matmul", "gemm"})
+
+
+def node_class(op: str, in_shapes: list[tuple[int, ...] | None]) -> str:
+    """The cost class of an e-node: its op's (``op_class``), a conv with one input channel per
+    group being ``depthwise``."""
+    cls = op_class(op)
+    if cls == "conv" and is_depthwise(in_shapes):
+        return "depthwise"
+    return cls
+
+
+def is_depthwise(in_shapes: list[tuple[int, ...] | None]) -> bool:
+    """A conv whose every group reads one input channel (weights ``[C_out, 1, kh, kw]``, more than one
+    input channel)."""
+    x, w = (in_shapes + [None, None])[:2]
+    return x is not None and w is not None and len(x) > 1 and len(w) > 1 and w[1] == 1 and x[1] > 1
 
 
 def op_class(op: str) -> str:
@@ -293,7 +310,7 @@ class RooflineCost:
         op = ctx.node.op
         if ctx.is_const or op.startswith("Tensor.") or op.startswith("TList."):
             return 0.0
-        cls = op_class(op)
+        cls = node_class(op, ctx.in_shapes)
         if cls == "view":
             return self.classes["view"].overhead_us if "view" in self.classes else self.view_overhead_us
         if self.fusion == "ort" and ort_fuses_into_producer(ctx):
@@ -302,7 +319,9 @@ class RooflineCost:
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
         consts = self.constants(cls)
         if self.fusion == "onnxsat" and cls in INLINED_CLASSES:
-            return onnxsat_inlined_us(ctx, flops, consts)
+            return onnxsat_inlined_us(ctx, flops if cls == "elementwise" else 0.0, consts)
+        if self.fusion == "onnxsat" and cls == "matmul":
+            flops *= panel_waste(ctx.out_shape)
         reorders, reorder_bytes, unblocked, copies = 0, 0.0, 0.0, 0.0
         if self.fusion == "ort":
             split_input = bool(ctx.in_ops) and "split" in ctx.in_ops[0]
@@ -346,12 +365,30 @@ class RooflineCost:
 INLINED_CLASSES = frozenset({"elementwise", "layout", "transpose", "split"})
 """Cost classes of the ops ``lowering.partition`` computes inside their consumer's kernel (a
 Split's parts are views, or slices its consumers read)."""
+_PART_READERS = frozenset({"gather", "slice_", "split"})
+"""Ops that read only the part of their first input they write (an embedding's rows; a Split's
+e-node is one part)."""
 _STORE_EPILOGUE = frozenset({"conv", "matmul", "gemm"})
 """Producers whose kernel applies a following activation or bias as it stores (their epilogues)."""
 
 
+GEMM_PANEL_COLUMNS = 48
+"""Columns of one packed panel of onnxsat's GEMM micro-kernel (``kernels.gemm.NR``): a product
+computes whole panels, so N = 64 costs what N = 96 does."""
+
+
+def panel_waste(out_shape: tuple[int, ...] | None) -> float:
+    """Computed over useful columns of a product on onnxsat's micro-kernel (1.0 when N fills its
+    panels)."""
+    n = out_shape[-1] if out_shape else 0
+    if n <= 0:
+        return 1.0
+    return math.ceil(n / GEMM_PANEL_COLUMNS) * GEMM_PANEL_COLUMNS / n
+
+
 def onnxsat_inlined_us(ctx: NodeCtx, flops: float, consts: ClassConstants) -> float:
-    """An elementwise or layout node inside another kernel: its FLOPs, and a read of each input
+    """An elementwise or layout node inside another kernel: its FLOPs (a layout node's copies are
+    the reads of its consumer: none), and a read of each input
     that is a stored tensor (a weight, a graph input, another kernel's output), except the
     output of a conv or product it is the epilogue of (read while still in registers). Its own
     output is never written: the consuming kernel takes it as computed.
@@ -364,12 +401,24 @@ def onnxsat_inlined_us(ctx: NodeCtx, flops: float, consts: ClassConstants) -> fl
         ops = ins[i] if i < len(ins) else frozenset()
         if any(op_class(op) in INLINED_CLASSES for op in ops):
             continue  # computed in this kernel too
-        if i == 0 and ops & _STORE_EPILOGUE:
-            continue  # the producer's epilogue
-        # a Split's e-node is one part: it reads its own share of the input
-        read += numel(ctx.out_shape if ctx.node.op == "split" else shape) * _ITEMSIZE.get(dtype or 1, 4)
+        part = i == 0 and ctx.node.op in _PART_READERS  # reads as much of it as it writes
+        strided = part and not _contiguous_part(shape, ctx.out_shape)
+        if i == 0 and ops & _STORE_EPILOGUE and not strided:
+            continue  # the producer's epilogue, or a contiguous part of its output (a view)
+        # a strided part (a column split of a matrix) is gathered row by row: read and written
+        read += numel(ctx.out_shape if part else shape) * _ITEMSIZE.get(dtype or 1, 4) * (2 if strided else 1)
     rate = consts.bandwidth_gbs if read <= consts.cache_bytes else consts.spill_gbs
     return max(flops / (consts.peak_gflops * 1e3), read / (rate * 1e3))
+
+
+def _contiguous_part(whole: tuple[int, ...] | None, part: tuple[int, ...] | None) -> bool:
+    """Whether ``part`` (a slice of ``whole`` along one axis) is one contiguous block of it: every
+    dim before the sliced one is 1 (a channel split of one image is; a column split of a matrix
+    is strided, so its parts are copied)."""
+    if whole is None or part is None or len(whole) != len(part):
+        return False
+    axis = next((d for d, (w, p) in enumerate(zip(whole, part, strict=True)) if w != p), len(whole))
+    return all(d == 1 for d in whole[:axis])
 
 
 def ort_fuses_into_producer(ctx: NodeCtx) -> bool:

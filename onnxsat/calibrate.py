@@ -170,7 +170,7 @@ def _conv(
 
 
 def _depthwise(c: int, hw: int, k: int, stride: int = 1, held: bool = False) -> Sample:
-    return _conv(c, hw, c, k, stride, held, group=c)
+    return replace(_conv(c, hw, c, k, stride, held, group=c), cls="depthwise")
 
 
 def _eltwise(
@@ -312,6 +312,8 @@ def samples(quick: bool = False) -> list[Sample]:
         _depthwise(480, 14, 3, held=True), _depthwise(32, 112, 3, held=True),
         _matmul(128, 768, 768), _matmul(128, 768, 3072), _matmul(128, 3072, 768), _matmul(1500, 384, 384),
         _matmul(1500, 384, 1536, True), _matmul(128, 512, 2048, True),
+        _reduce("Softmax", "softmax", 4096, 1500), _reduce("ReduceMean", "reduce_mean", 3000, 384),
+        _reduce("Softmax", "softmax", 2048, 1024, True),
     ]  # fmt: skip
     if not quick:
         return full
@@ -334,9 +336,15 @@ low percentile over rounds spread in time is the least disturbed estimate of the
 CALLS_PER_ROUND = 2
 
 
-def runner(model: onnx.ModelProto, threads: int | None, target: str = "ort-cpu") -> Callable[[], object]:
+def runner(
+    model: onnx.ModelProto, threads: int | None, target: str = "ort-cpu", *, kernels_only: bool = False
+) -> Callable[[], object]:
     """A zero-argument call of ``model`` on the runtime of ``target``, on seeded random inputs:
-    an onnxruntime session, or the model compiled by onnxsat as it is (no optimize), one native call."""
+    an onnxruntime session, or the model compiled by onnxsat as it is (no optimize), one native
+    call. ``kernels_only``: the compiled model's task table alone, on the inputs a first call left
+    in its buffers (a single-node sample's inputs and outputs are copied in and out of the call,
+    which inside a model they are not: a 96-channel 112 x 112 depthwise conv's copies took as
+    long as the conv)."""
     from .verification import make_inputs
 
     feeds = make_inputs(model, seed=1)
@@ -345,6 +353,11 @@ def runner(model: onnx.ModelProto, threads: int | None, target: str = "ort-cpu")
         from .kernels.compiled import CompiledModel
 
         compiled = CompiledModel(model, CompileOptions(threads=threads))
+        compiled(feeds)
+        exe = compiled.executable_for(feeds)
+        table = exe.native
+        if kernels_only and table is not None:
+            return lambda: table.run(exe.workers)
         return lambda: compiled(feeds)
     from .latency import ort_session
 
@@ -427,7 +440,8 @@ def measure(
     only: onnxsat's kernels read and write the plain layout."""
     models = [_empty_model()]
     models += [sample.model() for sample in sample_list]
-    baseline, *totals = time_runs([runner(m, threads, target) for m in models], seconds=seconds)
+    runs = [runner(m, threads, target, kernels_only=True) for m in models]
+    baseline, *totals = time_runs(runs, seconds=seconds)
     out: list[Measured] = []
     ort = target == "ort-cpu"
     for sample, total in zip(sample_list, totals, strict=True):
@@ -708,7 +722,7 @@ def calibrate(
             continue
         # A blocked conv streams tiles that fit the cache: only its layout copies spill.
         fitted = [r for r in rows if not r.sample.dispatch] or rows
-        classes[cls] = fit_class(fitted, cache, pinned, kernel_spills=cls != "conv")
+        classes[cls] = fit_class(fitted, cache, pinned, kernel_spills=cls not in ("conv", "depthwise"))
     default = classes.get("elementwise", base.default)
     cost = RooflineCost(
         name=target,

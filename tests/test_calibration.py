@@ -31,7 +31,7 @@ from onnxsat.calibrate import (
     samples,
 )
 from onnxsat.egraph.graph_types import ENode, Ref
-from onnxsat.extract.cost import OP_CLASSES, ClassConstants, NodeCtx, op_class
+from onnxsat.extract.cost import OP_CLASSES, ClassConstants, NodeCtx, node_class, op_class
 from onnxsat.extract.profile import TARGETS, ProfileError, load_profile, save_profile
 from onnxsat.latency import LatencyComparison
 
@@ -285,6 +285,43 @@ def test_onnxsat_cpu_prices_an_inlined_node_by_its_flops_and_the_stored_tensors_
     assert plain.node_cost(stored) > onnxsat_cpu.node_cost(stored)  # the output pass and the kernel
     conv = _ctx("conv", (Ref("x"), Ref("w"), (1, 1), (0, 0, 0, 0), (1, 1), 1), [FMAP, (16, 16, 1, 1)], FMAP, [{"relu"}, {"Tensor.weight"}], [False, True])  # fmt: skip
     assert onnxsat_cpu.node_cost(conv) == pytest.approx(plain.node_cost(conv))  # a kernel of its own
+
+
+def test_onnxsat_cpu_prices_a_product_by_the_panels_its_kernel_computes() -> None:
+    """onnxsat's micro-kernel computes whole 48-column panels: N = 64 costs what N = 96 does."""
+    from onnxsat.extract.cost import GEMM_PANEL_COLUMNS
+    from onnxsat.kernels.gemm import NR
+
+    assert GEMM_PANEL_COLUMNS == NR
+    onnxsat_cpu = TARGETS["onnxsat-cpu"]
+    plain = dataclasses.replace(onnxsat_cpu, fusion="none")
+
+    def product(n: int) -> NodeCtx:
+        return _ctx("matmul", (Ref("a"), Ref("b")), [(256, 256), (256, n)], (256, n), [{"relu"}, {"Tensor.weight"}], [False, True])  # fmt: skip
+
+    assert onnxsat_cpu.node_cost(product(64)) == pytest.approx(onnxsat_cpu.node_cost(product(96)))
+    assert plain.node_cost(product(64)) < plain.node_cost(product(96))
+
+
+def test_a_depthwise_conv_has_its_own_class_and_falls_back_to_the_conv_constants() -> None:
+    """A depthwise conv is memory-bound where a dense conv is FLOP-bound: it is priced by the
+    ``depthwise`` constants, or by ``conv``'s in a profile that has none."""
+    args = (Ref("x"), Ref("w"), (1, 1), (1, 1, 1, 1), (1, 1), 32)
+    depthwise = _ctx("conv", args, [(1, 32, 56, 56), (32, 1, 3, 3)], (1, 32, 56, 56), [{"relu"}, {"Tensor.weight"}], [False, True])  # fmt: skip
+    dense = _ctx("conv", args[:-1] + (1,), [(1, 32, 56, 56), (32, 32, 3, 3)], (1, 32, 56, 56), [{"relu"}, {"Tensor.weight"}], [False, True])  # fmt: skip
+    assert node_class("conv", depthwise.in_shapes) == "depthwise" and node_class("conv", dense.in_shapes) == "conv"
+    slow = ClassConstants(peak_gflops=1.0, bandwidth_gbs=1.0, overhead_us=0.0)
+    base = dataclasses.replace(TARGETS["onnxsat-cpu"], classes={"conv": ClassConstants(100.0, 50.0, 1.0)})
+    split = dataclasses.replace(base, classes={**base.classes, "depthwise": slow})
+    assert base.node_cost(depthwise) == pytest.approx(base.constants("conv").time_us(*_work(depthwise)))
+    assert split.node_cost(depthwise) > 50 * base.node_cost(depthwise)
+    assert split.node_cost(dense) == base.node_cost(dense)
+
+
+def _work(ctx: NodeCtx) -> tuple[float, float]:
+    from onnxsat.extract.cost import node_work
+
+    return node_work(ctx.node.op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, {})
 
 
 def test_targets_price_the_same_node_differently() -> None:

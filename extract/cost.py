@@ -388,10 +388,10 @@ def panel_waste(out_shape: tuple[int, ...] | None) -> float:
 
 def onnxsat_inlined_us(ctx: NodeCtx, flops: float, consts: ClassConstants) -> float:
     """An elementwise or layout node inside another kernel: its FLOPs (a layout node's copies are
-    the reads of its consumer: none), and a read of each input
-    that is a stored tensor (a weight, a graph input, another kernel's output), except the
-    output of a conv or product it is the epilogue of (read while still in registers). Its own
-    output is never written: the consuming kernel takes it as computed.
+    its consumer's reads: none), and a read of each input that is a stored tensor (a weight, a
+    graph input, another kernel's output), except the output of a conv or product it is the
+    epilogue of (read while still in registers). Its own output is never written: the consuming
+    kernel takes it as computed.
 
     Judged from every op an input's e-class holds, as the ``ort`` mode does: an input some
     elementwise or layout node can compute is taken as inlined too."""

@@ -28,8 +28,8 @@ from onnxsat.calibrate import (
     calibrate,
     dispatch_costs,
     fit_class,
-    samples,
 )
+from onnxsat.calibration_samples import samples
 from onnxsat.egraph.graph_types import ENode, Ref
 from onnxsat.extract.cost import OP_CLASSES, ClassConstants, NodeCtx, node_class, op_class
 from onnxsat.extract.profile import TARGETS, ProfileError, load_profile, save_profile

@@ -47,7 +47,8 @@ class CompileOptions:
     1: all in this process). LLVM calls through llvmlite hold one process-wide lock, so threads
     would compile one kernel at a time."""
     cost_target: str | None = None
-    """Cost model the optimizer extracts under before compiling (None: ``Options.target``)."""
+    """Cost model the optimizer extracts under before compiling (None: onnxsat-cpu, the compiled
+    kernels' own, unless the optimize options name another target)."""
 
     def __post_init__(self) -> None:
         if self.gemm not in GEMM_CHOICES:

@@ -57,7 +57,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--jobs", type=int, default=None, help="processes compiling kernels in parallel (default: the cores, at most 8)")
     p.add_argument("--cache-dir", default=None, help="compiled-code cache directory (default: ~/.cache/onnxsat/kernels)")
     p.add_argument("--no-cache", action="store_true", help="compile everything, read and write no compiled-code cache")
-    p.add_argument("--cost-target", default=None, choices=list(COST_TARGETS), help="cost model the optimizer extracts under (default: ort-cpu)")
+    p.add_argument("--cost-target", default=None, choices=list(COST_TARGETS), help="cost model the optimizer extracts under (default: onnxsat-cpu, the compiled kernels')")
     p.add_argument("--no-optimize", action="store_true", help="lower the model as given (skip onnxsat optimize)")
     p.add_argument(
         "--input-shape",

@@ -126,6 +126,8 @@ def test_cost_target_reaches_the_optimizer_and_a_conflict_is_an_error() -> None:
     from onnxsat.compiler import optimize_options
 
     assert optimize_options(None, CompileOptions(cost_target="onnxsat-cpu")).target == "onnxsat-cpu"
+    assert optimize_options(None, CompileOptions()).target == "onnxsat-cpu"  # the kernels' own by default
+    assert optimize_options(None, CompileOptions(cost_target="ort-cpu")).target == "ort-cpu"
     assert optimize_options(Options(target="h200"), CompileOptions()).target == "h200"
     assert optimize_options(Options(), CompileOptions()).upgrade_opset is None  # no opset-23 Attention
     with pytest.raises(BadInputError):

@@ -195,6 +195,13 @@ def measure_pair(pair: Pair, threads: int, rounds: int) -> None:
         pair.retimed = True
 
 
+def merge_pairs() -> list[Pair]:
+    """The multi-pattern merges at every size: parallel MatMuls and 1x1 Convs, separate vs merged."""
+    pairs = [Pair(f"matmul m{m} k{k} n{n} x{b}", "merge", *parallel_matmuls(m, k, n, b)) for m, k, n, b in MATMUL_SIZES]
+    pairs += [Pair(f"conv1x1 c{c} hw{hw} o{o} x{b}", "merge", *parallel_convs(c, hw, o, b)) for c, hw, o, b in CONV_SIZES]
+    return pairs
+
+
 def light_models() -> list[Path]:
     return sorted(
         (Path(os.path.dirname(onnx.__file__)) / "backend" / "test" / "data" / "light").glob("*.onnx")
@@ -359,14 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     cal = calibrate(threads=args.threads, seconds=args.seconds)
     if args.profile_out is not None:
         save_profile(cal.cost, args.profile_out, cal.report())
-    pairs = [
-        Pair(f"matmul m{m} k{k} n{n} x{b}", "merge", *parallel_matmuls(m, k, n, b))
-        for m, k, n, b in MATMUL_SIZES
-    ]
-    pairs += [
-        Pair(f"conv1x1 c{c} hw{hw} o{o} x{b}", "merge", *parallel_convs(c, hw, o, b))
-        for c, hw, o, b in CONV_SIZES
-    ]
+    pairs = merge_pairs()
     if not args.no_models:
         pairs += model_pairs(args.only)
     timed = []

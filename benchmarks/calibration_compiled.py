@@ -33,15 +33,7 @@ from typing import Any
 import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibration import (  # noqa: E402
-    CONV_SIZES,
-    MATMUL_SIZES,
-    MIN_DIFF,
-    RETRY_FACTOR,
-    Pair,
-    parallel_convs,
-    parallel_matmuls,
-)
+from calibration import MIN_DIFF, RETRY_FACTOR, Pair, merge_pairs  # noqa: E402
 
 FLOOR_MODEL_ERROR = 0.25
 FLOOR_SIGN = 0.85
@@ -205,8 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, model in optimized.items()
     ]
-    pairs = [Pair(f"matmul m{m} k{k} n{n} x{b}", "merge", *parallel_matmuls(m, k, n, b)) for m, k, n, b in MATMUL_SIZES]
-    pairs += [Pair(f"conv1x1 c{c} hw{hw} o{o} x{b}", "merge", *parallel_convs(c, hw, o, b)) for c, hw, o, b in CONV_SIZES]
+    pairs = merge_pairs()
     for pair in pairs:
         print(f"timing {pair.name} ...", file=sys.stderr, flush=True)
         pair.predicted_a_us = predict_model_us(pair.a, cal.cost)

@@ -395,10 +395,9 @@ def onnxsat_inlined_us(ctx: NodeCtx, flops: float, consts: ClassConstants) -> fl
 
     Judged from every op an input's e-class holds, as the ``ort`` mode does: an input some
     elementwise or layout node can compute is taken as inlined too."""
-    ins = ctx.in_ops or tuple(frozenset() for _ in ctx.in_shapes)
     read = 0.0
     for i, (shape, dtype) in enumerate(zip(ctx.in_shapes, ctx.in_dtypes, strict=False)):
-        ops = ins[i] if i < len(ins) else frozenset()
+        ops = ctx.in_ops[i] if i < len(ctx.in_ops) else frozenset()
         if any(op_class(op) in INLINED_CLASSES for op in ops):
             continue  # computed in this kernel too
         part = i == 0 and ctx.node.op in _PART_READERS  # reads as much of it as it writes

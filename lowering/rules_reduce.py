@@ -92,6 +92,9 @@ def _reduce(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
     if math.prod(out_shape) == 0:
         return [of_buffer(out)]
+    one_loop = _one_loop_plane(x, Const(init.value, x.dtype)) if red == list(range(2, rank)) else None
+    if one_loop is not None:  # a squeeze-excitation's mean over the plane
+        x, rank, red, kept, red_shape = one_loop, 3, [2], [0, 1], one_loop.shape[2:]
     kernel = reduction_kernel(
         f"reduce_{out.name}",
         out,
@@ -219,6 +222,18 @@ def _layer_norm(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     return [of_buffer(b) for b in outs]
 
 
+def _one_loop_plane(x: Lazy, fill: Const) -> Lazy | None:
+    """``x`` (N, C, spatial...) with its spatial dims as one axis, for a reduction over them: over
+    rows, LLVM fully unrolls a short row (56 wide) and then vectorizes the row loop with gathers
+    (a ReduceMean over 96 x 56 x 56 ran at 5 GB/s, 3.5x its one-loop time). Rows stored apart (a
+    conv's output on its padded width) are one loop over the rows and the gaps between them, the
+    gaps read as ``fill`` (the reduction's identity). None when neither form applies."""
+    if len(x.shape) < 4:
+        return None
+    flat = reshape(x, (*x.shape[:2], math.prod(x.shape[2:])))
+    return flat if flat.is_view else _pitched_plane(x, fill)
+
+
 def _pitched_plane(x: Lazy, fill: Const) -> Lazy | None:
     """A 2-D plane whose rows lie ``pitch`` apart in a view, as one axis over its rows and the
     gaps between them, the gaps read as ``fill``; None for any other ``x``."""
@@ -251,13 +266,8 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
     is_max = nv.op_type == "GlobalMaxPool"
     n = math.prod(red_shape)
-    # one loop over the plane: over rows, LLVM fully unrolls a short row (56 wide) and then
-    # vectorizes the row loop with gathers (3x onnxruntime's time on 96x56x56). Rows stored apart
-    # (a conv's output on its padded width) are one loop over the rows and the gaps between them,
-    # the gaps selected away.
-    flat = reshape(x, (*x.shape[:2], n))
-    one_loop = flat if flat.is_view else _pitched_plane(x, lowest_value(x.dtype) if is_max else Const(0.0, x.dtype))
-    if rank > 3 and one_loop is not None:
+    one_loop = _one_loop_plane(x, lowest_value(x.dtype) if is_max else Const(0.0, x.dtype))
+    if one_loop is not None:
         x, rank, red, red_shape = one_loop, 3, [2], one_loop.shape[2:]
 
     dt = compute_dtype(x.dtype)

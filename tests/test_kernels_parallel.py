@@ -66,3 +66,35 @@ def test_split_kernels_compute_what_serial_ones_do(monkeypatch: pytest.MonkeyPat
     s = (t / (1 + np.exp(-t))) @ numpy_helper.to_array(model.graph.initializer[0])  # type: ignore[attr-defined]
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(results[1], e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-6)
+
+
+def test_a_packed_product_whose_panels_do_not_divide_over_the_threads_splits_its_last_panel_by_rows() -> None:
+    """A 7 x 7 conv runs as a packed product of 49 rows; its 144 output channels are 3 panels, which
+    two threads would run as 2 / 1. The odd panel is cut by rows into one part per thread, queued
+    last; the parts cover every row of it once and compute what one thread does."""
+    from onnxsat.kernels.native_runner import KIND_PACKED_GEMM
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((144, 64, 3, 3)).astype(np.float32) * 0.05, "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "c",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 64, 7, 7)).astype(np.float32)}
+    results = []
+    for threads in (1, 2):
+        compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
+        results.append(compiled(feeds)["y"])
+        native = compiled.executable_for(feeds).native
+        gemm = [t for t in native.tasks if t[0] == KIND_PACKED_GEMM]
+        compiled.close()
+    rows_by_panel: dict[int, list[int]] = {}
+    for task in gemm:
+        rows, p0, p1 = int(task[8]), int(task[10]), int(task[11])
+        for p in range(p0, p1):
+            rows_by_panel.setdefault(p, []).append(rows)
+    assert sorted(rows_by_panel) == [0, 1, 2]
+    assert rows_by_panel[0] == rows_by_panel[1] == [49] and sorted(rows_by_panel[2]) == [17, 32]
+    np.testing.assert_array_equal(results[0], results[1])

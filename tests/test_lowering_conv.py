@@ -27,18 +27,19 @@ from onnxsat.lowering.lower import lower
 from onnxsat.lowering.program import KernelStep, MatMulStep
 from tests.helpers_onnx import make_model, vi
 
-INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31], "x7": [2, 8, 7, 6], "x8": [1, 16, 14, 14]}
+INPUTS = {"x2": [2, 6, 11, 13], "x1": [1, 4, 17], "x3": [1, 4, 5, 6, 7], "x0": [2, 40, 1, 1], "x4": [2, 16, 13, 9], "x5": [1, 5, 12, 11], "x6": [1, 16, 6, 31], "x7": [2, 8, 7, 6], "x8": [1, 16, 14, 14], "x9": [1, 24, 9, 8]}
 """Inputs; every case reads ``relu(x)`` so a producer has to fuse into the padding or the conv."""
 
 CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     # name: (input, weight shape, attributes, bias)
     "depthwise_s1": ("x2", [6, 1, 3, 3], {"group": 6, "pads": [1, 1, 1, 1]}, True),
     "depthwise_s2": ("x2", [6, 1, 3, 3], {"group": 6, "pads": [1, 0, 1, 1], "strides": [2, 2]}, False),
-    # channel-blocked (16 channels): asymmetric pads, a stride on one axis, dilation
+    # channel-blocked (16 channels a vector; 24 channels: 8): asymmetric pads, a stride on one axis, dilation
     "blocked_s2": ("x4", [16, 1, 3, 3], {"group": 16, "pads": [1, 0, 2, 1], "strides": [2, 2]}, True),
     "blocked_5x3_dil": ("x4", [16, 1, 5, 3], {"group": 16, "pads": [2, 1, 2, 1], "strides": [1, 2], "dilations": [1, 2]}, False),
     "blocked_narrow": ("x4", [16, 1, 3, 3], {"group": 16, "pads": [1, 0, 1, 0]}, True),  # stride 1, 7 wide
     "blocked_silu": ("x6", [16, 1, 3, 3], {"group": 16, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True),  # 16 wide
+    "blocked_8": ("x9", [24, 1, 3, 3], {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True),
     "flat_silu": ("x8", [16, 1, 5, 5], {"group": 16, "pads": [2, 2, 2, 2]}, True),  # stride 1, 14 wide: flat
     "grouped_dilated": ("x2", [6, 3, 3, 2], {"group": 2, "dilations": [2, 1], "pads": [2, 0, 1, 1]}, True),
     "dense_s2_dilated": ("x2", [5, 6, 3, 3], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]}, True),
@@ -136,7 +137,7 @@ def test_few_output_channels_run_without_a_gemm() -> None:
     for case in ("depthwise_s1", "depthwise_s2", "conv3d", "conv1d"):
         assert not any(f"c_{case}" in g for g in gemms), case
         assert any(k.startswith(("fconv_", "dconv_")) and f"c_{case}" in k for k in kernels), case
-    for case in ("blocked_s2", "blocked_5x3_dil", "blocked_narrow", "blocked_silu"):
+    for case in ("blocked_s2", "blocked_5x3_dil", "blocked_narrow", "blocked_silu", "blocked_8"):
         assert any(k.startswith("bdconv_") and f"c_{case}" in k for k in kernels), case
         assert any(k.startswith("nchwc_") for k in kernels)
     for case in ("squeeze", "excite"):
@@ -209,16 +210,16 @@ def test_small_images_run_position_major() -> None:
         assert (step.bias is not None) == bias and not step.bias_rows and step.relu == (case == "pm_s1"), case
 
 
-def test_blocked_depthwise_conv_computes_eight_channels_per_vector() -> None:
-    """The blocked kernel's channel loop is 8 iterations: LLVM vectorizes so short a loop only when
-    it needs no run-time overlap check, which the buffers' alias scopes make unnecessary. Its NCHW
-    store is 8 scalar stores, not a microcoded AVX-512 scatter (``jit.host_target``)."""
+def test_blocked_depthwise_conv_computes_a_block_of_channels_per_vector() -> None:
+    """The blocked kernel's channel loop is 16 (or 8) iterations: LLVM vectorizes so short a loop
+    only when it needs no run-time overlap check, which the buffers' alias scopes make unnecessary.
+    Its NCHW store is scalar stores, not a microcoded AVX-512 scatter (``jit.host_target``)."""
     model = _model()
     compiled = CompiledModel(model, CompileOptions(threads=1, cache=False))
     feeds = {n: np.zeros(s, np.float32) for n, s in INPUTS.items()}
     exe = compiled.executable_for(feeds)
     symbols = [sym for name, sym in exe.symbols.items() if name.startswith("bdconv_")]
-    assert len(symbols) == 4
+    assert len(symbols) == 5
     ir_text = exe.module.optimized_ir()
     for sym in symbols:
         body = ir_text.split(f"@{sym}(", 1)[1].split("\n}\n", 1)[0]

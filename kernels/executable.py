@@ -53,14 +53,22 @@ from .parallel import parallel_pays
 
 GEMM_SPLIT_FLOPS = 200_000.0
 """GEMM steps below this many FLOPs run on one thread (see ``parallel.PARALLEL_MIN_COST``)."""
-CHUNKS_PER_THREAD = 4
-"""Parallel work is cut into this many chunks per thread, taken from a shared queue."""
+CHUNKS_PER_THREAD = 1
+"""Parallel work is cut into this many chunks per thread, taken from a shared queue. Each task
+costs a few cache-line transfers between the cores (the task counter, the done counter): four
+chunks per thread against one, two threads, in-process A/B, 20 interleaved rounds: one was faster
+on all eleven corpus models tried (MobileNetV3-small x1.05-1.07, Whisper-tiny x1.04, ResNet-18
+x1.02; 4.4 tasks per step on MobileNet, half of them on a few microseconds of work)."""
 ROWS_CHUNKS_PER_THREAD = 8
-"""The same for an implicit conv's or a 1x1 conv's product (``_rows_runner``): its tasks are whole
-48-column panels of equal cost, so finer chunks only even out the threads' shares (ResNet's 28 x 28
-3x3 conv, 17 panels: 9 / 8 per thread in chunks of 3; two threads 1.23 -> 1.15 ms, 56 x 56 x1.04).
-Eight chunks per thread for every step cost MobileNetV3-small 6% and ShuffleNetV2 5% (small
-kernels feel each task's overhead)."""
+"""At most this many chunks per thread for an implicit conv's or a 1x1 conv's product
+(``_rows_runner``): its tasks are whole 48-column panels of equal cost, so finer chunks even out
+the threads' shares of a large product (ResNet's 28 x 28 3x3 conv, 17 panels: 9 / 8 per thread
+in chunks of 3; two threads 1.23 -> 1.15 ms, 56 x 56 x1.04)."""
+ROWS_FLOPS_PER_CHUNK = 5e6
+"""Below ``ROWS_CHUNKS_PER_THREAD``, a product gets one chunk per thread per this many FLOPs
+(about 25 us of work). Against always eight, two threads, in-process A/B: MobileNetV3-small
+x1.06 (its products of a few MFLOPs as two tasks, not sixteen), ResNet-18, RegNet, EfficientNet
+and ShuffleNet ties; 10 MFLOPs cost RegNet 4%, 3 MFLOPs ShuffleNet 3%."""
 L2_RESIDENT_A_BYTES = 1 << 20
 """A split packed GEMM whose A fits in this much of L2 (2 MiB per core here) runs one column panel
 per task: every panel reads the same A (from L2) and its own weights once, so a task's cost does
@@ -484,7 +492,7 @@ class Executable:
         fn = sgemm_function(_row_epilogue(step), self.cache_dir, packed=False)
         panels = -(-n // NR)
         flops = 2.0 * m * n * k * len(a_offs)
-        target = ROWS_CHUNKS_PER_THREAD * self.threads
+        target = min(ROWS_CHUNKS_PER_THREAD, max(1, int(flops / ROWS_FLOPS_PER_CHUNK))) * self.threads
         parallel = self.pool is not None and self.threads > 1 and flops >= GEMM_SPLIT_FLOPS
         per_product = max(1, -(-target // len(a_offs))) if parallel else 1
         panel_parts = min(panels, per_product)

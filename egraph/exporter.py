@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import model_shell
-from .graph_types import ENode, ExtractedGraph, Ref
+from .graph_types import KERNEL_STAMP, STAMP_SEPARATOR, ENode, ExtractedGraph, Ref
 from .ops import BY_CTOR
 from .ops.registry import ExportNode
 from .opset_upgrade import UpgradeError, convert_whole_model, has_placeholders
@@ -67,6 +67,8 @@ class _Exporter:
         self.used: set[str] = set()
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: dict[str, onnx.TensorProto] = {}
+        self.stamps: list[tuple[onnx.NodeProto, list[str]]] = []
+        """Written nodes and, per output, the e-class whose result their kernel stores (``graph.kernels``)."""
         self.fresh = 0
         self.output_names = [name for name, _ in program.outputs]
         self.reserved = set(self.output_names) | set(program.true_inputs)
@@ -275,9 +277,13 @@ class _Exporter:
                 spec.export(exp)
             except Exception as exc:
                 raise ExportError(f"{spec.op_type} cannot be written at opset {self.program.opset}: {exc}") from exc
+        parts: list[str | None] = [eclass]
+        if spec.indexed_outputs:
+            parts = [self.multi[_multi_key(node)].get(i) for i in range(len(outputs))]  # type: ignore[index]
         if exp.expansion:  # a fused kind written as its chain of standard ops
             self.nodes.extend(exp.expansion)
             self.domains.update(n.domain for n in exp.expansion if n.domain)
+            self._stamp(parts, exp.expansion)
             return
         if exp.domain:
             self.domains.add(exp.domain)
@@ -286,6 +292,15 @@ class _Exporter:
         if meta is not None and meta[0] == exp.op_type:
             proto.name, proto.doc_string = meta[1], meta[2]
         self.nodes.append(proto)
+        self._stamp(parts, [proto])
+
+    def _stamp(self, parts: list[str | None], protos: list[onnx.NodeProto]) -> None:
+        """Remember the kernel extraction priced ``protos`` in (a fused kind's whole chain is one;
+        a Split's parts may each be in another: one per output), written as ``KERNEL_STAMP`` once
+        every tensor has its name. Nodes extraction grouped nothing for stay unstamped."""
+        roots = [self.graph.kernels.get(part) if part is not None else None for part in parts]
+        if roots and all(root is not None for root in roots):
+            self.stamps += [(proto, [root for root in roots if root is not None]) for proto in protos]
 
     def _split_count(self, node: ENode, input_classes: list[str]) -> int:
         if BY_CTOR[node.op].output_count:
@@ -307,6 +322,9 @@ class _Exporter:
                 self.used.add(name)
         for eclass, node in self.graph.nodes:
             self._emit(eclass, node)
+        for proto, roots in self.stamps:
+            if all(root in self.names for root in roots):
+                proto.metadata_props.add(key=KERNEL_STAMP, value=STAMP_SEPARATOR.join(self.names[root] for root in roots))
         for (name, _), root in zip(self.program.outputs, self.graph.roots, strict=True):
             have = self.names[root]
             if have != name:

@@ -17,6 +17,12 @@ LEAF_OPS = {"Tensor.input", "Tensor.weight", "Tensor.splat", "Tensor.ints", "Ten
 LIST_OPS = {"TList.nil", "TList.cons"}
 CHOICE_OPS = LEAF_OPS | LIST_OPS | {"opaque"} | set(BY_CTOR)
 CONST_LEAVES = {"Tensor.weight", "Tensor.splat", "Tensor.ints", "Tensor.none"}
+KERNEL_STAMP = "onnxsat.kernel"
+"""Node metadata key naming the kernel extraction priced the node in (the name of the tensor that
+kernel stores; a multi-output node names one per output, joined by ``STAMP_SEPARATOR``): the
+lowering fuses no two nodes whose stamps differ."""
+STAMP_SEPARATOR = "\n"
+"""Between a multi-output node's per-output kernels in its stamp (tensor names may hold commas)."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,10 @@ class ExtractedGraph:
     """Relative distance to the best proven lower bound (ILP only; ``None`` when unknown)."""
     optimal: bool = False
     """True when the extractor proved ``cost`` minimal (ILP only)."""
+    kernels: dict[str, str] = field(default_factory=dict)
+    """E-class -> the e-class whose result its kernel stores (``extract.kernel_plan``): the fusion
+    extraction priced, written onto the exported nodes as ``KERNEL_STAMP`` for the lowering. Empty
+    for a cost model of another runtime."""
 
     def choice(self) -> dict[str, ENode]:
         return dict(self.nodes)

@@ -27,6 +27,7 @@ from onnx import helper
 from ..base.lazy_weights import tensor_array
 from ..base.modelio import model_shell
 from ..base.weightless import infer_shapes, infer_types
+from .graph_types import KERNEL_STAMP, STAMP_SEPARATOR
 
 SMALL_CONSTANT = 64
 """Constants up to this many elements enter a region's key by value (rules read small constants)."""
@@ -485,6 +486,9 @@ def rename_part(
         copy.output[:] = [name(n) for n in node.output]
         if copy.name:
             copy.name = prefix + copy.name
+        for prop in copy.metadata_props:  # a kernel stamp names a tensor of the part
+            if prop.key == KERNEL_STAMP:
+                prop.value = STAMP_SEPARATOR.join(name(root) for root in prop.value.split(STAMP_SEPARATOR))
         for attr in copy.attribute:  # subgraphs read outer names: rename those too
             for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
                 _rename_outer(graph, name)

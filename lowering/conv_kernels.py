@@ -82,10 +82,10 @@ def direct_conv(
     Stride 1: the flat form, whose inner loop runs over the padded plane's flat positions (so a
     14-wide image still fills vectors); its output is a view that skips the padding columns.
     Otherwise the row form, parallel over output rows, inner loop along the output width.
-    ``activation`` (one input channel per group only: depthwise) is applied as each output is
-    stored, so a depthwise conv's ReLU/HardSwish/SiLU is not a pass of its own.
+    ``activation`` is applied as each output is stored (one input channel per group: depthwise),
+    or after the last input channel over the block just computed, so a conv's ReLU/HardSwish/SiLU
+    is not a pass of its own over the output.
     """
-    assert activation is None or w.shape[1] == 1
     batch, cout = src.shape[0], w.shape[0]
     if all(s == 1 for s in strides):
         stored = cx.materialize(src, "conv_in")
@@ -100,8 +100,9 @@ def _conv_body(
     x_at: Callable[[Expr, tuple[int, ...]], Expr], out_at: Callable[[int], Expr], out: Buffer, bias_at: Callable[[int], Expr] | None,
     inner: str, start: Expr, stop: Expr, activation: Callable[[Expr], Expr] | None = None, activation_pass: bool = False,
 ) -> list[Stmt]:
-    """Channel 0 stores ``bias + sum w * x`` for every output of the inner loop; channels 1.. add theirs.
-    ``activation_pass``: the activation in a second loop over the stored outputs, not as each is stored."""
+    """Channel 0 stores ``bias + sum w * x`` for every output of the inner loop; channels 1.. add
+    theirs, and a last loop applies ``activation``. One channel: ``activation_pass`` applies it in a
+    second loop over the stored outputs, not as each is stored."""
     ci = Var("ci")
 
     def weights(c: Expr) -> tuple[Stmt, ...]:
@@ -128,6 +129,8 @@ def _conv_body(
     if cg > 1:
         rest = tuple(Store(out, out_at(m), window(m, ci, Load(out, out_at(m)))) for m in range(mg))
         body.append(Loop(ci.name, i64(cg), (*weights(ci), Loop(inner, stop, rest, start)), i64(1)))
+        if activation is not None:  # after the last channel, over the block still in cache
+            body.append(Loop(inner, stop, tuple(Store(out, out_at(m), activation(Load(out, out_at(m)))) for m in range(mg)), start))
     return body
 
 

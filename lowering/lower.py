@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import networkx as nx
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from onnxsat.base.errors import OnnxsatError
+from onnxsat.egraph.graph_types import KERNEL_STAMP, STAMP_SEPARATOR
 
 from .kernel_ir import Buffer, dtype_of_numpy
 from .loops import buffers_of, materialize_kernel
@@ -68,6 +70,12 @@ def value_inputs(model: onnx.ModelProto) -> list[str]:
             if slot < len(node.input) and node.input[slot] in graph_inputs and node.input[slot] not in found:
                 found.append(node.input[slot])
     return found
+
+
+def _kernel_stamps(node: onnx.NodeProto) -> list[str]:
+    """The kernels extraction put ``node`` in: one, or one per output (empty: unstamped)."""
+    stamp = next((p.value for p in node.metadata_props if p.key == KERNEL_STAMP), None)
+    return stamp.split(STAMP_SEPARATOR) if stamp else []
 
 
 def ir_dtype(elem_type: int) -> str:
@@ -166,6 +174,17 @@ class Lowerer:
         """Whether a product may absorb the bias Add (+ Relu) after it (see ``rules_nn``)."""
         self.fused: set[str] = set()
         """Tensors an earlier node's lowering already produced (their own nodes are skipped)."""
+        self.producer: dict[str, int] = {t: i for i, node in enumerate(model.graph.node) for t in node.output if t}
+        self.stamps: dict[str, str] = {}
+        """Tensor -> the kernel extraction priced its node in (``KERNEL_STAMP``): a tensor and its
+        reader of different stamps are never fused; unstamped nodes (ops extraction has no price
+        for, a model not from extraction) may be."""
+        for node in model.graph.node:
+            kernels = _kernel_stamps(node)
+            if kernels:
+                self.stamps.update((t, kernels[min(k, len(kernels) - 1)]) for k, t in enumerate(node.output) if t)
+        self.joined: list[tuple[int, int]] = []
+        """Node pairs one kernel computes together through an epilogue (``fuse``)."""
 
     # ------------------------------------------------------------ buffers and values
     def buffer(self, hint: str, shape: tuple[int, ...], dtype: str) -> Buffer:
@@ -252,13 +271,28 @@ class Lowerer:
     def emit(self, step: Step) -> None:
         self.steps.append(step)
 
+    def same_kernel(self, tensor: str, reader: onnx.NodeProto) -> bool:
+        """Whether ``reader`` may be computed in the kernel that computes ``tensor``: extraction did
+        not put them in different kernels."""
+        made = self.stamps.get(tensor)
+        read = {self.stamps[t] for t in reader.output if t in self.stamps}
+        return made is None or not read or made in read
+
+    def fuse(self, tensors: Iterable[str]) -> None:
+        """The node being lowered computes ``tensors`` too (an epilogue): their nodes are skipped."""
+        for t in tensors:
+            self.fused.add(t)
+            if t in self.producer:
+                self.joined.append((self.position, self.producer[t]))
+
     # ------------------------------------------------------------ the flow
     def lower(self) -> KernelProgram:
         nodes = list(self.graph.node)
         pnodes = [
             PNode(f"n{i}", kind_of(n.op_type), tuple(n.input), tuple(n.output)) for i, n in enumerate(nodes)
         ]
-        parts = partition(pnodes, self.output_names, is_free=lambda t: t in self.consts)
+        crossing = {t for i, n in enumerate(nodes) for t in n.input if not self.same_kernel(t, n)}
+        parts = partition(pnodes, self.output_names, is_free=lambda t: t in self.consts, stored=crossing)
         for i, node in enumerate(nodes):
             for t in [*node.input, *_outer_references(node)]:
                 self.last_use[t] = i
@@ -282,7 +316,20 @@ class Lowerer:
         program = KernelProgram(self.inputs, outputs, self.steps, self.constants)
         program.fallbacks.update(self.fallbacks)
         program.native_ops.update(self.native)
+        program.fused = self._fused_nodes(nodes, parts.groups)
         return program
+
+    def _fused_nodes(self, nodes: list[onnx.NodeProto], groups: Mapping[str, list[str]]) -> list[frozenset[int]]:
+        """Nodes computed together: each partition group (a kernel and what it inlines), joined by
+        the epilogues; nodes folded at compile time left out."""
+        graph = nx.Graph()  # a multi-output node (a Split, each part read by its own kernel) joins none
+        run = [i for i, node in enumerate(nodes) if len(node.output) == 1 and node.output[0] not in self.consts]
+        graph.add_nodes_from(run)
+        for members in groups.values():
+            index = [int(name[1:]) for name in members if int(name[1:]) in graph]
+            graph.add_edges_from(zip(index, index[1:], strict=False))
+        graph.add_edges_from((a, b) for a, b in self.joined if a in graph and b in graph)
+        return [frozenset(c) for c in nx.connected_components(graph) if len(c) > 1]
 
     def _lower_node(self, node: onnx.NodeProto, roots: set[str]) -> None:
         view = NodeView(self, node)

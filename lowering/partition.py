@@ -8,13 +8,14 @@ inlined into each use and LLVM computes it once (common subexpression), with no 
 (BERT's bias add before the erf GELU, read by the Div and the Mul, was a pass of its own over the
 512 x 3072 FFN activation). Everything else is inlined into the kernel of its single consumer.
 Each group is one root plus the inlined tensors it absorbs; the groups form a DAG (checked with
-networkx), so kernels can run in topological order.
+networkx), so kernels can run in topological order. A program extraction grouped into kernels
+(``KERNEL_STAMP`` on its nodes) also stores every tensor read across two of its kernels.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -42,18 +43,21 @@ class Partition:
     """Roots in an order where every group runs after the groups it reads."""
 
 
-def partition(nodes: Sequence[PNode], graph_outputs: Sequence[str], is_free: Callable[[str], bool] = lambda t: False) -> Partition:
+def partition(
+    nodes: Sequence[PNode], graph_outputs: Sequence[str], is_free: Callable[[str], bool] = lambda t: False, stored: Collection[str] = ()
+) -> Partition:
     """Group ``nodes`` (in topological order) into kernels.
 
     ``is_free(tensor)`` says a tensor costs nothing to recompute (a view of a stored buffer or a
-    constant), so it may be inlined into several consumers.
+    constant), so it may be inlined into several consumers. ``stored`` tensors are stored whatever
+    their producer (extraction put their readers in other kernels).
     """
     consumers: dict[str, list[PNode]] = defaultdict(list)
     for node in nodes:
         for t in set(node.inputs):
             if t:
                 consumers[t].append(node)
-    roots: set[str] = set(graph_outputs)
+    roots: set[str] = set(graph_outputs) | set(stored)
     producer: dict[str, PNode] = {}
     for node in nodes:
         for t in node.outputs:
@@ -67,7 +71,7 @@ def partition(nodes: Sequence[PNode], graph_outputs: Sequence[str], is_free: Cal
     # inlined there too (one at a time: un-rooting a tensor can merge groups)
     shared = [n.outputs[0] for n in nodes if n.kind == "elementwise" and len(n.outputs) == 1 and len(consumers[n.outputs[0]]) > 1]
     for t in shared:
-        if t not in roots or t in graph_outputs:
+        if t not in roots or t in graph_outputs or t in stored:
             continue
         users = consumers[t]
         kernels = {frozenset(member_of[u.name]) for u in users}

@@ -135,6 +135,9 @@ class KernelProgram:
     """Op type -> number of nodes run by the numpy reference instead of a native kernel."""
     native_ops: Counter[str] = field(default_factory=Counter)
     """Op type -> number of nodes lowered to kernels, BLAS calls or compile-time values."""
+    fused: list[frozenset[int]] = field(default_factory=list)
+    """Graph nodes (by index) whose work one kernel, or one kernel and the kernels it feeds within
+    its group, computes together: what ``KERNEL_STAMP`` allowed, each set within one stamp."""
 
     def buffers(self) -> dict[str, Buffer]:
         found: dict[str, Buffer] = {}

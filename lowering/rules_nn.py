@@ -188,14 +188,15 @@ class Epilogue:
 
 
 def _sole_reader(cx: Any, tensor: str) -> Any:
-    """The one node that reads ``tensor`` (None: several, none, a subgraph or a graph output)."""
+    """The one node that reads ``tensor`` (None: several, none, a subgraph, a graph output, or a
+    reader extraction put in another kernel than ``tensor``)."""
     if tensor in cx.output_names:
         return None
     readers = [i for i, node in enumerate(cx.graph.node) if tensor in node.input]
     if len(readers) != 1 or cx.last_use.get(tensor) != readers[0]:
         return None
     node = cx.graph.node[readers[0]]
-    return node if node.domain in ("", "ai.onnx") else None
+    return node if node.domain in ("", "ai.onnx") and cx.same_kernel(tensor, node) else None
 
 
 def _packable(cx: Any, a: Lazy, b: Lazy) -> bool:
@@ -240,7 +241,7 @@ def _with_epilogue(cx: Any, nv: Any, a: Lazy, b: Lazy, epilogue: Epilogue) -> li
     if epilogue.tensor == nv.outputs[0]:
         return [y]
     cx.lazies[epilogue.tensor] = y
-    cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+    cx.fuse(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
     return [None]
 
 
@@ -343,7 +344,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
             def direct(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
                 return direct_conv(cx, tensor, src, w, bias, group, kernel, strides, dilations, tuple(out_sp), activation)
 
-            return _with_activation(cx, nv, direct) if cg == 1 else [direct(nv.outputs[0], None)]
+            return _with_activation(cx, nv, direct)
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]
@@ -519,7 +520,7 @@ def _epilogue_result(cx: Any, nv: Any, epilogue: Epilogue, y: Lazy) -> list[Any]
     """A conv's outputs when ``y`` is its epilogue's tensor (the activation's output): the nodes the
     epilogue absorbed are skipped."""
     cx.lazies[epilogue.tensor] = y
-    cx.fused.update(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
+    cx.fuse(t for t in (*epilogue.skipped, epilogue.tensor) if t != nv.outputs[0])
     return [None] if epilogue.tensor != nv.outputs[0] else [y]
 
 
@@ -596,7 +597,7 @@ def _with_activation(cx: Any, nv: Any, conv: Callable[[str, Callable[[Expr], Exp
         return [conv(nv.outputs[0], None)]
     kind, tensor, skipped = act
     cx.lazies[tensor] = conv(tensor, ACTIVATIONS[kind])
-    cx.fused.update(t for t in (*skipped, tensor) if t != nv.outputs[0])
+    cx.fuse(t for t in (*skipped, tensor) if t != nv.outputs[0])
     return [None]
 
 
@@ -684,6 +685,8 @@ def _silu_of(cx: Any, tensor: str) -> tuple[str, str] | None:
         return None
     sig, mul = nodes[readers[0]], nodes[readers[1]]
     if sig.op_type != "Sigmoid" or mul.op_type != "Mul" or any(n.domain not in ("", "ai.onnx") for n in (sig, mul)):
+        return None
+    if not (cx.same_kernel(tensor, sig) and cx.same_kernel(tensor, mul)):
         return None
     s = sig.output[0]
     if sorted(mul.input) != sorted([tensor, s]) or s == tensor:

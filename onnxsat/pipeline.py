@@ -36,6 +36,7 @@ from onnxsat.egraph.regions import PartitionError
 from onnxsat.egraph.warm import warm_egraph
 from onnxsat.extract.cost import CostModel
 from onnxsat.extract.greedy import extract_greedy
+from onnxsat.extract.kernel_plan import kernel_groups
 from onnxsat.extract.serialized import serialize
 from onnxsat.reference import in_background, prepare_reference, unverifiable_reason
 from onnxsat.rules.pet.partial import PartialRecord, apply_partial_rules, mark_used, site_rules
@@ -409,6 +410,8 @@ class Session:
                 graph = extract_ilp(serialized, cost, roots, time_limit=self.options.ilp_time_limit, warm_start=greedy)
             else:
                 graph = extract_greedy(serialized, cost, roots, tree_only=method == "tree")
+            if getattr(cost, "fusion", None) == "onnxsat":  # the compiled kernels: their grouping goes with the program
+                graph.kernels = kernel_groups(graph)
         report.cost_after = graph.cost
         if self.partial:
             for record in self.partial:

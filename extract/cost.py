@@ -363,8 +363,8 @@ class RooflineCost:
 
 
 INLINED_CLASSES = frozenset({"elementwise", "layout", "transpose", "split"})
-"""Cost classes of the ops ``lowering.partition`` computes inside their consumer's kernel (a
-Split's parts are views, or slices its consumers read)."""
+"""Cost classes of the ops computed inside their consumer's kernel (``kernel_plan`` groups them so,
+and the lowering follows; a Split's parts are views, or slices its consumers read)."""
 _PART_READERS = frozenset({"gather", "slice_", "split"})
 """Ops that read only the part of their first input they write (an embedding's rows; a Split's
 e-node is one part)."""

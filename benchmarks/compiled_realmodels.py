@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=None, help="compile processes (default: CompileOptions' default)"
     )
     parser.add_argument("--rounds", type=int, default=30, help="interleaved latency rounds (0: no timing)")
-    parser.add_argument("--cost-target", default="ort-cpu")
+    parser.add_argument("--cost-target", default="onnxsat-cpu", help="cost model optimize extracts under (default: the one onnxsat.compile uses)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model stage")
     parser.add_argument("--out", type=Path, default=RESULTS / "compiled_realmodels")
     parser.add_argument("--render", action="store_true", help="only rewrite OUT.md from OUT.json")

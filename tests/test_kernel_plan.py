@@ -90,3 +90,22 @@ def test_lowering_stores_a_tensor_extraction_put_in_another_kernel(stamps: tuple
     x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
     got = CompiledModel(model, CompileOptions(threads=1, cache=False))({"x": x})["y"]
     np.testing.assert_allclose(got, np.exp(np.maximum(x, 0)), rtol=1e-6)
+
+
+def test_a_region_part_renamed_into_its_graph_renames_its_kernel_stamps() -> None:
+    """A stamp names the tensor its kernel stores; stitching a region's optimized part into the
+    graph renames the part's tensors, and its stamps with them (per output of a Split too), so
+    two twin regions' kernels stay apart."""
+    from onnxsat.egraph.graph_types import STAMP_SEPARATOR
+    from onnxsat.egraph.regions import rename_part
+
+    relu = helper.make_node("Relu", ["x"], ["r"])
+    relu.metadata_props.add(key=KERNEL_STAMP, value="a")
+    split = helper.make_node("Split", ["r"], ["a", "y"], axis=0, num_outputs=2)
+    split.metadata_props.add(key=KERNEL_STAMP, value=STAMP_SEPARATOR.join(["a", "y"]))
+    graph = helper.make_graph(
+        [relu, split], "part", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("a", "y")],
+    )
+    nodes, _ = rename_part(helper.make_model(graph), {"x": "x", "y": "out"}, "r7_", set())
+    assert [_stamp(n) for n in nodes] == ["r7_a", STAMP_SEPARATOR.join(["r7_a", "out"])]

@@ -82,7 +82,7 @@ def _chunks(extent: int, parts: int) -> list[tuple[int, int]]:
     which small kernels feel) whose sizes differ by at most one, the larger first, so threads
     taking them from a queue end together. Ceil-sized chunks left a short last one (ResNet's
     56 x 56 conv, 66 panels in chunks of 5: 35 / 31 panels per thread, now 33 / 33)."""
-    parts = -(-extent // max(1, -(-extent // max(parts, 1))))  # as many as ceil-sized chunks: no more tasks
+    parts = -(-extent // max(1, -(-extent // max(parts, 1))))
     size, extra = divmod(extent, max(parts, 1))
     bounds = [i * size + min(i, extra) for i in range(parts + 1)]
     return [(b, e) for b, e in itertools.pairwise(bounds) if e > b]

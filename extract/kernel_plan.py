@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..egraph.graph_types import LEAF_OPS, LIST_OPS, ENode, ExtractedGraph
+from ..egraph.ops.registry import numel
 from .cost import INLINED_CLASSES, op_class
 
 FLOAT32 = 1
@@ -114,15 +115,8 @@ def _epilogue_chain(
         other = next((k for k in choice[add].children if k != eclass), None)
         width = (graph.shapes.get(eclass) or (0,))[-1]
         row = graph.shapes.get(other) if other is not None else None
-        if other not in graph.const_classes or row is None or _numel(row) != width:
+        if other not in graph.const_classes or row is None or numel(row) != width:
             return []
         relu = sole(add)
         return [add, relu] if relu is not None and choice[relu].op == "relu" else [add]
     return []
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -326,7 +326,7 @@ class Lowerer:
         run = [i for i, node in enumerate(nodes) if len(node.output) == 1 and node.output[0] not in self.consts]
         graph.add_nodes_from(run)
         for members in groups.values():
-            index = [int(name[1:]) for name in members if int(name[1:]) in graph]
+            index = [i for i in (int(name[1:]) for name in members) if i in graph]
             graph.add_edges_from(zip(index, index[1:], strict=False))
         graph.add_edges_from((a, b) for a, b in self.joined if a in graph and b in graph)
         return [frozenset(c) for c in nx.connected_components(graph) if len(c) > 1]

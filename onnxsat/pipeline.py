@@ -34,7 +34,7 @@ from onnxsat.egraph.importer import from_onnx, import_symbols
 from onnxsat.egraph.program import Program
 from onnxsat.egraph.regions import PartitionError
 from onnxsat.egraph.warm import warm_egraph
-from onnxsat.extract.cost import CostModel
+from onnxsat.extract.cost import CostModel, RooflineCost
 from onnxsat.extract.greedy import extract_greedy
 from onnxsat.extract.kernel_plan import kernel_groups
 from onnxsat.extract.serialized import serialize
@@ -410,7 +410,7 @@ class Session:
                 graph = extract_ilp(serialized, cost, roots, time_limit=self.options.ilp_time_limit, warm_start=greedy)
             else:
                 graph = extract_greedy(serialized, cost, roots, tree_only=method == "tree")
-            if getattr(cost, "fusion", None) == "onnxsat":  # the compiled kernels: their grouping goes with the program
+            if isinstance(cost, RooflineCost) and cost.fusion == "onnxsat":  # the compiled kernels: their grouping goes with the program
                 graph.kernels = kernel_groups(graph)
         report.cost_after = graph.cost
         if self.partial:

@@ -31,6 +31,7 @@ from onnxsat.egraph.exporter import to_onnx
 from onnxsat.egraph.fold import fold_constants
 from onnxsat.egraph.graph_types import ENode, ExtractedGraph, SerializedEGraph
 from onnxsat.egraph.importer import from_onnx, import_symbols
+from onnxsat.egraph.ort_forms import avoid_slow_ort_fusions
 from onnxsat.egraph.program import Program
 from onnxsat.egraph.regions import PartitionError
 from onnxsat.egraph.warm import warm_egraph
@@ -427,7 +428,7 @@ class Session:
         """The chosen program as an ONNX model, constants folded (stage ``export``) and checked by
         onnx's full checker (stage ``check``)."""
         with self._stage("export"):
-            folded, _ = fold_constants(self.unfolded(graph), max_weight_bytes=self.weight_limit())
+            folded, _ = fold_constants(self._for_runtime(self.unfolded(graph)), max_weight_bytes=self.weight_limit())
         return self._checked(folded)
 
     def unfolded(self, graph: ExtractedGraph | None = None) -> onnx.ModelProto:
@@ -447,8 +448,22 @@ class Session:
         """``exported`` with its constants folded (stage ``export``), checked against what the original
         passes (stage ``check``) and dumped: the model ``verify`` then compares."""
         with self._stage("export"):
-            folded, _ = fold_constants(exported, max_weight_bytes=self.weight_limit())
+            folded, _ = fold_constants(self._for_runtime(exported), max_weight_bytes=self.weight_limit())
         return self._checked(folded)
+
+    def _for_runtime(self, model: onnx.ModelProto) -> onnx.ModelProto:
+        """``model`` in the form its runtime runs fastest: for onnxruntime (the ``ort-cpu`` target),
+        residual adds its SkipLayerNormalization fusion would slow down are written as ``Sum``
+        (``egraph.ort_forms``)."""
+        if self.options.target != "ort-cpu":
+            return model
+        written = avoid_slow_ort_fusions(model)
+        if written:
+            self.report.warnings.append(
+                f"{written} residual Add(s) before LayerNormalization written as Sum: onnxruntime's"
+                " SkipLayerNormalization fusion of them measured slower than the two ops here"
+            )
+        return model
 
     def _checked(self, folded: onnx.ModelProto) -> onnx.ModelProto:
         with self._stage("check"):

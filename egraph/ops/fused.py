@@ -75,7 +75,13 @@ def _gelu_chain(chain: _Chain, x: str, approximate: str, out: str) -> None:
         chain.op("Gelu", [x], out, **({"approximate": approximate} if approximate != "none" else {}))
         return
     if approximate == "tanh":
-        cube = chain.op("Mul", [chain.op("Mul", [x, x]), x])
+        # Pow(x, 3) as torch writes it: onnxruntime's FastGeluFusion matches that chain and not
+        # x * x * x (GPT-2's GELU: 8 kernels, 11 ms of 200, against FastGelu's 2.8 ms); its CPU Pow
+        # has no float16 kernel, so half types keep the products
+        if chain.dtype in (TensorProto.FLOAT, TensorProto.DOUBLE):
+            cube = chain.op("Pow", [x, chain.const(3.0)])
+        else:
+            cube = chain.op("Mul", [chain.op("Mul", [x, x]), x])
         inner = chain.op("Add", [x, chain.op("Mul", [cube, chain.const(GELU_TANH_CUBIC)])])
         core = chain.op("Tanh", [chain.op("Mul", [inner, chain.const(GELU_TANH_SCALE)])])
     else:

@@ -34,6 +34,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -279,26 +280,83 @@ def max_abs_error(original: onnx.ModelProto, optimized: onnx.ModelProto, feeds: 
     return worst
 
 
-def time_interleaved(fns: list, rounds: int, calls: int, warmup: int = 2, seed: int = 0) -> np.ndarray:
-    """Milliseconds, shape (len(fns), rounds): each round times every fn (median of ``calls``, after
-    one untimed call), in a fresh seeded random order. A rotating order makes each fn follow the
-    same other one, whose cache footprint then biases its first call (four ways in a fixed
-    forward/backward order, the dynamic GPT-2 with contrib ops timed x0.95 against its original;
-    in alternating pairs x1.02)."""
-    for _ in range(warmup):
-        for fn in fns:
-            fn()
+def _timing_worker(conn: Any, path: str, level: str, threads: int, feeds: dict) -> None:
+    """One model's onnxruntime session, alone in its process: on each request of ``calls``, one
+    untimed run, then ``calls`` timed ones (seconds sent back); None ends it."""
+    from onnxsat.latency import ort_session
+
+    session = ort_session(onnx.load(path), level=level, threads=threads)  # type: ignore[arg-type]
+    wanted = {i.name for i in session.get_inputs()}
+    own = {k: v for k, v in feeds.items() if k in wanted}
+    session.run(None, own)
+    conn.send("ready")
+    while (calls := conn.recv()) is not None:
+        session.run(None, own)
+        samples = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            session.run(None, own)
+            samples.append(time.perf_counter() - t0)
+        conn.send(samples)
+
+
+RESPAWN_ROUNDS = 10
+"""Rounds between fresh processes for every model (see ``time_interleaved``)."""
+
+
+def time_interleaved(
+    models: list[onnx.ModelProto], feeds: dict, level: str, rounds: int, threads: int, seed: int = 0
+) -> np.ndarray:
+    """Milliseconds, shape (len(models), rounds): each model's session in a process of its own, and
+    each round times every one (median of a few calls after an untimed one) in a fresh seeded
+    random order; with several threads, after a pause that lets the last process's spinning
+    onnxruntime threads sleep.
+
+    Where onnxruntime lays a session out in memory moves its time by 5-10%: in one process the
+    second of two sessions of the very same GPT-2 ran its Gemms 7% slower (and the fourth of four),
+    so the order models were loaded in decided ties and "losses"; in processes of their own one of
+    three identical ones ran 5% slower, by the draw of its address layout. So every model gets a
+    fresh process every ``RESPAWN_ROUNDS`` rounds: the draw varies within the rounds, and the
+    bootstrap interval carries it."""
+    import multiprocessing
+
+    from onnxsat.base.modelio import save_model_atomic
+
+    ctx = multiprocessing.get_context("spawn")
+    times = np.empty((len(models), rounds))
     rng = np.random.default_rng(seed)
-    times = np.empty((len(fns), rounds))
-    for r in range(rounds):
-        for i in rng.permutation(len(fns)):
-            fns[i]()
-            samples = []
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                fns[i]()
-                samples.append(time.perf_counter() - t0)
-            times[i, r] = float(np.median(samples)) * 1e3
+    calls = 0
+    with tempfile.TemporaryDirectory(prefix="onnxsat-timing-") as tmp:
+        paths = []
+        for i, model in enumerate(models):
+            paths.append(Path(tmp) / f"model{i}.onnx")
+            save_model_atomic(model, paths[-1], durable=False)
+        for first in range(0, rounds, RESPAWN_ROUNDS):
+            workers: list[tuple[Any, Any]] = []
+            try:
+                for path in paths:
+                    mine, theirs = ctx.Pipe()
+                    process = ctx.Process(target=_timing_worker, args=(theirs, str(path), level, threads, feeds), daemon=True)
+                    process.start()
+                    workers.append((process, mine))
+                    mine.recv()  # loaded before the next one starts
+                if not calls:
+                    workers[0][1].send(1)
+                    one_call = workers[0][1].recv()[0]
+                    calls = 1 if one_call > 0.05 else 3 if one_call > 0.005 else 5
+                for r in range(first, min(rounds, first + RESPAWN_ROUNDS)):
+                    for i in rng.permutation(len(models)):
+                        if threads > 1:
+                            time.sleep(0.05)
+                        workers[i][1].send(calls)
+                        times[i, r] = float(np.median(workers[i][1].recv())) * 1e3
+            finally:
+                for process, conn in workers:
+                    try:
+                        conn.send(None)
+                    except OSError:
+                        pass
+                    process.join(timeout=30)
     return times
 
 
@@ -306,20 +364,10 @@ def measure_latency(
     models: dict[str, onnx.ModelProto], feeds: dict, level: str, rounds: int, threads: int
 ) -> tuple[float, dict[str, dict]]:
     """Original's median ms and, per tool, original/tool ratio with its bootstrap CI and verdict."""
-    from onnxsat.latency import LatencyComparison, bootstrap_ratio_ci, ort_session
+    from onnxsat.latency import LatencyComparison, bootstrap_ratio_ci
 
     names = list(models)
-    runs = []
-    for name in names:
-        sess = ort_session(models[name], level=level, threads=threads)  # type: ignore[arg-type]
-        wanted = {i.name for i in sess.get_inputs()}
-        own = {k: v for k, v in feeds.items() if k in wanted}
-        runs.append(lambda s=sess, f=own: s.run(None, f))
-    t0 = time.perf_counter()
-    runs[0]()
-    one_call = time.perf_counter() - t0
-    calls = 1 if one_call > 0.05 else 3 if one_call > 0.005 else 5
-    times = time_interleaved(runs, rounds, calls)
+    times = time_interleaved([models[n] for n in names], feeds, level, rounds, threads)
     base = times[0]
     out: dict[str, dict] = {}
     for i, name in enumerate(names[1:], start=1):

@@ -562,12 +562,13 @@ def plot(results: list[ModelResult], tools: list[str], path: Path, title: str) -
     import matplotlib.pyplot as plt
 
     measured = [r for r in results if r.original_ms]
+    levels = [lv for lv in LEVELS if any(lv in r.original_ms for r in measured)]  # those timed
     fig, axes = plt.subplots(
-        len(LEVELS), 1, figsize=(max(8, 1.1 * len(measured) + 2), 3.2 * len(LEVELS)), sharex=True
+        len(levels), 1, figsize=(max(8, 1.1 * len(measured) + 2), 3.2 * len(levels)), sharex=True, squeeze=False
     )
     width = 0.8 / len(tools)
     x = np.arange(len(measured))
-    for ax, level in zip(axes, LEVELS, strict=True):
+    for ax, level in zip(axes[:, 0], levels, strict=True):
         for k, tool in enumerate(tools):
             vals, lo, hi = [], [], []
             for r in measured:
@@ -579,8 +580,8 @@ def plot(results: list[ModelResult], tools: list[str], path: Path, title: str) -
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_ylabel("original / optimized")
         ax.set_title(LEVELS[level], fontsize=10)
-    axes[-1].set_xticks(x, [r.name for r in measured], rotation=30, ha="right")
-    axes[0].legend(ncol=len(tools), fontsize=8, loc="upper left")
+    axes[-1, 0].set_xticks(x, [r.name for r in measured], rotation=30, ha="right")
+    axes[0, 0].legend(ncol=len(tools), fontsize=8, loc="upper left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

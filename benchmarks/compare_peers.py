@@ -62,6 +62,10 @@ ORT_MODEL_TYPES = {
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "all": "ORT_ENABLE_ALL"}
 # Above this max abs error (relative to the output's magnitude) a tool's result counts as wrong.
 ERROR_TOLERANCE = 1e-3
+FLOAT16_ERROR_TOLERANCE = 1e-2
+"""The same for a model that computes in float16 (float16 weights or a Cast to it): two float16
+runtimes differ by ~1e-3 (onnxruntime's transformer optimizer on BERT-base in float16: 1.9e-3), as
+test_realmodels allows."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,7 +425,10 @@ def benchmark_model(
         try:
             tr = result.tools[tool]
             tr.max_abs_err = max_abs_error(original, model, feeds)
-            if tr.max_abs_err > ERROR_TOLERANCE:
+            half = any(t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer) or any(
+                n.op_type == "Cast" and a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for n in original.graph.node for a in n.attribute
+            )
+            if tr.max_abs_err > (FLOAT16_ERROR_TOLERANCE if half else ERROR_TOLERANCE):
                 tr.status = "wrong outputs"
             else:
                 runnable[tool] = model

@@ -421,14 +421,15 @@ def benchmark_model(
         result.note = f"onnxruntime cannot run the original: {one_line(e, 100)}"
         return result
     runnable: dict[str, onnx.ModelProto] = {"original": original}
+    half = any(t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer) or any(
+        n.op_type == "Cast" and a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for n in original.graph.node for a in n.attribute
+    )
+    tolerance = FLOAT16_ERROR_TOLERANCE if half else ERROR_TOLERANCE
     for tool, model in optimized.items():
         try:
             tr = result.tools[tool]
             tr.max_abs_err = max_abs_error(original, model, feeds)
-            half = any(t.data_type == onnx.TensorProto.FLOAT16 for t in original.graph.initializer) or any(
-                n.op_type == "Cast" and a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for n in original.graph.node for a in n.attribute
-            )
-            if tr.max_abs_err > (FLOAT16_ERROR_TOLERANCE if half else ERROR_TOLERANCE):
+            if tr.max_abs_err > tolerance:
                 tr.status = "wrong outputs"
             else:
                 runnable[tool] = model

@@ -20,9 +20,11 @@ import importlib
 import pkgutil
 import re
 import warnings
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -284,6 +286,18 @@ def run_ort(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+def ort_ran_ops(model: onnx.ModelProto, folder: Path) -> Counter[str]:
+    """Op counts of the graph onnxruntime runs for ``model`` at ORT_ENABLE_ALL (after its own
+    fusions), written to ``folder`` by onnxruntime and read back."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    options.optimized_model_filepath = str(folder / "ort.onnx")
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return Counter(node.op_type for node in onnx.load(folder / "ort.onnx").graph.node)
 
 
 def run_reference(model: onnx.ModelProto, feeds: dict[str, Any]) -> list[Any]:

@@ -3,7 +3,7 @@ SkipLayerNormalization fusion (``egraph.ort_forms``), on a committed BERT export
 
 from __future__ import annotations
 
-import collections
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,32 +16,27 @@ from onnxsat.base.options import Options
 from onnxsat.egraph import ort_forms
 from onnxsat.egraph.ort_forms import avoid_slow_ort_fusions, residual_norm_adds
 
+from .helpers_onnx import ort_ran_ops
 from .realmodels_feeds import feeds_for
 
 DATA = Path(__file__).parent / "data" / "realmodels"
 
 
 def _bert() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    import json
-
     entry = json.loads((DATA / "INDEX.json").read_text())["bert-ts-dynamic"]
     return onnx.load(DATA / entry["file"]), feeds_for(entry["inputs"], entry["seed"])
 
 
-def _ort_ops(model: onnx.ModelProto, tmp_path: Path) -> collections.Counter[str]:
-    """The op counts of the graph onnxruntime runs at ORT_ENABLE_ALL."""
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
-    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return collections.Counter(node.op_type for node in onnx.load(tmp_path / "ort.onnx").graph.node)
+def _run_all(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Outputs at ORT_ENABLE_ALL: the original's residual adds fused, the rewrite's not."""
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def test_onnxruntime_fuses_the_residual_add_but_not_the_sum(tmp_path: Path) -> None:
     """The mechanism the rewrite relies on: ORT_ENABLE_ALL turns Add -> LayerNormalization into
     SkipLayerNormalization, and leaves Sum -> LayerNormalization alone."""
-    fused = _ort_ops(ort_forms.skip_norm_probe("Add"), tmp_path)
-    kept = _ort_ops(ort_forms.skip_norm_probe("Sum"), tmp_path)
+    fused = ort_ran_ops(ort_forms.skip_norm_probe("Add"), tmp_path)
+    kept = ort_ran_ops(ort_forms.skip_norm_probe("Sum"), tmp_path)
     assert fused["SkipLayerNormalization"] == 1 and fused["LayerNormalization"] == 0
     assert kept["SkipLayerNormalization"] == 0 and kept["LayerNormalization"] == 1 and kept["Sum"] == 1
 
@@ -56,10 +51,9 @@ def test_the_residual_adds_of_a_bert_export_become_sums_with_the_same_outputs(mo
     rewritten.CopyFrom(model)
     assert avoid_slow_ort_fusions(rewritten) == 5
     assert residual_norm_adds(rewritten) == []
-    ops = _ort_ops(rewritten, tmp_path)
+    ops = ort_ran_ops(rewritten, tmp_path)
     assert ops["SkipLayerNormalization"] == 0 and ops["Sum"] == 5
-    session = lambda m: ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])  # noqa: E731
-    for before, after in zip(session(model).run(None, feeds), session(rewritten).run(None, feeds), strict=True):
+    for before, after in zip(_run_all(model, feeds), _run_all(rewritten, feeds), strict=True):
         np.testing.assert_array_equal(before, after)
 
 

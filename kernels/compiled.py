@@ -23,6 +23,7 @@ from .build import cache_directory, prestart_helpers
 from .compile_options import CompileOptions
 from .executable import Executable, ExecutableStats
 from .native_runner import NativeWorkers
+from .step_profile import PhaseTime, profile_executable
 
 
 class CompiledModel:
@@ -101,6 +102,12 @@ class CompiledModel:
         exe = self.executable_for(inputs)
         with self._run_lock:  # one arena per executable: calls from several threads take turns
             return exe.run(inputs)
+
+    def profile(self, feeds: dict[str, np.ndarray], runs: int = 20) -> list[PhaseTime]:
+        """Each phase's median time over ``runs`` runs on ``feeds``, as it runs (see ``step_profile``)."""
+        exe = self.executable_for(feeds)
+        with self._run_lock:
+            return profile_executable(exe, feeds, runs)
 
     def stats(self, inputs: dict[str, np.ndarray] | None = None) -> ExecutableStats:
         """What the compiler did (kernels, BLAS calls, fallbacks by op, arena size) for one signature."""

@@ -210,6 +210,7 @@ class Executable:
                 self.io[buf.name] = _aligned_empty(buf.shape, NUMPY_DTYPES[buf.dtype])
         self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
         self.native: TaskTable | None = None
+        self.phase_steps: list[list[int]] = []
         if self._tasks and all(t is not None for t in self._tasks):
             self.native = TaskTable(self._phases([t for t in self._tasks if t is not None]), self.cache_dir)
         self.stats = ExecutableStats(
@@ -244,17 +245,22 @@ class Executable:
         wait instead of one per step, and threads take the next step's tasks while a slow task of
         the previous one finishes (BERT's Q, K and V products become one phase)."""
         phases: list[list[list[int]]] = []
+        members: list[list[int]] = []
         reads: list[tuple[int, int]] = []
         writes: list[tuple[int, int]] = []
-        for step, step_tasks in zip(self.program.steps, tasks, strict=True):
+        for index, (step, step_tasks) in enumerate(zip(self.program.steps, tasks, strict=True)):
             r, w = self._ranges(step)
             if phases and not _overlap(w, reads + writes) and not _overlap(r, writes):
                 phases[-1].extend(step_tasks)
+                members[-1].append(index)
             else:
                 phases.append(list(step_tasks))
+                members.append([index])
                 reads, writes = [], []
             reads += r
             writes += w
+        self.phase_steps = [m for m, p in zip(members, phases, strict=True) if p]
+        """The program steps of each phase the task table runs (phases without tasks dropped)."""
         return phases
 
     def _ranges(self, step: Any) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -558,7 +564,8 @@ class Executable:
         return run
 
     # ------------------------------------------------------------ running
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray], stamps: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The outputs for ``inputs``; ``stamps``: a native run's clock readings (``TaskTable.run``)."""
         given: dict[str, np.ndarray] = {}
         for name, buf in self.program.inputs:
             value = np.asarray(inputs[name])
@@ -568,7 +575,7 @@ class Executable:
                 raise BadInputError(f"input {name!r} has dtype {value.dtype}, the model wants {NUMPY_DTYPES[buf.dtype]}")
             given[buf.name] = value
         if self.native is not None:
-            return self._run_native(given)
+            return self._run_native(given, stamps)
         arrays = dict(self.fixed)
         arrays.update((key, np.ascontiguousarray(value)) for key, value in given.items())
         previous = single_threaded_blas()  # process-wide in numpy's OpenBLAS: restored below
@@ -590,7 +597,7 @@ class Executable:
             runner(arrays)
         return outputs
 
-    def _run_native(self, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_native(self, given: dict[str, np.ndarray], stamps: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Inputs copied into the buffers the task table points at (``copyto`` takes any layout),
         one native call, and each output copied once into a fresh array (the buffers are reused by
         the next call)."""
@@ -598,7 +605,7 @@ class Executable:
         for _, buf in self.program.inputs:
             if buf.name in self.io:
                 np.copyto(self.io[buf.name], given[buf.name].reshape(buf.shape))
-        self.native.run(self.workers)
+        self.native.run(self.workers, stamps)
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
             source = self.io.get(buf.name)

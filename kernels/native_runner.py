@@ -44,6 +44,10 @@ TIMESPEC = 72
 IDLE_SPINS = 74
 """Word holding the ``pause`` rounds an idle helper spins before it parks (``SPINS_BEFORE_PARK``;
 a benchmark sets it per model to compare values in one process)."""
+STAMPS, CLOCK = 76, 77
+"""A profiled run's words: where the calling thread writes ``CLOCK_MONOTONIC`` nanoseconds when
+the run opens and as each step ends (0: not profiled), and the address of ``clock_gettime``."""
+CLOCK_MONOTONIC = 1
 GEN_SHIFT = 16
 SPINS_BEFORE_YIELD = 64
 HELPER_SPINS_BEFORE_YIELD = 1000
@@ -160,8 +164,11 @@ class _Gen:
         b.branch(after)
         b.position_at_end(after)
 
-    def _steps(self, b: ir.IRBuilder, fn: ir.Function, ctx: ir.Value, tasks: ir.Value, step_ends: ir.Value, steps: ir.Value, yield_fn: ir.Value) -> None:
-        """Every step in order: publish its last task, take tasks, wait for those helpers took."""
+    def _steps(
+        self, b: ir.IRBuilder, fn: ir.Function, ctx: ir.Value, tasks: ir.Value, step_ends: ir.Value, steps: ir.Value, yield_fn: ir.Value, stamps: tuple[ir.Value, ir.Value]
+    ) -> None:
+        """Every step in order: publish its last task, take tasks, wait for those helpers took
+        (and, in a profiled run, note the time it ended)."""
         step_slot = b.alloca(I64)
         spins_slot = b.alloca(I64)
 
@@ -177,9 +184,21 @@ class _Gen:
                 lambda: self._backoff(b, spins_slot, yield_fn),
                 blocks=("wait", "spin", "step.next"),
             )
+            self._stamp(b, ctx, *stamps, b.add(s, ir.Constant(I64, 1)))
 
         blocks = ("step.head", "step.body", "finish")
         for_range(b, step_slot, ir.Constant(I64, 0), steps, ir.Constant(I64, 1), step, blocks=blocks, nsw=False)
+
+    def _stamp(self, b: ir.IRBuilder, ctx: ir.Value, stamps: ir.Value, spec: ir.Value, index: ir.Value) -> None:
+        """``stamps[index] = clock_gettime(CLOCK_MONOTONIC)`` in nanoseconds (``spec``: a two-word
+        timespec slot), when ``stamps`` is set."""
+        with b.if_then(b.icmp_unsigned("!=", stamps, ir.Constant(I64, 0))):
+            clock = b.inttoptr(b.load(self._at(b, ctx, CLOCK)), ir.FunctionType(I32, [I32, P64]).as_pointer())
+            b.call(clock, [ir.Constant(I32, CLOCK_MONOTONIC), b.bitcast(spec, P64)])
+            seconds = b.load(b.gep(spec, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
+            nanos = b.load(b.gep(spec, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
+            total = b.add(b.mul(seconds, ir.Constant(I64, 1_000_000_000)), nanos)
+            b.store(total, b.gep(b.inttoptr(stamps, P64), [index]))
 
     @staticmethod
     def _at(b: ir.IRBuilder, ctx: ir.Value, word: int) -> ir.Value:
@@ -214,6 +233,7 @@ class _Gen:
         ctx, tasks, step_ends, steps, yield_fn, syscall_fn, generation = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         spins_slot = b.alloca(I64)
+        spec = b.alloca(ir.ArrayType(I64, 2))
         b.store(ir.Constant(I64, 0), spins_slot)
         spin_while(  # helpers that joined the previous run have not all left it yet
             b,
@@ -226,7 +246,9 @@ class _Gen:
         b.store_atomic(b.ptrtoint(tasks, I64), self._at(b, ctx, TASKS), "seq_cst", 8)
         b.store_atomic(b.shl(generation, ir.Constant(I64, GEN_SHIFT)), self._at(b, ctx, ENTRY), "seq_cst", 8)
         self._wake_all(b, ctx, syscall_fn, always=False)
-        self._steps(b, fn, ctx, tasks, step_ends, steps, yield_fn)
+        stamps = b.load(self._at(b, ctx, STAMPS))
+        self._stamp(b, ctx, stamps, spec, ir.Constant(I64, 0))
+        self._steps(b, fn, ctx, tasks, step_ends, steps, yield_fn, (stamps, spec))
         b.store_atomic(ir.Constant(I64, 1), self._at(b, ctx, STOP), "seq_cst", 8)
         b.atomic_rmw("and", self._at(b, ctx, ENTRY), ir.Constant(I64, (1 << GEN_SHIFT) - 1), "seq_cst")
         b.ret_void()
@@ -459,15 +481,21 @@ class TaskTable:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         self._run = ctypes.CFUNCTYPE(None, ptr, ptr, ptr, i64, i64, i64, i64)(addresses["onnxsat_run_graph"])
 
-    def run(self, workers: NativeWorkers | None) -> None:
+    def run(self, workers: NativeWorkers | None, stamps: np.ndarray | None = None) -> None:
         """All steps, on this thread and the parked helper threads of ``workers`` (one run at a
-        time per ``workers``: the caller serializes)."""
+        time per ``workers``: the caller serializes). ``stamps`` (int64, one more than the steps):
+        receives the monotonic clock in nanoseconds as the run opens and as each step ends."""
         from .blas import restore_blas_threads, single_threaded_blas
 
         if workers is not None and workers.alive and self.widest > 1:
             start, generation = workers.start, workers.next_generation()
         else:
             start, generation = self._ctx_start, 1
+        if stamps is not None:
+            if stamps.dtype != np.int64 or stamps.size < len(self.step_ends) + 1 or not stamps.flags.c_contiguous:
+                raise ValueError("stamps must be a contiguous int64 array of one more than the steps")
+            ctypes.c_int64.from_address(start + CLOCK * 8).value = _libc_address("clock_gettime")
+            ctypes.c_int64.from_address(start + STAMPS * 8).value = stamps.ctypes.data
         previous = single_threaded_blas()
         try:
             self._run(
@@ -476,3 +504,5 @@ class TaskTable:
             )
         finally:
             restore_blas_threads(previous)
+            if stamps is not None:
+                ctypes.c_int64.from_address(start + STAMPS * 8).value = 0

@@ -1,8 +1,9 @@
-"""``onnxsat compile MODEL --target cpu [--bench]``: compile, check against onnxruntime, time.
+"""``onnxsat compile MODEL --target cpu [--bench] [--profile]``: compile, check against onnxruntime, time.
 
 The compiled model is always checked against the original on onnxruntime with seeded random
 inputs (a mismatch exits with status 3); ``--bench`` adds an interleaved latency comparison
-(``onnxsat.latency``) against onnxruntime at ORT_ENABLE_ALL with the same thread count.
+(``onnxsat.latency``) against onnxruntime at ORT_ENABLE_ALL with the same thread count;
+``--profile`` times each step of the compiled run (``kernels.step_profile``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--arch", default="sm_90", help="cuda: PTX target architecture (default: sm_90; also sm_80, sm_86, sm_89)")
     p.add_argument("--bench", action="store_true", help="time the compiled model against onnxruntime")
     p.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds for --bench (default: 30)")
+    p.add_argument("--profile", type=int, nargs="?", const=15, default=None, metavar="TOP", help="time each step of the compiled run (as it runs, all threads) and print the TOP slowest (default: 15)")
     p.add_argument("--threads", type=int, default=None, help="threads for both sides (default: all cores)")
     p.add_argument("--opt-level", type=int, default=3, choices=[0, 1, 2, 3], help="LLVM optimization level (default: 3)")
     p.add_argument("--gemm", default="llvm", choices=["llvm", "blas"], help="products with constant weights: onnxsat's micro-kernel (llvm, default) or OpenBLAS")
@@ -119,6 +121,7 @@ def compile_options(args: argparse.Namespace) -> CompileOptions:
 def run(args: argparse.Namespace) -> int:
     from onnxsat.base.modelio import load_model
     from onnxsat.base.options import Options
+    from onnxsat.kernels.step_profile import format_profile
     from onnxsat.latency import compare_latency, ort_session
     from onnxsat.verification import make_inputs
 
@@ -155,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     if args.bench:
         cmp = compare_latency(lambda: session.run(None, feeds), lambda: compiled(feeds), rounds=args.rounds)
         result["latency"] = {"onnxruntime_ms": cmp.baseline_ms, "compiled_ms": cmp.candidate_ms, **cmp.to_dict()}
+    phases = compiled.profile(feeds, runs=max(args.rounds, 1)) if args.profile is not None else None
+    if phases is not None:
+        result["profile"] = [{"steps": list(p.steps), "tasks": p.tasks, "median_us": round(p.median_us, 2), "gflops": round(p.gflops, 1)} for p in phases]
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -166,5 +172,8 @@ def run(args: argparse.Namespace) -> int:
         print("matches onnxruntime: " + ", ".join(f"{k} (max abs err {v:.2e})" for k, v in errors.items()))
         if args.bench:
             print(f"latency vs onnxruntime (ORT_ENABLE_ALL, {threads} threads): {cmp}")
+        if phases is not None:
+            print(f"where a run's time goes ({threads} threads, median of {max(args.rounds, 1)} runs):")
+            print(format_profile(phases, top=args.profile))
     sys.stdout.flush()
     return 0

@@ -39,6 +39,7 @@ from .codegen import kernel_signature
 from .compile_options import CompileOptions
 from .jit import LoadedObjects
 from .native_runner import (
+    KIND_BLOCKED_GEMM,
     KIND_DGEMM,
     KIND_KERNEL,
     KIND_PACKED_GEMM,
@@ -304,6 +305,8 @@ class Executable:
         return run
 
     def _matmul_runner(self, step: MatMulStep) -> Callable[[dict[str, np.ndarray]], None]:
+        if step.blocked is not None:
+            return self._blocked_runner(step)
         gemm = gemm_function(step.out.dtype)
         out_shape = step.out.shape
         batch = out_shape[:-2]
@@ -463,6 +466,50 @@ class Executable:
                 self.threads,
                 [functools.partial(fn, pa + r0 * lda * itemsize, lda, bp_ptr, k, pc + r0 * n * itemsize, n, count, n, p0, p1) for r0, count, p0, p1 in units],
             )
+
+        return run
+
+    def _blocked_runner(self, step: MatMulStep) -> Callable[[dict[str, np.ndarray]], None]:
+        """The packed micro-kernel for a product stored channel-blocked (``MatMulStep.blocked``):
+        rows of A (image positions, channels last) times the constant weight, split over threads
+        by row blocks (the weight has few panels, the image many rows)."""
+        from .gemm import MR, pack_b, sgemm_function
+
+        assert step.blocked is not None and step.a.strides[-1] == 1 and step.alpha == 1.0 and step.beta == 0.0
+        m, k, n = step.a.shape[-2], step.a.shape[-1], step.b.shape[-1]
+        b_matrix = _strided(np.asarray(self.program.constants[step.b.buffer.name]).reshape(-1), step.b.buffer, step.b).astype(np.float32)
+        bias = None if step.bias is None else self.program.constants[step.bias.name]
+        bp = pack_b(b_matrix, bias)
+        fn = sgemm_function(_row_epilogue(step), self.cache_dir, blocked=True)
+        _, _, _, padded_width, block = step.out.shape
+        rows = step.blocked.row_offsets(padded_width, block)
+        self._keep += [bp, rows]
+        lda, plane, panels = step.a.strides[-2], math.prod(step.out.shape[2:]), bp.shape[0]
+        parallel = self.pool is not None and self.threads > 1 and 2.0 * m * n * k >= GEMM_SPLIT_FLOPS
+        strips = -(-m // MR)
+        if parallel and panels >= 2 * self.threads:  # a small image's wide product: by column panels, as ``_packed_runner``
+            units = [(0, m, p0, p1) for p0, p1 in _chunks(panels, panels if m * k * 4 <= L2_RESIDENT_A_BYTES else CHUNKS_PER_THREAD * self.threads)]
+        else:  # a large image: by row strips, each over the few panels of the weight
+            parts = min(strips, ROWS_CHUNKS_PER_THREAD * self.threads) if parallel else 1
+            bounds = [min(MR * (strips * i // parts), m) for i in range(parts + 1)]
+            units = [(r0, r1 - r0, 0, panels) for r0, r1 in itertools.pairwise(bounds) if r1 > r0]
+        a_name, out_name, itemsize = step.a.buffer.name, step.out.name, 4
+        a_offset = step.a.offset
+
+        def args(pa: int, pc: int, r0: int, count: int, p0: int, p1: int) -> list[int]:
+            return [pa + (a_offset + r0 * lda) * itemsize, lda, bp.ctypes.data, k, pc, plane, count, n, p0, p1, rows.ctypes.data + r0 * 8, block]
+
+        pa0, pc0 = self._address(a_name), self._address(out_name)
+        self._tasks[-1] = [[KIND_BLOCKED_GEMM, function_address(fn), *args(pa0, pc0, *unit)] for unit in units]
+
+        def run(arrays: dict[str, np.ndarray]) -> None:
+            pa, pc = arrays[a_name].ctypes.data, arrays[out_name].ctypes.data
+            calls: list[Callable[[], None]] = [functools.partial(fn, *args(pa, pc, *unit)) for unit in units]
+            if len(calls) == 1:
+                calls[0]()
+                return
+            assert self.pool is not None
+            share_work(self.pool, self.threads, calls)
 
         return run
 
@@ -626,10 +673,12 @@ def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Pa
         sgemm_address("none", cache_dir)
         for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and program.constants.get(s.a.buffer.name) is not None}):
             sgemm_address(epilogue, cache_dir, packed=False)
+        for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and s.blocked is not None}):
+            sgemm_address(epilogue, cache_dir, blocked=True)
 
 
 def _row_epilogue(step: MatMulStep) -> str:
-    """The unpacked-B kernel variant a product with constant A would run on."""
+    """The unpacked-B (or channel-blocked) kernel variant a product would run on."""
     if step.bias is None:
         return "none"
     return "bias_relu" if step.relu else f"bias_{step.activation}" if step.activation else "bias"

@@ -78,7 +78,21 @@ padding between them are neither packed nor computed; ``width == pitch``: contig
 PIECES = 3
 """Input rows one 16-lane vector of B's columns may span (a ``width`` of 8 or more): each is one
 masked load into the vector."""
-POINTER_ARGS = frozenset({"a", "bp", "c", "b_rows", "b_scale"})
+BLOCKED_EPILOGUES = {
+    "none": "onnxsat_sgemm_blocked",
+    "bias": "onnxsat_sgemm_blocked_bias",
+    "bias_relu": "onnxsat_sgemm_blocked_bias_relu",
+    "bias_silu": "onnxsat_sgemm_blocked_bias_silu",
+    "bias_hardswish": "onnxsat_sgemm_blocked_bias_hardswish",
+}
+"""The packed form storing C channel-blocked (``BLOCKED_ARGS``): rows of C are image positions,
+columns channels, and C goes straight into the zero-padded [C/block, Hp, Wp, block] (NCHWc) buffer
+a blocked depthwise conv reads, so a pointwise conv feeding one needs no reorder pass."""
+BLOCKED_ARGS = (*ARGS, "c_rows", "block")
+"""``ARGS`` plus where each row of C lies: element ``(i, j)`` is stored at ``c + c_rows[i] +
+(j // block) * ldc + j % block`` (``c_rows[i]``: row ``i``'s padded position times ``block``;
+``ldc``: one channel block's plane, ``Hp * Wp * block``; ``block``: 8 or 16 channels)."""
+POINTER_ARGS = frozenset({"a", "bp", "c", "b_rows", "b_scale", "c_rows"})
 """The arguments that are addresses (the others are int64)."""
 ROW_EPILOGUES = {
     "none": "onnxsat_sgemm_rows",
@@ -128,15 +142,17 @@ def pack_b(b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
 
 
 class _Gen:
-    def __init__(self, module: ir.Module, epilogue: str = "none", packed: bool = True):
+    def __init__(self, module: ir.Module, epilogue: str = "none", packed: bool = True, blocked: bool = False):
         self.module = module
         self.epilogue = epilogue
         self.packed = packed
         """False: B is unpacked (rows at the offsets ``b_rows``, masked loads), the bias is per row (A's column K),
         and a panel's last columns run with only as many vectors as they need."""
-        names = ARGS if packed else ROWS_ARGS
-        fnty = ir.FunctionType(ir.VoidType(), [(I64.as_pointer() if name == "b_rows" else PTR) if name in POINTER_ARGS else I64 for name in names])
-        self.fn = ir.Function(module, fnty, (EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
+        self.blocked = blocked
+        """C stored channel-blocked (``BLOCKED_ARGS``; packed form only)."""
+        names = BLOCKED_ARGS if blocked else ARGS if packed else ROWS_ARGS
+        fnty = ir.FunctionType(ir.VoidType(), [(I64.as_pointer() if name in ("b_rows", "c_rows") else PTR) if name in POINTER_ARGS else I64 for name in names])
+        self.fn = ir.Function(module, fnty, (BLOCKED_EPILOGUES if blocked else EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
         self.arg: dict[str, ir.Argument] = {}
         for arg, name in zip(self.fn.args, names, strict=True):
             arg.name = name
@@ -324,10 +340,6 @@ class _Gen:
         last = b.sub(rows, _i64(1))
         present = [b.icmp_signed(">", rows, _i64(r)) for r in range(mr)]
 
-        def c_vector(r: int, h: int) -> ir.Value:
-            crow = b.gep(c, [b.add(b.mul(b.add(i0, _i64(r)), ldc), col0)])
-            return b.bitcast(b.gep(crow, [_i64(h * LANES)]), VEC.as_pointer())
-
         for row in accs:
             for slot in row:
                 b.store(zero, slot)
@@ -335,7 +347,7 @@ class _Gen:
             for r in range(mr):
                 with b.if_then(present[r]):
                     for h in range(width):
-                        b.store(b.call(self.mload, [c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h], zero]), accs[r][h])
+                        b.store(self.load_c(b.add(i0, _i64(r)), col0, h, masks[h]), accs[r][h])
         # one base pointer per row: the unrolled k steps then address A as base + k (no index chain)
         a_rows = [b.gep(a, [b.mul(b.add(i0, b.select(present[r], _i64(r), last)), lda)]) for r in range(mr)]
 
@@ -362,20 +374,69 @@ class _Gen:
         self.loop("ku", k0, main_end, UNROLL, lambda kk: steps(kk, UNROLL))
         self.loop("kt", main_end, k1, 1, lambda kk: steps(kk, 1))
         looped = self.epilogue in ("bias_silu", "bias_hardswish")
-        if self.epilogue != "none" and not looped:
+        if self.epilogue != "none" and (self.packed or not looped):
             with b.if_then(self.last_block):
-                if self.packed:
+                if self.packed:  # the bias row (and ReLU); SiLU / HardSwish follow the store
                     self.apply_epilogue(accs, col0)
                 else:
                     self.apply_row_epilogue(accs, a_rows)
         for r in range(mr):
             with b.if_then(present[r]):
                 for h in range(width):
-                    b.call(self.mstore, [b.load(accs[r][h]), c_vector(r, h), ir.Constant(ir.IntType(32), 4), masks[h]])
+                    self.store_c(b.load(accs[r][h]), b.add(i0, _i64(r)), col0, h, masks[h])
         if looped:
             with b.if_then(self.last_block):
                 self.activate_stored(i0, rows, col0, masks, width)
 
+    def _c_places(self, i: ir.Value, col0: ir.Value, h: int, mask: ir.Value) -> list[tuple[ir.Value, ir.Value]]:
+        """Where the 16 values of row ``i`` from column ``col0 + 16 h`` are stored: (vector
+        address, lanes) pairs, one for a dense C, two for a blocked one: the 16-channel block at
+        the first address (all lanes) or 8-channel blocks at both (the second address shifted
+        back 8 lanes, so lane 8 starts the next block)."""
+        b = self.b
+        c, ldc = self.arg["c"], self.arg["ldc"]
+        j0 = b.add(col0, _i64(h * LANES))
+        if not self.blocked:
+            return [(b.bitcast(b.gep(c, [b.add(b.mul(i, ldc), j0)]), VEC.as_pointer()), mask)]
+        block = self.arg["block"]
+        row = b.gep(c, [b.load(b.gep(self.arg["c_rows"], [i]))])
+        first = b.gep(row, [b.mul(b.sdiv(j0, block), ldc)])
+        lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
+        low = b.icmp_signed("<", lanes, self.splat_i64(block))
+        second = b.gep(first, [b.sub(ldc, block)])
+        return [(b.bitcast(first, VEC.as_pointer()), b.and_(mask, low)), (b.bitcast(second, VEC.as_pointer()), b.and_(mask, b.not_(low)))]
+
+    def load_c(self, i: ir.Value, col0: ir.Value, h: int, mask: ir.Value) -> ir.Value:
+        """Row ``i``'s 16 values of C from column ``col0 + 16 h`` (zero outside ``mask``)."""
+        b = self.b
+        four = ir.Constant(ir.IntType(32), 4)
+        places = self._c_places(i, col0, h, mask)
+        value = b.call(self.mload, [places[0][0], four, mask if len(places) == 1 else places[0][1], ir.Constant(VEC, [0.0] * LANES)])
+        if len(places) == 1:
+            return value
+        slot = self.alloca(VEC, "c_value")
+        b.store(value, slot)
+        with b.if_then(self.eight_lane_blocks()):  # the second 8-channel block
+            b.store(b.call(self.mload, [places[1][0], four, places[1][1], value]), slot)
+        return b.load(slot)
+
+    def store_c(self, value: ir.Value, i: ir.Value, col0: ir.Value, h: int, mask: ir.Value) -> None:
+        """Store ``value`` as row ``i``'s 16 values of C from column ``col0 + 16 h`` (lanes in ``mask``)."""
+        b = self.b
+        four = ir.Constant(ir.IntType(32), 4)
+        places = self._c_places(i, col0, h, mask)
+        if len(places) == 1:
+            b.call(self.mstore, [value, places[0][0], four, mask])
+            return
+        with b.if_else(self.eight_lane_blocks()) as (eight, sixteen):
+            with eight:
+                for address, lanes in places:
+                    b.call(self.mstore, [value, address, four, lanes])
+            with sixteen:
+                b.call(self.mstore, [value, places[0][0], four, mask])
+
+    def eight_lane_blocks(self) -> ir.Value:
+        return self.b.icmp_signed("==", self.arg["block"], _i64(8))
 
     def apply_epilogue(self, accs: list[list[ir.Value]], col0: ir.Value) -> None:
         """The finished tile plus the bias row (zero-padded past N: aligned, unmasked loads), then
@@ -395,21 +456,20 @@ class _Gen:
     def activate_stored(self, i0: ir.Value, rows: ir.Value, col0: ir.Value, masks: list[ir.Value], width: int) -> None:
         """SiLU / HardSwish epilogues on the tile just stored, row by row in a loop (C is in L1):
         unrolled over the 8 x 3 accumulators their polynomials made these kernels' compile time
-        several times the others'."""
+        several times the others'. The unpacked form adds its row bias (A's column K) here too;
+        the packed form added its bias row in registers."""
         b = self.b
-        a, lda, k, c, ldc = (self.arg[name] for name in ("a", "lda", "k", "c", "ldc"))
+        a, lda, k = (self.arg[name] for name in ("a", "lda", "k"))
         zero = ir.Constant(VEC, [0.0] * LANES)
-        four = ir.Constant(ir.IntType(32), 4)
         count = b.select(b.icmp_signed("<", rows, _i64(MR)), rows, _i64(MR))
 
         def row(r: ir.Value) -> None:
             i = b.add(i0, r)
-            bias = b.load(b.gep(a, [b.add(b.mul(i, lda), k)]))
-            splat = self.splat(bias)
-            crow = b.gep(c, [b.add(b.mul(i, ldc), col0)])
+            splat = None if self.packed else self.splat(b.load(b.gep(a, [b.add(b.mul(i, lda), k)])))
             for h in range(width):
-                ptr = b.bitcast(b.gep(crow, [_i64(h * LANES)]), VEC.as_pointer())
-                value = b.fadd(b.call(self.mload, [ptr, four, masks[h], zero]), splat)
+                value = self.load_c(i, col0, h, masks[h])
+                if splat is not None:
+                    value = b.fadd(value, splat)
                 if self.epilogue == "bias_silu":
                     value = b.fmul(value, sigmoid_f32(b, value))
                 else:
@@ -418,7 +478,7 @@ class _Gen:
                     one = ir.Constant(VEC, [1.0] * LANES)
                     gate = b.select(b.fcmp_ordered(">", gate, one), one, gate)
                     value = b.fmul(value, gate)
-                b.call(self.mstore, [value, ptr, four, masks[h]])
+                self.store_c(value, i, col0, h, masks[h])
 
         self.loop("er", _i64(0), count, 1, row)
 
@@ -478,18 +538,35 @@ def _compiled_rows(epilogue: str, cache_dir: Path | None) -> LoadedObjects:
     return support_code(f"gemm_rows_{epilogue}", build, cache_dir)
 
 
-def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True) -> tuple[LoadedObjects, int]:
+@functools.cache
+def _compiled_blocked(epilogue: str, cache_dir: Path | None) -> LoadedObjects:
+    """One channel-blocked variant per module, compiled when a program first uses it."""
+
+    def build() -> ir.Module:
+        module = ir.Module(name=f"onnxsat_gemm_blocked_{epilogue}")
+        _Gen(module, epilogue, blocked=True).build()
+        return module
+
+    return support_code(f"gemm_blocked_{epilogue}", build, cache_dir)
+
+
+def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True, blocked: bool = False) -> tuple[LoadedObjects, int]:
     """The compiled micro-kernel with ``epilogue`` (see ``EPILOGUES``) and its address; compiled
     through the object cache in ``cache_dir`` (None: no disk cache). ``packed=False``: the
-    unpacked-B form (``ROW_EPILOGUES``)."""
+    unpacked-B form (``ROW_EPILOGUES``); ``blocked``: the packed form storing C channel-blocked
+    (``BLOCKED_EPILOGUES``)."""
+    if blocked:
+        compiled = _compiled_blocked(epilogue, cache_dir)
+        return compiled, compiled.address(BLOCKED_EPILOGUES[epilogue])
     compiled = _compiled(cache_dir) if packed else _compiled_rows(epilogue, cache_dir)
     return compiled, compiled.address((EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
 
 
-def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True):  # type: ignore[no-untyped-def]
-    """ctypes callable taking ``ARGS`` (``ROWS_ARGS`` for ``packed=False``)."""
+def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True, blocked: bool = False):  # type: ignore[no-untyped-def]
+    """ctypes callable taking ``ARGS`` (``ROWS_ARGS`` for ``packed=False``, ``BLOCKED_ARGS`` for ``blocked``)."""
     import ctypes
 
-    _, address = sgemm_address(epilogue, cache_dir, packed)
-    proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p if name in POINTER_ARGS else ctypes.c_int64 for name in (ARGS if packed else ROWS_ARGS)])
+    _, address = sgemm_address(epilogue, cache_dir, packed, blocked)
+    names = BLOCKED_ARGS if blocked else ARGS if packed else ROWS_ARGS
+    proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p if name in POINTER_ARGS else ctypes.c_int64 for name in names])
     return proto(address)

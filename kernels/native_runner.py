@@ -33,7 +33,7 @@ from .jit import LoadedObjects, support_code
 from .llvm_loops import for_range, spin_while
 
 TASK_WORDS = 16
-KIND_KERNEL, KIND_PACKED_GEMM, KIND_SGEMM, KIND_DGEMM, KIND_ROWS_GEMM = 0, 1, 2, 3, 4
+KIND_KERNEL, KIND_PACKED_GEMM, KIND_SGEMM, KIND_DGEMM, KIND_ROWS_GEMM, KIND_BLOCKED_GEMM = 0, 1, 2, 3, 4, 5
 CTX_WORDS = 80
 """Run state, one word per 64-byte line: next task, done tasks, step limit, stop flag; the entry
 word (open run's generation << GEN_SHIFT | helpers joined), the futex word, parked helpers, the
@@ -119,6 +119,7 @@ class _Gen:
         case(KIND_KERNEL, [I8P.as_pointer(), I64, I64], plain)
         case(KIND_PACKED_GEMM, [I64] * 10, plain)
         case(KIND_ROWS_GEMM, [I64] * 14, plain)
+        case(KIND_BLOCKED_GEMM, [I64] * 12, plain)
         blas = [I32, I32, I32, I64, I64, I64, None, I64, I64, I64, I64, None, I64, I64]
         case(KIND_SGEMM, [F32 if t is None else t for t in blas], plain)
         case(KIND_DGEMM, [F64 if t is None else t for t in blas], plain)

@@ -45,8 +45,8 @@ def step_label(step: object) -> str:
         return step.kernel.name
     if isinstance(step, MatMulStep):
         m, k, n = step.a.shape[-2], step.a.shape[-1], step.b.shape[-1]
-        batch = math.prod(step.out.shape[:-2])
-        form = "implicit conv" if step.b_rows is not None else "matmul"
+        batch = _batch(step)
+        form = "implicit conv" if step.b_rows is not None else "blocked matmul" if step.blocked is not None else "matmul"
         epilogue = step.activation or ("relu" if step.relu else "")
         return f"{form} {f'{batch}x' if batch > 1 else ''}{m}x{k}x{n}{f' +{epilogue}' if epilogue else ''}"
     if isinstance(step, FallbackStep):
@@ -54,10 +54,14 @@ def step_label(step: object) -> str:
     return type(step).__name__
 
 
+def _batch(step: MatMulStep) -> int:
+    return 1 if step.blocked is not None else math.prod(step.out.shape[:-2])
+
+
 def _flops(step: object) -> float:
     if not isinstance(step, MatMulStep):
         return 0.0
-    return 2.0 * math.prod(step.out.shape[:-2]) * step.a.shape[-2] * step.a.shape[-1] * step.b.shape[-1]
+    return 2.0 * _batch(step) * step.a.shape[-2] * step.a.shape[-1] * step.b.shape[-1]
 
 
 def profile_executable(exe: Executable, inputs: Mapping[str, np.ndarray], runs: int = 20) -> list[PhaseTime]:

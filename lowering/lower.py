@@ -173,6 +173,9 @@ class Lowerer:
         self.gemm_epilogues = False
         """Whether a product may absorb the bias Add (+ Relu) after it (see ``rules_nn``)."""
         self.fused: set[str] = set()
+        self.blocked_images: dict[str, tuple[Buffer, tuple[int, ...], tuple[int, ...]]] = {}
+        """Tensors a product stored channel-blocked and zero-padded for the blocked depthwise conv
+        that reads them: the buffer, the padding before the image, the padded size."""
         """Tensors an earlier node's lowering already produced (their own nodes are skipped)."""
         self.producer: dict[str, int] = {t: i for i, node in enumerate(model.graph.node) for t in node.output if t}
         self.stamps: dict[str, str] = {}
@@ -284,6 +287,10 @@ class Lowerer:
             self.fused.add(t)
             if t in self.producer:
                 self.joined.append((self.position, self.producer[t]))
+
+    def view_of(self, node: onnx.NodeProto) -> NodeView:
+        """What a lowering rule sees of ``node`` (a rule looking at the node that will read its result)."""
+        return NodeView(self, node)
 
     # ------------------------------------------------------------ the flow
     def lower(self) -> KernelProgram:

@@ -75,6 +75,22 @@ last 48-column panel empty). Lowering gives epilogues only to products the micro
 
 
 @dataclass(frozen=True)
+class BlockedImage:
+    """Where a product's rows land in a channel-blocked padded buffer: row ``i`` is the image
+    position ``(i // width, i % width)``, stored at ``(top, left)`` from the padded corner."""
+
+    height: int
+    width: int
+    top: int
+    left: int
+
+    def row_offsets(self, padded_width: int, block: int) -> np.ndarray:
+        """Each row's element offset within a channel block's plane."""
+        i = np.arange(self.height * self.width, dtype=np.int64)
+        return ((i // self.width + self.top) * padded_width + i % self.width + self.left) * block
+
+
+@dataclass(frozen=True)
 class MatMulStep:
     """``out = alpha * (a @ b) + beta * out`` with numpy broadcasting over leading dims, then
     ``+ bias`` (a constant row of N values) and ReLU when asked: a MatMul's Add (+ Relu) done in
@@ -97,6 +113,10 @@ class MatMulStep:
     strides [batch strides..., 0, 1]: the windows are offsets from each image's plane)."""
     b_scale: Buffer | None = None
     """K values that multiply B's rows (a squeeze-excitation's channel scale of a 1x1 conv's input)."""
+    blocked: BlockedImage | None = None
+    """C's rows are the positions of an image and its columns channels, stored channel-blocked
+    into ``out`` ([N, C/B, Hp, Wp, B], a blocked depthwise conv's zero-padded input) instead of
+    as an M x N matrix."""
 
     def operands(self) -> list[Buffer]:
         """The buffers the product reads besides ``out`` (which it also reads when ``beta``)."""

@@ -1,4 +1,4 @@
-"""Lowering rules of MatMul, Gemm, Conv and ConvTranspose.
+"""Lowering rules of MatMul, Gemm and Conv (ConvTranspose: ``rules_conv_transpose``).
 
 Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
 flag, not copied). A 2-D Conv of one group whose taps overlap is an implicit GEMM: the product
@@ -11,10 +11,8 @@ packs its input. Other convs are im2col (a kernel that gathers
 windows, skipped for 1x1 convolutions) plus one batched GEMM whose output already has the NCHW
 layout. A 1x1 Conv of a 1x1 image is a dot product per output channel, few output channels per
 group a direct kernel, and a strided or narrow depthwise Conv a channel-blocked kernel with its
-weight packed at compile time (conv_kernels). ConvTranspose
-is the adjoint: one GEMM per group (``W_g^T @ X_g``, every input pixel times every tap) and a
-col2im kernel that gathers each output's taps residue by residue, so its loads are unit stride
-and need no bounds checks.
+weight packed at compile time (conv_kernels); the 1x1 conv feeding such a conv stores its product
+straight into that kernel's blocked, zero-padded input (``_blocked_pointwise``).
 """
 
 from __future__ import annotations
@@ -27,14 +25,14 @@ from typing import Any
 import numpy as np
 
 from .conv_kernels import (
+    blocked_borders,
     blocked_depthwise_conv,
-    col2im,
+    channel_block,
     direct_conv,
     fits_blocked_depthwise,
     fits_direct,
     flat_slack,
     pack_depthwise_weight,
-    transpose_phases,
 )
 from .kernel_ir import (
     Binary,
@@ -52,7 +50,14 @@ from .kernel_ir import (
 )
 from .loops import buffers_of, reduction_kernel
 from .operands import stored_in_source_order
-from .program import MIN_GAPPED_WIDTH, PACKED_GEMM_MAX_ROWS, MatMulStep, ShiftedRows, StridedOperand
+from .program import (
+    MIN_GAPPED_WIDTH,
+    PACKED_GEMM_MAX_ROWS,
+    BlockedImage,
+    MatMulStep,
+    ShiftedRows,
+    StridedOperand,
+)
 from .rules_elementwise import hard_sigmoid, relu, sigmoid
 from .rules_pool import padded_input, pool_geometry
 from .table import NotLowered, lowering
@@ -187,16 +192,16 @@ class Epilogue:
     """With ``rows``: ``silu`` or ``hardswish`` after the bias."""
 
 
-def _sole_reader(cx: Any, tensor: str) -> Any:
-    """The one node that reads ``tensor`` (None: several, none, a subgraph, a graph output, or a
-    reader extraction put in another kernel than ``tensor``)."""
+def _sole_reader(cx: Any, tensor: str, same_kernel: bool = True) -> Any:
+    """The one node that reads ``tensor`` (None: several, none, a subgraph, a graph output, or,
+    with ``same_kernel``, a reader extraction put in another kernel than ``tensor``)."""
     if tensor in cx.output_names:
         return None
     readers = [i for i, node in enumerate(cx.graph.node) if tensor in node.input]
     if len(readers) != 1 or cx.last_use.get(tensor) != readers[0]:
         return None
     node = cx.graph.node[readers[0]]
-    return node if node.domain in ("", "ai.onnx") and cx.same_kernel(tensor, node) else None
+    return node if node.domain in ("", "ai.onnx") and (not same_kernel or cx.same_kernel(tensor, node)) else None
 
 
 def _packable(cx: Any, a: Lazy, b: Lazy) -> bool:
@@ -304,6 +309,9 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         return [_matvec(cx, nv.outputs[0], x, w, bias)]
     weight = nv.const(1)
     if pointwise and group == 1 and n_sp == 2 and weight is not None:
+        into_blocked = _blocked_pointwise(cx, nv, x, w, np.asarray(weight), bias)
+        if into_blocked is not None:
+            return into_blocked
         small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp))
         gapped = small if small is not None else _gapped_pointwise(cx, nv, x, w, bias)
         if gapped is not None:
@@ -315,12 +323,15 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # every index is affine in the loop variables with no bounds checks, so the innermost
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
-        if weight is not None and dt == "f32" and fits_blocked_depthwise(x.shape, w.shape, group, strides, out_sp) and math.prod(out_sp):
-            padded_sp = tuple(d + b + e for d, b, e in zip(in_sp, begin, need, strict=True))
+        geometry = _blocked_geometry(nv, x.shape, w.shape) if weight is not None and dt == "f32" else None
+        if geometry is not None:
+            padded_sp = geometry[1]
             packed = cx.const_lazy(pack_depthwise_weight(np.asarray(weight, np.float32)))
+            stored = cx.blocked_images.get(nv.inputs[0])
 
             def blocked(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
-                return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation)
+                into = stored[0] if stored is not None and stored[1:] == geometry else None
+                return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation, into)
 
             return _with_activation(cx, nv, blocked)
         direct = fits_direct(mg, kernel) and math.prod(out_sp)
@@ -478,6 +489,61 @@ def _shifted_product(
     bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
     cx.emit(MatMulStep(a_op, b_op, grid, bias=bias, relu=relu, bias_rows=True, activation=activation, b_rows=rows, b_scale=scale))
     y = of_view(View(grid, (cout * n, n, rows.width, 1), 0), (batch, cout, *out_sp))
+    return [y] if epilogue is None else _epilogue_result(cx, nv, epilogue, y)
+
+
+def _blocked_geometry(nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The padding before the image and the padded size of the blocked input of the depthwise
+    Conv ``nv`` over an input of ``x_shape`` (None: it does not run as the blocked kernel)."""
+    n_sp = len(x_shape) - 2
+    kernel = [int(k) for k in (nv.attr("kernel_shape") or w_shape[2:])]
+    strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
+    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
+    in_sp = x_shape[2:]
+    out_sp, begin, _ = pool_geometry(_NoCeil(nv), in_sp, kernel, strides, dilations)
+    if not fits_blocked_depthwise(x_shape, w_shape, int(nv.attr("group", 1)), strides, out_sp) or not math.prod(out_sp):
+        return None
+    need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
+    return tuple(begin), tuple(d + b + e for d, b, e in zip(in_sp, begin, need, strict=True))
+
+
+def _blocked_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, weight: np.ndarray, bias: Lazy | None) -> list[Any] | None:
+    """A 1x1 conv whose result (after its activation) only a blocked depthwise conv reads: the
+    product runs position-major (a row per position of the input's channels-last copy, lanes over
+    output channels) and stores each row straight into the depthwise conv's zero-padded NCHWc
+    input (``MatMulStep.blocked``; a kernel zeroes the padding), so the image is not stored NCHW
+    first and copied blocked after (EfficientNet-B0's 96 x 112 x 112 expansion: a 4.8 MB copy).
+    None for any other 1x1 conv."""
+    batch, cin, h, wd = x.shape
+    cout = weight.shape[0]
+    if not cx.gemm_epilogues or x.dtype != "f32" or weight.dtype != np.float32 or batch != 1:
+        return None
+    epilogue = _row_epilogue(cx, nv, reshape(w, (1, 1, cout, cin)), bias)
+    if epilogue is None and bias is not None:
+        return None
+    tensor = nv.outputs[0] if epilogue is None else epilogue.tensor
+    reader = _sole_reader(cx, tensor, same_kernel=False)  # the layout it is stored in, not a fusion
+    if reader is None or reader.op_type != "Conv" or reader.input[0] != tensor:
+        return None
+    depthwise = cx.view_of(reader)
+    depthwise_weight = depthwise.const(1)
+    geometry = None if depthwise_weight is None else _blocked_geometry(depthwise, (batch, cout, h, wd), depthwise_weight.shape)
+    if geometry is None:
+        return None
+    begin, padded_sp = geometry
+    block = channel_block(cout)
+    blocked = cx.buffer("nchwc", (batch, cout // block, *padded_sp, block), "f32")
+    cx.emit_kernel(blocked_borders(f"borders_{blocked.name}", blocked, list(begin), (h, wd)))
+    rows = reshape(cx.materialize(transpose(x, [0, 2, 3, 1]), "nhwc"), (h * wd, cin))
+    columns = cx.const_lazy(np.ascontiguousarray(weight.reshape(cout, cin).T))
+    bias_buffer = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
+    relu, activation = (False, "") if epilogue is None else (epilogue.relu, epilogue.activation)
+    image = BlockedImage(h, wd, begin[0], begin[1])
+    cx.emit(MatMulStep(_operand(cx, rows), _operand(cx, columns), blocked, bias=bias_buffer, relu=relu, activation=activation, blocked=image))
+    cx.blocked_images[tensor] = (blocked, begin, padded_sp)
+    plane = padded_sp[0] * padded_sp[1] * block
+    fine = View(blocked, (0, plane, 1, padded_sp[1] * block, block), (begin[0] * padded_sp[1] + begin[1]) * block)
+    y = reshape(of_view(fine, (batch, cout // block, block, h, wd)), (batch, cout, h, wd))
     return [y] if epilogue is None else _epilogue_result(cx, nv, epilogue, y)
 
 
@@ -705,63 +771,6 @@ class _NoCeil:
 
     def attr(self, name: str, default: Any = None) -> Any:
         return default if name == "ceil_mode" else self.nv.attr(name, default)
-
-
-@lowering("ConvTranspose", kind="extern")
-def _conv_transpose(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
-    """One product per group, ``col = W_g^T @ X_g`` (every input pixel times every kernel tap),
-    then a col2im kernel that gathers each output from its taps (see ``_col2im``)."""
-    x, w = xs[0], xs[1]
-    assert x is not None and w is not None
-    bias = xs[2] if len(xs) > 2 else None
-    if x.dtype not in GEMM_DTYPES or w.dtype != x.dtype:
-        raise NotLowered(f"ConvTranspose on {x.dtype}/{w.dtype}")
-    n_sp = len(x.shape) - 2
-    kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
-    strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
-    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
-    group = int(nv.attr("group", 1))
-    begin, out_sp = _conv_transpose_geometry(nv, x.shape[2:], kernel, strides, dilations)
-    batch, cin = x.shape[:2]
-    mg = w.shape[1]
-    cout, cg, taps = mg * group, cin // group, math.prod(kernel)
-    out = cx.out_buffer(nv.outputs[0], (batch, cout, *out_sp), x.dtype)
-    if not math.prod(out.shape):
-        return [of_buffer(out)]
-    phases = [transpose_phases(o, s, k, d, b) for o, s, k, d, b in zip(out_sp, strides, kernel, dilations, begin, strict=True)]
-    # Zero borders on the input give zero borders on col, so no gather needs a bounds check.
-    lo = [max([0, *(-c for _, taps_r in axis for _, c in taps_r)]) for axis in phases]
-    hi = [max([0, *(q - 1 + c - (d - 1) for q, taps_r in axis if q for _, c in taps_r)]) for axis, d in zip(phases, x.shape[2:], strict=True)]
-    src = padded_input(cx, x, lo, hi, Const(0.0, x.dtype)) if any(lo) or any(hi) else x
-    padded_sp = src.shape[2:]
-    xm = reshape(src, (batch, group, cg, math.prod(padded_sp)))
-    wm = transpose(reshape(w, (1, group, cg, mg * taps)), [0, 1, 3, 2])
-    col = matmul(cx, wm, xm, f"{nv.outputs[0]}_col")
-    cx.emit_kernel(col2im(out, col.view.buffer, bias, kernel, padded_sp, lo, phases))
-    return [of_buffer(out)]
-
-
-def _conv_transpose_geometry(nv: Any, in_sp: tuple[int, ...], kernel: list[int], strides: list[int], dilations: list[int]) -> tuple[list[int], list[int]]:
-    """Begin pads and output sizes of a ConvTranspose (pads, output_shape, auto_pad, output_padding)."""
-    n_sp = len(in_sp)
-    out_pad = [int(p) for p in (nv.attr("output_padding") or [0] * n_sp)]
-    ext = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
-    full = [s * (i - 1) + op + e for s, i, op, e in zip(strides, in_sp, out_pad, ext, strict=True)]
-    output_shape = nv.attr("output_shape")
-    auto_pad = nv.attr("auto_pad", "NOTSET") or "NOTSET"
-    explicit = nv.attr("pads")
-    if explicit is not None:
-        pads = [int(p) for p in explicit]
-        out_sp = [f - pads[i] - pads[i + n_sp] for i, f in enumerate(full)]
-        if output_shape is not None:
-            out_sp = [int(v) for v in output_shape][-n_sp:]
-        return pads[:n_sp], out_sp
-    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        # onnx's rule: total padding = full size - wanted size, split toward the end unless SAME_UPPER
-        out_sp = [int(v) for v in output_shape][-n_sp:] if output_shape is not None else [i * s for i, s in zip(in_sp, strides, strict=True)]
-        totals = [f - o for f, o in zip(full, out_sp, strict=True)]
-        return [t // 2 if auto_pad == "SAME_UPPER" else t - t // 2 for t in totals], out_sp
-    return [0] * n_sp, full
 
 
 @lowering("onnxsat.FusedAttention", "onnxsat.FusedRotary", kind="extern")

@@ -55,4 +55,12 @@ def kind_of(op_type: str) -> Kind | Literal["fallback"]:
 
 def load_rules() -> None:
     """Import the rule modules (they register themselves)."""
-    from . import rules_elementwise, rules_layout, rules_nn, rules_pool, rules_quant, rules_reduce  # noqa: F401
+    from . import (  # noqa: F401
+        rules_conv_transpose,
+        rules_elementwise,
+        rules_layout,
+        rules_nn,
+        rules_pool,
+        rules_quant,
+        rules_reduce,
+    )

@@ -1,0 +1,114 @@
+"""A 1x1 conv that feeds a blocked depthwise conv stores its product straight into that conv's
+zero-padded NCHWc input: the micro-kernel's channel-blocked store against float64 numpy, and the
+lowering (which products take it, what they skip) against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxsat.kernels.compile_options import CompileOptions
+from onnxsat.kernels.compiled import CompiledModel
+from onnxsat.kernels.gemm import KC, pack_b, sgemm_function
+from onnxsat.latency import ort_session
+from onnxsat.lowering.program import KernelStep, MatMulStep
+
+ACTIVATIONS = {
+    "none": lambda y: y,
+    "bias": lambda y: y,
+    "bias_relu": lambda y: np.maximum(y, 0),
+    "bias_silu": lambda y: y / (1 + np.exp(-y)),
+    "bias_hardswish": lambda y: y * np.clip(y / 6 + 0.5, 0, 1),
+}
+
+
+@pytest.mark.parametrize("epilogue", list(ACTIVATIONS))
+@pytest.mark.parametrize("block", [8, 16])
+@pytest.mark.parametrize(("height", "width", "k", "n", "pad"), [(5, 7, 16, 96, 1), (3, 3, 40, 48, 2), (7, 7, KC + 76, 32, 1), (1, 9, 3, 16, 0)])
+def test_blocked_store_writes_each_row_into_its_padded_position(epilogue: str, block: int, height: int, width: int, k: int, n: int, pad: int) -> None:
+    """Rows of C land at their image positions inside the padding, channels split into blocks (two
+    per vector for 8-channel blocks); the padding is not touched; two K blocks add up."""
+    m = height * width
+    rng = np.random.default_rng(m + k + n + block)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    bp = pack_b(w, None if epilogue == "none" else bias)
+    hp, wp = height + 2 * pad, width + 2 * pad
+    out = np.full((n // block, hp, wp, block), np.nan, np.float32)
+    i = np.arange(m)
+    rows = ((i // width + pad) * wp + i % width + pad).astype(np.int64) * block
+    sgemm_function(epilogue, blocked=True)(a.ctypes.data, k, bp.ctypes.data, k, out.ctypes.data, hp * wp * block, m, n, 0, bp.shape[0], rows.ctypes.data, block)
+    product = a.astype(np.float64) @ w.astype(np.float64) + (0 if epilogue == "none" else bias)
+    want = ACTIVATIONS[epilogue](product).reshape(height, width, n // block, block).transpose(2, 0, 1, 3)
+    np.testing.assert_allclose(out[:, pad : pad + height, pad : pad + width, :], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+    inside = np.zeros(out.shape, bool)
+    inside[:, pad : pad + height, pad : pad + width, :] = True
+    assert np.all(np.isnan(out[~inside]))
+
+
+def _block(channels: int, activation: str, stride: int, readers: int, size: int) -> onnx.ModelProto:
+    """An expansion 1x1 conv (+ activation) of a ``size`` x ``size`` image, then a 3x3 depthwise
+    conv of the given stride (and, with ``readers`` 2, a second reader of the expansion's result)."""
+    rng = np.random.default_rng(channels)
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "we", "be"], ["e"])]
+    act = "e"
+    if activation == "relu":
+        nodes.append(n("Relu", ["e"], ["a"]))
+        act = "a"
+    elif activation == "hardswish":
+        nodes.append(n("HardSwish", ["e"], ["a"]))
+        act = "a"
+    elif activation == "silu":
+        nodes += [n("Sigmoid", ["e"], ["s"]), n("Mul", ["e", "s"], ["a"])]
+        act = "a"
+    nodes.append(n("Conv", [act, "wd", "bd"], ["y"], group=channels, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride]))
+    outputs = ["y"] + (["z"] if readers == 2 else [])
+    if readers == 2:
+        nodes.append(n("ReduceMean", [act], ["z"], axes=[2, 3], keepdims=1))
+    inits = {
+        "we": rng.standard_normal((channels, 16, 1, 1)).astype(np.float32) * 0.3,
+        "be": rng.standard_normal(channels).astype(np.float32),
+        "wd": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32) * 0.3,
+        "bd": rng.standard_normal(channels).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, size, size])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    ("channels", "activation", "stride", "size"), [(32, "silu", 2, 20), (48, "hardswish", 2, 17), (24, "relu", 2, 20), (16, "none", 2, 9), (32, "relu", 1, 7), (192, "silu", 1, 7)]
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_expansion_feeding_a_blocked_depthwise_conv_is_stored_blocked(channels: int, activation: str, stride: int, size: int, threads: int) -> None:
+    """Both block widths (24 channels: 8), both thread splits (a large image by rows, a small one by
+    column panels), each activation the product applies."""
+    model = _block(channels, activation, stride, readers=1, size=size)
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, size, size)).astype(np.float32)}
+    compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
+    got = compiled(feeds)["y"]
+    steps = compiled.executable_for(feeds).program.steps
+    assert sum(isinstance(s, MatMulStep) and s.blocked is not None for s in steps) == 1
+    assert not any(isinstance(s, KernelStep) and s.kernel.name.startswith("nchwc_") for s in steps)  # no reorder copy
+    want = ort_session(model, threads=1).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    compiled.close()
+
+
+def test_an_expansion_with_another_reader_is_stored_as_before() -> None:
+    model = _block(32, "silu", 2, readers=2, size=20)
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 16, 20, 20)).astype(np.float32)}
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
+    got = compiled(feeds)
+    steps = compiled.executable_for(feeds).program.steps
+    assert not any(isinstance(s, MatMulStep) and s.blocked is not None for s in steps)
+    for name, want in zip(["y", "z"], ort_session(model, threads=1).run(None, feeds), strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    compiled.close()

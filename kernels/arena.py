@@ -29,8 +29,9 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def lifetimes(steps: Sequence[Step], exclude: Iterable[str]) -> dict[str, tuple[Buffer, int, int]]:
-    """Buffer name -> (buffer, first step, last step), for buffers not in ``exclude``."""
+def lifetimes(steps: Sequence[Step], exclude: Iterable[str], pinned: Iterable[str] = ()) -> dict[str, tuple[Buffer, int, int]]:
+    """Buffer name -> (buffer, first step, last step), for buffers not in ``exclude``; a ``pinned``
+    buffer lives through every step."""
     skip = set(exclude)
     found: dict[str, tuple[Buffer, int, int]] = {}
     for i, step in enumerate(steps):
@@ -42,11 +43,14 @@ def lifetimes(steps: Sequence[Step], exclude: Iterable[str]) -> dict[str, tuple[
                 found[buf.name] = (b, first, i)
             else:
                 found[buf.name] = (buf, i, i)
+    for name in set(pinned) & set(found):
+        found[name] = (found[name][0], 0, max(len(steps) - 1, 0))
     return found
 
 
-def plan_arena(steps: Sequence[Step], exclude: Iterable[str]) -> ArenaPlan:
-    live = lifetimes(steps, exclude)
+def plan_arena(steps: Sequence[Step], exclude: Iterable[str], pinned: Iterable[str] = ()) -> ArenaPlan:
+    """Offsets of the buffers not in ``exclude`` (``pinned`` ones share their memory with none)."""
+    live = lifetimes(steps, exclude, pinned)
     order = sorted(live.values(), key=lambda t: (-t[0].nbytes, t[1], t[0].name))
     placed: list[tuple[int, int, int, int]] = []  # offset, end, first, last
     offsets: dict[str, int] = {}

@@ -192,8 +192,8 @@ class Executable:
         addresses = {sym: module.address(sym) for sym in set(self.symbols.values())} if module else {}
         self.functions = {k.name: proto(addresses[self.symbols[k.name]]) for k in kernels}
         io = {b.name for _, b in program.inputs} | {b.name for _, b in program.outputs} | set(program.constants)
-        self.plan: ArenaPlan = plan_arena(program.steps, io)
-        self.arena = np.zeros(self.plan.size + 64, dtype=np.uint8)
+        self.plan: ArenaPlan = plan_arena(program.steps, io, program.pinned)
+        self.arena = np.zeros(self.plan.size + 64, dtype=np.uint8)  # zeroed: the pinned buffers' padding
         base = self.arena.ctypes.data
         shift = (-base) % 64
         self.fixed: dict[str, np.ndarray] = {}
@@ -475,7 +475,7 @@ class Executable:
         by row blocks (the weight has few panels, the image many rows)."""
         from .gemm import MR, pack_b, sgemm_function
 
-        assert step.blocked is not None and step.a.strides[-1] == 1 and step.alpha == 1.0 and step.beta == 0.0
+        assert step.blocked is not None and step.alpha == 1.0 and step.beta == 0.0 and len(step.a.shape) == 2
         m, k, n = step.a.shape[-2], step.a.shape[-1], step.b.shape[-1]
         b_matrix = _strided(np.asarray(self.program.constants[step.b.buffer.name]).reshape(-1), step.b.buffer, step.b).astype(np.float32)
         bias = None if step.bias is None else self.program.constants[step.bias.name]
@@ -484,7 +484,7 @@ class Executable:
         _, _, _, padded_width, block = step.out.shape
         rows = step.blocked.row_offsets(padded_width, block)
         self._keep += [bp, rows]
-        lda, plane, panels = step.a.strides[-2], math.prod(step.out.shape[2:]), bp.shape[0]
+        (lda, a_step), plane, panels = step.a.strides, math.prod(step.out.shape[2:]), bp.shape[0]
         parallel = self.pool is not None and self.threads > 1 and 2.0 * m * n * k >= GEMM_SPLIT_FLOPS
         strips = -(-m // MR)
         if parallel and panels >= 2 * self.threads:  # a small image's wide product: by column panels, as ``_packed_runner``
@@ -497,7 +497,7 @@ class Executable:
         a_offset = step.a.offset
 
         def args(pa: int, pc: int, r0: int, count: int, p0: int, p1: int) -> list[int]:
-            return [pa + (a_offset + r0 * lda) * itemsize, lda, bp.ctypes.data, k, pc, plane, count, n, p0, p1, rows.ctypes.data + r0 * 8, block]
+            return [pa + (a_offset + r0 * lda) * itemsize, lda, bp.ctypes.data, k, pc, plane, count, n, p0, p1, rows.ctypes.data + r0 * 8, block, a_step]
 
         pa0, pc0 = self._address(a_name), self._address(out_name)
         self._tasks[-1] = [[KIND_BLOCKED_GEMM, function_address(fn), *args(pa0, pc0, *unit)] for unit in units]

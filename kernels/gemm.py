@@ -88,10 +88,12 @@ BLOCKED_EPILOGUES = {
 """The packed form storing C channel-blocked (``BLOCKED_ARGS``): rows of C are image positions,
 columns channels, and C goes straight into the zero-padded [C/block, Hp, Wp, block] (NCHWc) buffer
 a blocked depthwise conv reads, so a pointwise conv feeding one needs no reorder pass."""
-BLOCKED_ARGS = (*ARGS, "c_rows", "block")
+BLOCKED_ARGS = (*ARGS, "c_rows", "block", "a_step")
 """``ARGS`` plus where each row of C lies: element ``(i, j)`` is stored at ``c + c_rows[i] +
 (j // block) * ldc + j % block`` (``c_rows[i]``: row ``i``'s padded position times ``block``;
-``ldc``: one channel block's plane, ``Hp * Wp * block``; ``block``: 8 or 16 channels)."""
+``ldc``: one channel block's plane, ``Hp * Wp * block``; ``block``: 8 or 16 channels), and A's
+column stride: ``A[i, k]`` is at ``a + i * lda + k * a_step`` (an NCHW image read as positions x
+channels: ``lda`` 1, ``a_step`` the plane; eight rows' values of one k then share a cache line)."""
 POINTER_ARGS = frozenset({"a", "bp", "c", "b_rows", "b_scale", "c_rows"})
 """The arguments that are addresses (the others are int64)."""
 ROW_EPILOGUES = {
@@ -361,8 +363,9 @@ class _Gen:
                     for h in range(NR // LANES):
                         ahead = b.bitcast(b.gep(brow, [_i64(PREFETCH_ROWS * NR + h * LANES)]), ir.IntType(8).as_pointer())
                         b.call(self.prefetch, [ahead, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
+                a_at = b.mul(kk, self.arg["a_step"]) if self.blocked else kk
                 for r in range(mr):
-                    av = b.load(b.gep(a_rows[r], [kk]))
+                    av = b.load(b.gep(a_rows[r], [a_at]))
                     splat = self.splat(av)
                     for h in range(width):
                         acc[r][h] = b.call(self.fma, [splat, bv[h], acc[r][h]])
@@ -400,7 +403,8 @@ class _Gen:
             return [(b.bitcast(b.gep(c, [b.add(b.mul(i, ldc), j0)]), VEC.as_pointer()), mask)]
         block = self.arg["block"]
         row = b.gep(c, [b.load(b.gep(self.arg["c_rows"], [i]))])
-        first = b.gep(row, [b.mul(b.sdiv(j0, block), ldc)])
+        shift = b.select(b.icmp_signed("==", block, _i64(8)), _i64(3), _i64(4))  # j0 // block, no division
+        first = b.gep(row, [b.mul(b.lshr(j0, shift), ldc)])
         lanes = ir.Constant(ir.VectorType(I64, LANES), list(range(LANES)))
         low = b.icmp_signed("<", lanes, self.splat_i64(block))
         second = b.gep(first, [b.sub(ldc, block)])

@@ -119,7 +119,7 @@ class _Gen:
         case(KIND_KERNEL, [I8P.as_pointer(), I64, I64], plain)
         case(KIND_PACKED_GEMM, [I64] * 10, plain)
         case(KIND_ROWS_GEMM, [I64] * 14, plain)
-        case(KIND_BLOCKED_GEMM, [I64] * 12, plain)
+        case(KIND_BLOCKED_GEMM, [I64] * 13, plain)
         blas = [I32, I32, I32, I64, I64, I64, None, I64, I64, I64, I64, None, I64, I64]
         case(KIND_SGEMM, [F32 if t is None else t for t in blas], plain)
         case(KIND_DGEMM, [F64 if t is None else t for t in blas], plain)

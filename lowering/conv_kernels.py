@@ -272,7 +272,7 @@ def blocked_depthwise_conv(
     the width (a stride-2 conv along a 7- or 14-wide row does not vectorize along the row).
     ``packed_w`` is the weight laid out [C/8, taps, 8]. The output is stored NCHW. The block is
     ``channel_block(C)`` channels (8 in these docstrings). ``stored``: that copy already exists (a
-    pointwise conv's product wrote it, see ``blocked_borders``)."""
+    pointwise conv's product wrote it)."""
     dt = x.dtype
     batch, chans = x.shape[:2]
     block = channel_block(chans)
@@ -341,33 +341,6 @@ def _blocked_padded(cx: Any, x: Lazy, begin: list[int], padded_sp: tuple[int, ..
 
     cx.emit_kernel(outer_kernel(f"nchwc_{xb.name}", buffers_of(x), [xb], (batch, blocks, hp), body, float(math.prod(xb.shape) * (x.size + 2))))
     return xb
-
-
-def blocked_borders(name: str, xb: Buffer, begin: list[int], size: tuple[int, int]) -> Kernel:
-    """Zeros the padding of ``xb`` ([N, C/8, Hp, Wp, 8], an image of ``size`` at ``begin``) and
-    nothing else: the rest is written by the product that stores the image there. (Every run: the
-    arena lends the buffer to other tensors between runs.)"""
-    batch, blocks, hp, wp, block = xb.shape
-    w = Var("w")
-    row_floats = wp * block
-    lead, interior = begin[1] * block, (begin[1] + size[1]) * block
-    zero = Const(0.0, xb.dtype)
-
-    def body(o: list[Expr], flat: Expr) -> tuple[Stmt, ...]:
-        start = mul(flat, i64(row_floats))
-        r = o[2]
-        inside = Binary("and", Compare("ge", r, i64(begin[0])), Compare("lt", r, i64(begin[0] + size[0])))
-        stmts: list[Stmt] = []
-        if lead:
-            stmts.append(Loop(w.name, i64(lead), (Store(xb, add(start, w), zero),)))
-        # a padding row is zeroed whole; an image row only outside its columns
-        stmts.append(Loop(w.name, Select(inside, i64(lead), i64(interior)), (Store(xb, add(start, w), zero),), i64(lead)))
-        if interior < row_floats:
-            stmts.append(Loop(w.name, i64(row_floats), (Store(xb, add(start, w), zero),), i64(interior)))
-        return tuple(stmts)
-
-    padding = math.prod(xb.shape) - batch * blocks * size[0] * size[1] * block
-    return outer_kernel(name, [], [xb], (batch, blocks, hp), body, float(padding))
 
 
 def pack_depthwise_weight(w: np.ndarray) -> np.ndarray:

@@ -324,6 +324,7 @@ class Lowerer:
         program.fallbacks.update(self.fallbacks)
         program.native_ops.update(self.native)
         program.fused = self._fused_nodes(nodes, parts.groups)
+        program.pinned = {buf.name for buf, _, _ in self.blocked_images.values()}
         return program
 
     def _fused_nodes(self, nodes: list[onnx.NodeProto], groups: Mapping[str, list[str]]) -> list[frozenset[int]]:

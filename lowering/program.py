@@ -158,6 +158,10 @@ class KernelProgram:
     fused: list[frozenset[int]] = field(default_factory=list)
     """Graph nodes (by index) whose work one kernel, or one kernel and the kernels it feeds within
     its group, computes together: what ``KERNEL_STAMP`` allowed, each set within one stamp."""
+    pinned: set[str] = field(default_factory=set)
+    """Buffers that keep their memory for the whole run (no other buffer shares it): their zero
+    padding, written once when the memory is allocated zeroed, is never overwritten (the blocked
+    input of a depthwise conv, whose producer writes only the image)."""
 
     def buffers(self) -> dict[str, Buffer]:
         found: dict[str, Buffer] = {}

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from .conv_kernels import (
-    blocked_borders,
     blocked_depthwise_conv,
     channel_block,
     direct_conv,
@@ -509,11 +508,11 @@ def _blocked_geometry(nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...
 
 def _blocked_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, weight: np.ndarray, bias: Lazy | None) -> list[Any] | None:
     """A 1x1 conv whose result (after its activation) only a blocked depthwise conv reads: the
-    product runs position-major (a row per position of the input's channels-last copy, lanes over
-    output channels) and stores each row straight into the depthwise conv's zero-padded NCHWc
-    input (``MatMulStep.blocked``; a kernel zeroes the padding), so the image is not stored NCHW
-    first and copied blocked after (EfficientNet-B0's 96 x 112 x 112 expansion: a 4.8 MB copy).
-    None for any other 1x1 conv."""
+    product runs position-major (a row per position of the input, lanes over output channels)
+    and stores each row straight into the depthwise conv's zero-padded NCHWc input
+    (``MatMulStep.blocked``; the buffer is pinned, so its padding, zeroed once, stays zero), so
+    the image is not stored NCHW first and copied blocked after (EfficientNet-B0's 96 x 112 x 112
+    expansion: a 4.8 MB copy). None for any other 1x1 conv."""
     batch, cin, h, wd = x.shape
     cout = weight.shape[0]
     if not cx.gemm_epilogues or x.dtype != "f32" or weight.dtype != np.float32 or batch != 1:
@@ -532,9 +531,8 @@ def _blocked_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, weight: np.ndarray, b
         return None
     begin, padded_sp = geometry
     block = channel_block(cout)
-    blocked = cx.buffer("nchwc", (batch, cout // block, *padded_sp, block), "f32")
-    cx.emit_kernel(blocked_borders(f"borders_{blocked.name}", blocked, list(begin), (h, wd)))
-    rows = reshape(cx.materialize(transpose(x, [0, 2, 3, 1]), "nhwc"), (h * wd, cin))
+    blocked = cx.buffer("nchwc", (batch, cout // block, *padded_sp, block), "f32")  # pinned: its padding stays zero
+    rows = transpose(reshape(x, (cin, h * wd)), [1, 0])  # positions x channels: read in place from a stored image
     columns = cx.const_lazy(np.ascontiguousarray(weight.reshape(cout, cin).T))
     bias_buffer = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
     relu, activation = (False, "") if epilogue is None else (epilogue.relu, epilogue.activation)

@@ -27,9 +27,13 @@ ACTIVATIONS = {
 @pytest.mark.parametrize("epilogue", list(ACTIVATIONS))
 @pytest.mark.parametrize("block", [8, 16])
 @pytest.mark.parametrize(("height", "width", "k", "n", "pad"), [(5, 7, 16, 96, 1), (3, 3, 40, 48, 2), (7, 7, KC + 76, 32, 1), (1, 9, 3, 16, 0)])
-def test_blocked_store_writes_each_row_into_its_padded_position(epilogue: str, block: int, height: int, width: int, k: int, n: int, pad: int) -> None:
+@pytest.mark.parametrize("transposed", [False, True])
+def test_blocked_store_writes_each_row_into_its_padded_position(
+    epilogue: str, block: int, height: int, width: int, k: int, n: int, pad: int, transposed: bool
+) -> None:
     """Rows of C land at their image positions inside the padding, channels split into blocks (two
-    per vector for 8-channel blocks); the padding is not touched; two K blocks add up."""
+    per vector for 8-channel blocks); the padding is not touched; two K blocks add up; A read with
+    a column stride gives the same result."""
     m = height * width
     rng = np.random.default_rng(m + k + n + block)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -40,7 +44,13 @@ def test_blocked_store_writes_each_row_into_its_padded_position(epilogue: str, b
     out = np.full((n // block, hp, wp, block), np.nan, np.float32)
     i = np.arange(m)
     rows = ((i // width + pad) * wp + i % width + pad).astype(np.int64) * block
-    sgemm_function(epilogue, blocked=True)(a.ctypes.data, k, bp.ctypes.data, k, out.ctypes.data, hp * wp * block, m, n, 0, bp.shape[0], rows.ctypes.data, block)
+    fn = sgemm_function(epilogue, blocked=True)
+    fn(a.ctypes.data, k, bp.ctypes.data, k, out.ctypes.data, hp * wp * block, m, n, 0, bp.shape[0], rows.ctypes.data, block, 1)
+    if transposed:  # A read as the columns of its transpose (an NCHW image's positions x channels)
+        a_t = np.ascontiguousarray(a.T)
+        again = np.full_like(out, np.nan)
+        fn(a_t.ctypes.data, 1, bp.ctypes.data, k, again.ctypes.data, hp * wp * block, m, n, 0, bp.shape[0], rows.ctypes.data, block, m)
+        np.testing.assert_array_equal(again, out)
     product = a.astype(np.float64) @ w.astype(np.float64) + (0 if epilogue == "none" else bias)
     want = ACTIVATIONS[epilogue](product).reshape(height, width, n // block, block).transpose(2, 0, 1, 3)
     np.testing.assert_allclose(out[:, pad : pad + height, pad : pad + width, :], want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
@@ -91,14 +101,21 @@ def test_an_expansion_feeding_a_blocked_depthwise_conv_is_stored_blocked(channel
     """Both block widths (24 channels: 8), both thread splits (a large image by rows, a small one by
     column panels), each activation the product applies."""
     model = _block(channels, activation, stride, readers=1, size=size)
-    feeds = {"x": np.random.default_rng(0).standard_normal((1, 16, size, size)).astype(np.float32)}
     compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
-    got = compiled(feeds)["y"]
-    steps = compiled.executable_for(feeds).program.steps
-    assert sum(isinstance(s, MatMulStep) and s.blocked is not None for s in steps) == 1
-    assert not any(isinstance(s, KernelStep) and s.kernel.name.startswith("nchwc_") for s in steps)  # no reorder copy
-    want = ort_session(model, threads=1).run(None, feeds)[0]
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    session = ort_session(model, threads=1)
+    for seed in (0, 1):  # the second run finds the padding the first left (the pinned buffer's zeros)
+        feeds = {"x": np.random.default_rng(seed).standard_normal((1, 16, size, size)).astype(np.float32)}
+        got = compiled(feeds)["y"]
+        want = session.run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    exe = compiled.executable_for(feeds)
+    blocked = [s for s in exe.program.steps if isinstance(s, MatMulStep) and s.blocked is not None]
+    assert len(blocked) == 1 and exe.program.pinned == {blocked[0].out.name}
+    assert not any(isinstance(s, KernelStep) and s.kernel.name.startswith("nchwc_") for s in exe.program.steps)  # no reorder copy
+    start = exe.plan.offsets[blocked[0].out.name]
+    end = start + blocked[0].out.nbytes
+    others = [(exe.plan.offsets[b.name], exe.plan.offsets[b.name] + b.nbytes) for b in exe.program.buffers().values() if b.name in exe.plan.offsets and b.name != blocked[0].out.name]
+    assert all(e <= start or end <= o for o, e in others)  # no other buffer shares its memory
     compiled.close()
 
 

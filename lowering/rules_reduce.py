@@ -17,11 +17,15 @@ from .kernel_ir import (
     NUMPY_DTYPES,
     Assign,
     Binary,
+    Buffer,
     Compare,
     Const,
     Decl,
     Expr,
+    Kernel,
+    Load,
     Local,
+    Loop,
     Select,
     Stmt,
     Store,
@@ -31,9 +35,11 @@ from .kernel_ir import (
     as_dtype,
     compute_dtype,
     flat_index,
+    floordiv,
     i64,
     is_float,
     mod,
+    mul,
 )
 from .loops import buffers_of, for_nest, outer_kernel, reduction_kernel
 from .table import NotLowered, lowering
@@ -266,6 +272,9 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     out = cx.out_buffer(nv.outputs[0], out_shape, x.dtype)
     is_max = nv.op_type == "GlobalMaxPool"
     n = math.prod(red_shape)
+    if _channels_last(x) and x.numel:
+        cx.emit_kernel(_channels_last_pool(f"gpool_{out.name}", x, out, is_max))
+        return [of_buffer(out)]
     one_loop = _one_loop_plane(x, lowest_value(x.dtype) if is_max else Const(0.0, x.dtype))
     if one_loop is not None:
         x, rank, red, red_shape = one_loop, 3, [2], one_loop.shape[2:]
@@ -291,6 +300,42 @@ def _global_pool(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
             )
         )
     return [of_buffer(out)]
+
+
+CHANNELS_PER_POOL_UNIT = 64
+"""Channels one task of a channels-last global pool reduces (four vectors)."""
+
+
+def _channels_last(x: Lazy) -> bool:
+    """Whether ``x`` (one float32 image, [1, C, H, W]) reads views laid out channels last (a
+    position-major product's [H * W, C] result): its channels one apart, positions C apart."""
+    if len(x.shape) != 4 or x.shape[0] != 1 or x.dtype != "f32" or not x.leaves:
+        return False
+    chans, h, w = x.shape[1:]
+    return all(v.strides[1] == 1 and v.strides[3] == chans and v.strides[2] == w * chans for v in x.leaves if v.buffer.shape != (chans,))
+
+
+def _channels_last_pool(name: str, x: Lazy, out: Buffer, is_max: bool) -> Kernel:
+    """GlobalAveragePool / GlobalMaxPool of a channels-last image: position by position, each
+    adding a contiguous run of channels into the output (vector loads and stores), where the
+    per-channel form would read every value ``C`` apart (EfficientNet-B0's last 1280 x 7 x 7 SiLU and
+    pool: 88 us at two threads)."""
+    chans, h, w = x.shape[1:]
+    chunk = math.gcd(chans, CHANNELS_PER_POOL_UNIT)
+    c, p = Var("c"), Var("q")  # "p" is the kernel's unit
+    op = "max" if is_max else "add"
+    start = lowest_value("f32") if is_max else Const(0.0, "f32")
+
+    def body(o: list[Expr], unit: Expr) -> tuple[Stmt, ...]:
+        channel = add(mul(unit, i64(chunk)), c)
+        value = x.gen([i64(0), channel, floordiv(p, w), mod(p, w)])
+        accumulate = Store(out, channel, Binary(op, Load(out, channel), value))
+        stmts: list[Stmt] = [Loop(c.name, i64(chunk), (Store(out, channel, start),)), Loop(p.name, i64(h * w), (Loop(c.name, i64(chunk), (accumulate,)),))]
+        if not is_max:
+            stmts.append(Loop(c.name, i64(chunk), (Store(out, channel, Binary("mul", Load(out, channel), Const(1.0 / (h * w), "f32"))),)))
+        return tuple(stmts)
+
+    return outer_kernel(name, buffers_of(x), [out], (chans // chunk,), body, float(x.numel * (x.size + 1)))
 
 
 @lowering("LRN", kind="reduce")

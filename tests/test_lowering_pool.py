@@ -3,6 +3,8 @@ the node tests lack (SPP-size windows, ceil_mode overhang with count_include_pad
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -98,3 +100,29 @@ def test_a_global_pool_of_a_stored_plane_is_one_loop(pool: str) -> None:
     got = CompiledModel(model, CompileOptions(threads=1, cache=False))(feeds)
     for name, expected in zip("yzn", want, strict=True):
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("pool", ["GlobalAveragePool", "GlobalMaxPool"])
+@pytest.mark.parametrize("chans", [96, 48])
+def test_a_global_pool_of_a_channels_last_product_adds_whole_channel_runs(pool: str, chans: int) -> None:
+    """A 1x1 conv on a 7 x 7 image runs position-major (its result laid out [positions, C]); the
+    pool after it (its HardSwish fused in) reduces position by position over contiguous channels."""
+    rng = np.random.default_rng(chans)
+    n = helper.make_node
+    weights = [
+        onnx.numpy_helper.from_array(rng.standard_normal((chans, 64, 1, 1)).astype(np.float32), "w"),
+        onnx.numpy_helper.from_array(rng.standard_normal(chans).astype(np.float32), "b"),
+    ]
+    graph = helper.make_graph(
+        [n("Conv", ["x", "w", "b"], ["c"]), n("HardSwish", ["c"], ["a"]), n(pool, ["a"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 7, 7])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 64, 7, 7)).astype(np.float32)}
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
+    got = compiled(feeds)["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    pools = [s.kernel for s in compiled.executable_for(feeds).program.steps if isinstance(s, KernelStep) and s.kernel.name.startswith("gpool_")]
+    assert len(pools) == 1 and pools[0].parallel_extent == chans // math.gcd(chans, 64)  # tasks of whole channel runs
+    compiled.close()

@@ -265,20 +265,22 @@ def fits_blocked_depthwise(x_shape: tuple[int, ...], w_shape: tuple[int, ...], g
 def blocked_depthwise_conv(
     cx: Any, tensor: str, x: Lazy, packed_w: Lazy, bias: Lazy | None, kernel: list[int], strides: list[int], dilations: list[int],
     begin: list[int], padded_sp: tuple[int, ...], out_sp: tuple[int, ...], activation: Callable[[Expr], Expr] | None = None,
-    stored: Buffer | None = None,
+    stored: Buffer | None = None, channels_last: bool = False,
 ) -> Lazy:
     """A depthwise Conv over a zero-padded copy of ``x`` laid out [N, C/8, H, W, 8] (NCHWc, as
     MLAS runs it): each output position computes 8 channels in one vector, whatever the stride or
     the width (a stride-2 conv along a 7- or 14-wide row does not vectorize along the row).
     ``packed_w`` is the weight laid out [C/8, taps, 8]. The output is stored NCHW. The block is
     ``channel_block(C)`` channels (8 in these docstrings). ``stored``: that copy already exists (a
-    pointwise conv's product wrote it)."""
+    pointwise conv's product wrote it). ``channels_last``: the output is stored [N, H, W, C] (a
+    view gives it as NCHW), each vector of 8 channels in one store: for a small image whose readers
+    run position-major (a channels-last copy then reads it contiguously, a global pool by runs)."""
     dt = x.dtype
     batch, chans = x.shape[:2]
     block = channel_block(chans)
     blocks = chans // block
     xb = stored if stored is not None else _blocked_padded(cx, x, begin, padded_sp)
-    out = cx.out_buffer(tensor, (batch, chans, *out_sp), dt)
+    out = cx.out_buffer(tensor, (batch, *out_sp, chans) if channels_last else (batch, chans, *out_sp), dt)
     p, ow, c = Var("p"), Var("ow"), Var("c")
     n, cb, oh = unflatten(p, (batch, blocks, out_sp[0]))
     channel = add(mul(cb, i64(block)), c)
@@ -288,8 +290,8 @@ def blocked_depthwise_conv(
         iw = add(mul(ow, i64(strides[1])), i64(tw * dilations[1]))
         tap = Load(xb, flat_index([n, cb, ih, iw, c], xb.shape))
         acc = Binary("add", acc, Binary("mul", packed_w.gen([cb, i64(t), c]), tap))
-    at = flat_index([n, channel, oh, ow], out.shape)
-    if activation is not None and out_sp[1] >= ROW_ACTIVATION_MIN_WIDTH and _transcendental(activation(Local("v", dt))):
+    at = flat_index([n, oh, ow, channel] if channels_last else [n, channel, oh, ow], out.shape)
+    if activation is not None and not channels_last and out_sp[1] >= ROW_ACTIVATION_MIN_WIDTH and _transcendental(activation(Local("v", dt))):
         # The taps' vectors first, then the activation along each of the 8 stored rows (16 lanes,
         # unit stride): applied to each 8-channel vector as it is stored, a SiLU made the kernel
         # 1.2x slower (96x112 3x3/2, 144x56 5x5/2, 240x28 3x3/2, one thread)
@@ -306,6 +308,8 @@ def blocked_depthwise_conv(
     units = batch * blocks * out_sp[0]
     cost = float(math.prod(out.shape) * math.prod(kernel) * 2)
     cx.emit_kernel(Kernel(f"bdconv_{out.name}", tuple(dict.fromkeys([*inputs, out])), (out.name,), "p", units, body, cost))
+    if channels_last:
+        return of_view(View(out, (math.prod(out.shape[1:]), 1, out_sp[1] * chans, chans), 0), (batch, chans, *out_sp))
     return of_buffer(out)
 
 

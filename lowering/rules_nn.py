@@ -330,7 +330,9 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
 
             def blocked(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
                 into = stored[0] if stored is not None and stored[1:] == geometry else None
-                return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation, into)
+                # a small image's readers run position-major: stored channels last for them
+                last = batch == 1 and math.prod(out_sp) <= POSITION_MAJOR_MAX_POSITIONS and tensor not in cx.output_names
+                return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation, into, last)
 
             return _with_activation(cx, nv, blocked)
         direct = fits_direct(mg, kernel) and math.prod(out_sp)

@@ -129,3 +129,43 @@ def test_an_expansion_with_another_reader_is_stored_as_before() -> None:
     for name, want in zip(["y", "z"], ort_session(model, threads=1).run(None, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     compiled.close()
+
+
+@pytest.mark.parametrize("output", [False, True])
+def test_a_small_depthwise_result_is_stored_channels_last_for_its_position_major_readers(output: bool) -> None:
+    """A 7 x 7 stage: the depthwise conv stores [H, W, C] (its squeeze-excitation pool and the
+    projection read it by channel runs); as a graph output it stays NCHW."""
+    rng = np.random.default_rng(5)
+    n = helper.make_node
+    c = 96
+    nodes = [
+        n("Conv", ["x", "wd", "bd"], ["d"], group=c, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        n("GlobalAveragePool", ["d"], ["s"]),
+        n("Conv", ["s", "wg"], ["g"]),
+        n("Sigmoid", ["g"], ["gs"]),
+        n("Mul", ["d", "gs"], ["m"]),
+        n("Conv", ["m", "wp"], ["y"]),
+    ]
+    inits = {
+        "wd": rng.standard_normal((c, 1, 3, 3)).astype(np.float32) * 0.3,
+        "bd": rng.standard_normal(c).astype(np.float32),
+        "wg": rng.standard_normal((c, c, 1, 1)).astype(np.float32) * 0.1,
+        "wp": rng.standard_normal((64, c, 1, 1)).astype(np.float32) * 0.1,
+    }
+    outputs = ["y", "d"] if output else ["y"]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 7, 7])],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, c, 7, 7)).astype(np.float32)}
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
+    got = compiled(feeds)
+    for name, want in zip(outputs, ort_session(model, threads=1).run(None, feeds), strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    depthwise = [s.kernel for s in compiled.executable_for(feeds).program.steps if isinstance(s, KernelStep) and s.kernel.name.startswith("bdconv_")]
+    assert len(depthwise) == 1
+    stored = next(b for b in depthwise[0].params if b.name in depthwise[0].outputs)
+    assert stored.shape == ((1, c, 7, 7) if output else (1, 7, 7, c))
+    compiled.close()

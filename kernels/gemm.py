@@ -17,6 +17,10 @@ both while the last K block's C tile is still in registers (MatMul + Add (+ Relu
 second pass over C). The bias lives right after the panels in the packed buffer (``pack_b(b,
 bias)``), zero-padded to whole panels, so the function keeps the ten-integer signature the native
 task table calls.
+
+Two more forms share the micro-kernel: the unpacked-B form (``ROWS_ARGS``: a conv's ``W @ col``
+packing shifted windows of its input as it goes) and the channel-blocked store (``BLOCKED_ARGS``:
+a pointwise conv's position-major product stored straight into a depthwise conv's NCHWc input).
 """
 
 from __future__ import annotations
@@ -334,7 +338,7 @@ class _Gen:
         """C[i0:i0+min(rows, mr), panel] (+)= A[.., k0:k1] @ Bp[panel, k0:k1]; the first K block
         starts from zero, later ones from what C holds. A short last strip (``rows < mr``) reads
         its last row again in place of the missing ones and stores only its own rows."""
-        a, lda, c, ldc = (self.arg[name] for name in ("a", "lda", "c", "ldc"))
+        a, lda = self.arg["a"], self.arg["lda"]
         k0, k1, first = span
         b = self.b
         zero = ir.Constant(VEC, [0.0] * LANES)

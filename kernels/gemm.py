@@ -234,8 +234,16 @@ class _Gen:
                                     with b.if_else(b.icmp_signed("<=", rows, _i64(4))) as (few, full):
                                         with few:
                                             self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), mr=4)
-                                        with full:
-                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first))
+                                        with full:  # a short last panel: only the vectors it has (16 columns: one)
+                                            with b.if_else(b.icmp_signed(">", left, _i64(2 * LANES))) as (three, fewer):
+                                                with three:
+                                                    self.block(i0, rows, col0, b_panel, masks, (k0, k1, first))
+                                                with fewer:
+                                                    with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (two, one_vector):
+                                                        with two:
+                                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), 2)
+                                                        with one_vector:
+                                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), 1)
 
                         self.loop("s", _i64(0), strips, 1, strip)
                         return

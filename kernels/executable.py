@@ -471,8 +471,9 @@ class Executable:
 
     def _blocked_runner(self, step: MatMulStep) -> Callable[[dict[str, np.ndarray]], None]:
         """The packed micro-kernel for a product stored channel-blocked (``MatMulStep.blocked``):
-        rows of A (image positions, channels last) times the constant weight, split over threads
-        by row blocks (the weight has few panels, the image many rows)."""
+        rows of A (image positions; A read in place with its two strides) times the constant
+        weight, split over threads by row strips (a large image: many rows, few weight panels) or
+        by column panels (a small image's wide product)."""
         from .gemm import MR, pack_b, sgemm_function
 
         assert step.blocked is not None and step.alpha == 1.0 and step.beta == 0.0 and len(step.a.shape) == 2

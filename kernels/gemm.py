@@ -427,7 +427,7 @@ class _Gen:
         b = self.b
         four = ir.Constant(ir.IntType(32), 4)
         places = self._c_places(i, col0, h, mask)
-        value = b.call(self.mload, [places[0][0], four, mask if len(places) == 1 else places[0][1], ir.Constant(VEC, [0.0] * LANES)])
+        value = b.call(self.mload, [places[0][0], four, places[0][1], ir.Constant(VEC, [0.0] * LANES)])
         if len(places) == 1:
             return value
         slot = self.alloca(VEC, "c_value")
@@ -441,15 +441,10 @@ class _Gen:
         b = self.b
         four = ir.Constant(ir.IntType(32), 4)
         places = self._c_places(i, col0, h, mask)
-        if len(places) == 1:
-            b.call(self.mstore, [value, places[0][0], four, mask])
-            return
-        with b.if_else(self.eight_lane_blocks()) as (eight, sixteen):
-            with eight:
-                for address, lanes in places:
-                    b.call(self.mstore, [value, address, four, lanes])
-            with sixteen:
-                b.call(self.mstore, [value, places[0][0], four, mask])
+        b.call(self.mstore, [value, places[0][0], four, places[0][1]])  # a dense row, or the (first) channel block
+        if len(places) > 1:
+            with b.if_then(self.eight_lane_blocks()):  # the second 8-channel block
+                b.call(self.mstore, [value, places[1][0], four, places[1][1]])
 
     def eight_lane_blocks(self) -> ir.Value:
         return self.b.icmp_signed("==", self.arg["block"], _i64(8))

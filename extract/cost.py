@@ -35,6 +35,7 @@ from typing import Protocol
 from ..egraph.graph_types import ENode, Ref
 from ..egraph.ops import BY_CTOR
 from ..egraph.ops.registry import CostCtx, numel
+from .conv_algorithm import winograd_tile, winograd_work
 
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape_of"})
@@ -322,6 +323,8 @@ class RooflineCost:
             return onnxsat_inlined_us(ctx, flops if cls == "elementwise" else 0.0, consts)
         if self.fusion == "onnxsat" and cls == "matmul":
             flops *= panel_waste(ctx.out_shape)
+        if self.fusion == "onnxsat" and cls == "conv":
+            flops, bytes_moved = onnxsat_conv_work(ctx.in_shapes, ctx.out_shape, attrs, flops, bytes_moved)
         reorders, reorder_bytes, unblocked, copies = 0, 0.0, 0.0, 0.0
         if self.fusion == "ort":
             split_input = bool(ctx.in_ops) and "split" in ctx.in_ops[0]
@@ -384,6 +387,21 @@ def panel_waste(out_shape: tuple[int, ...] | None) -> float:
     if n <= 0:
         return 1.0
     return math.ceil(n / GEMM_PANEL_COLUMNS) * GEMM_PANEL_COLUMNS / n
+
+
+def onnxsat_conv_work(
+    in_shapes: list[tuple[int, ...] | None], out_shape: tuple[int, ...] | None, attrs: dict[str, object], flops: float, bytes_moved: float
+) -> tuple[float, float]:
+    """A conv's FLOPs and bytes as onnxsat's CPU backend runs it: a Winograd conv's products and
+    transform traffic (``conv_algorithm``), any other conv's ``flops`` and ``bytes_moved``."""
+    x, w = (list(in_shapes) + [None, None])[:2]
+    if x is None or w is None or out_shape is None or len(x) != 4 or len(w) != 4 or len(out_shape) != 4:
+        return flops, bytes_moved
+    strides = attrs.get("strides") or (1, 1)
+    dilations = attrs.get("dilations") or (1, 1)
+    group = attrs.get("group") or 1
+    m = winograd_tile(x, w, int(group), w[2:], list(strides), list(dilations), out_shape[2:])  # type: ignore[call-overload]
+    return (flops, bytes_moved) if m is None else winograd_work(x, w, out_shape[2:], m)
 
 
 def onnxsat_inlined_us(ctx: NodeCtx, flops: float, consts: ClassConstants) -> float:

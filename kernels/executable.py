@@ -445,6 +445,11 @@ class Executable:
         units = [(0, rows, p0, p1) for p0, p1 in ranges]
         if parallel and one_panel_tasks:
             units = _tail_split_by_rows(units, self.threads, MR)
+        elif parallel and panels % self.threads and rows >= 2 * MR * self.threads:
+            # panels that do not divide over the threads (3 of 128 channels: 2 / 1): rows instead,
+            # every part all the panels (ResNet-18's 784 x 576 x 128 strided conv, channels last)
+            strips = -(-rows // MR)
+            units = [(s0 * MR, min(rows, s1 * MR) - s0 * MR, 0, panels) for s0, s1 in _chunks(strips, self.threads)]
         pool = self.pool
         self._keep.append(bp)
         bp_ptr = bp.ctypes.data

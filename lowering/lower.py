@@ -27,7 +27,7 @@ from .node_runner import node_runner
 from .partition import PNode, partition
 from .program import FallbackStep, KernelProgram, KernelStep, Step
 from .table import LOWERINGS, NotLowered, kind_of, load_rules
-from .values import Lazy, contiguous_strides, of_buffer, scalar
+from .values import Lazy, View, contiguous_strides, of_buffer, of_view, reads_channels_last, scalar, transpose
 
 MAX_FUSED_SIZE = 64
 """Expression nodes above which an inlined tensor is stored instead (bounded kernel size)."""
@@ -241,6 +241,16 @@ class Lowerer:
             self.emit_kernel(materialize_kernel(f"k{next(self.counter)}_{buf.name}", x, buf))
         return of_buffer(buf)
 
+    def store(self, x: Lazy, tensor: str) -> Lazy:
+        """``x`` stored as ``tensor``: channels last when it is an image computed from one stored
+        channels last (a Winograd conv's output and the residual Add and Relu after it), so the
+        elementwise kernel and the next conv read it with unit stride; otherwise ``materialize``."""
+        if tensor in self.output_names or not reads_channels_last(x):
+            return self.materialize(x, tensor=tensor)
+        stored = self.materialize(transpose(x, (0, 2, 3, 1)), tensor=tensor)
+        n, h, w, c = stored.shape
+        return of_view(View(stored.view.buffer, (h * w * c, 1, w * c, c), 0), x.shape)
+
     def overwritable(self, x: Lazy) -> Buffer | None:
         """The intermediate buffer ``x`` reads element for element (same shape, contiguous, one
         leaf) when no node after the current one reads it: a row-wise kernel may write its result
@@ -369,7 +379,7 @@ class Lowerer:
                 continue
             if tensor in roots or result.size > MAX_FUSED_SIZE:
                 if not (result.is_view and tensor not in self.output_names):
-                    result = self.materialize(result, tensor=tensor)
+                    result = self.store(result, tensor)
             self.lazies[tensor] = result
         self.native[node.op_type] = self.native.get(node.op_type, 0) + 1
 

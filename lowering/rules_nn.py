@@ -1,18 +1,20 @@
 """Lowering rules of MatMul, Gemm and Conv (ConvTranspose: ``rules_conv_transpose``).
 
 Matrix products become BLAS calls on strided views (a transposed weight is passed as a transpose
-flag, not copied). A 2-D Conv of one group whose taps overlap is an implicit GEMM: the product
-reads shifted windows of its padded input (or of the input's stride phases) as B's rows, with the
-bias and activation in its epilogue (``_implicit_conv``). A Conv of one group with a small output
-image (a 7 x 7 last stage; 1x1 convs too) runs position-major instead: one row per output position
-against the weight laid out [taps x C, M], so the vector lanes run over output channels
-(``_position_major_conv``). A squeeze-excitation's channel scale is applied as a 1x1 conv's product
-packs its input. Other convs are im2col (a kernel that gathers
-windows, skipped for 1x1 convolutions) plus one batched GEMM whose output already has the NCHW
-layout. A 1x1 Conv of a 1x1 image is a dot product per output channel, few output channels per
-group a direct kernel, and a strided or narrow depthwise Conv a channel-blocked kernel with its
-weight packed at compile time (conv_kernels); the 1x1 conv feeding such a conv stores its product
-straight into that kernel's blocked, zero-padded input (``_blocked_pointwise``).
+flag, not copied). A 3x3 stride-1 Conv of one group with enough channels and tiles runs as
+Winograd (``winograd``; ``extract.conv_algorithm`` decides, as the cost model prices it), its
+output stored channels last. Another 2-D Conv of one group whose taps overlap is an implicit GEMM:
+the product reads shifted windows of its padded input (or of the input's stride phases) as B's
+rows, with the bias and activation in its epilogue (``_implicit_conv``). A Conv of one group with
+a small output image (a 7 x 7 last stage; 1x1 convs too), or reading a channels-last image, runs
+position-major instead: one row per output position against the weight laid out [taps x C, M], so
+the vector lanes run over output channels (``_position_major_conv``). A squeeze-excitation's
+channel scale is applied as a 1x1 conv's product packs its input. Other convs are im2col (a kernel
+that gathers windows, skipped for 1x1 convolutions) plus one batched GEMM whose output already has
+the NCHW layout. A 1x1 Conv of a 1x1 image is a dot product per output channel, few output
+channels per group a direct kernel, and a strided or narrow depthwise Conv a channel-blocked kernel
+with its weight packed at compile time (conv_kernels); the 1x1 conv feeding such a conv stores its
+product straight into that kernel's blocked, zero-padded input (``_blocked_pointwise``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from onnxsat.extract.conv_algorithm import winograd_tile
+
+from .channel_gate import channel_gate, channel_scaled
 from .conv_kernels import (
     blocked_depthwise_conv,
     channel_block,
@@ -41,10 +46,8 @@ from .kernel_ir import (
     Const,
     Expr,
     Select,
-    Var,
     add,
     i64,
-    loads_in,
     mul,
 )
 from .loops import buffers_of, reduction_kernel
@@ -70,9 +73,11 @@ from .values import (
     general,
     of_buffer,
     of_view,
+    reads_channels_last,
     reshape,
     transpose,
 )
+from .winograd import transform_weight, winograd_conv
 
 GEMM_DTYPES = ("f32", "f64")
 """Element types of the products (and so of Conv and ConvTranspose, direct kernels included)."""
@@ -311,7 +316,8 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         into_blocked = _blocked_pointwise(cx, nv, x, w, np.asarray(weight), bias)
         if into_blocked is not None:
             return into_blocked
-        small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp))
+        most = PACKED_GEMM_MAX_ROWS if reads_channels_last(x) else POSITION_MAJOR_MAX_POSITIONS
+        small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, [0, 0], tuple(out_sp), most)
         gapped = small if small is not None else _gapped_pointwise(cx, nv, x, w, bias)
         if gapped is not None:
             return gapped
@@ -335,12 +341,21 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
                 return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation, into, last)
 
             return _with_activation(cx, nv, blocked)
+        tile = winograd_tile(x.shape, w.shape, group, kernel, strides, dilations, tuple(out_sp)) if weight is not None and dt == "f32" and cx.gemm_epilogues else None
+        if tile is not None:  # the output transform applies the activation
+            u = transform_weight(np.asarray(weight), tile)
+            return _with_activation(cx, nv, lambda tensor, act: winograd_conv(cx, tensor, x, begin, u, bias, tile, tuple(out_sp), act))
         direct = fits_direct(mg, kernel) and math.prod(out_sp)
         # implicit when the taps overlap: its phase planes (the input, s*s times over) are then
         # smaller than im2col (the input, once per tap); a 1x1 stride-2 conv's im2col is a quarter.
         # It also beats the direct kernel from 16 output channels, or 8 with a stride (one
         # thread, MobileNetV3's 3->16 3x3/2 stem: 392 -> 237 us; with 4 the direct kernel won)
         prefer_gemm = mg >= 16 or (mg >= 8 and any(s > 1 for s in strides))
+        if weight is not None and group == 1 and n_sp == 2 and reads_channels_last(x):
+            # stored channels last (a Winograd conv's block output): windows are runs of channels
+            rows = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, need, tuple(out_sp), PACKED_GEMM_MAX_ROWS)
+            if rows is not None:
+                return rows
         if (prefer_gemm or not direct) and weight is not None and group == 1 and n_sp == 2 and math.prod(kernel) > math.prod(strides):
             small = _position_major_conv(cx, nv, x, w, np.asarray(weight), bias, kernel, strides, dilations, begin, need, tuple(out_sp))
             if small is not None:
@@ -369,7 +384,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     wm = reshape(w, (1, group, mg, ck))
     scale = None
     if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
-        scaled = _channel_scaled(cx, col) if _row_epilogue(cx, nv, wm, bias) is not None else None
+        scaled = channel_scaled(cx, col) if _row_epilogue(cx, nv, wm, bias) is not None else None
         if scaled is not None:  # a squeeze-excitation's Mul: the product scales B's rows as it packs them
             col, scale = scaled
         else:
@@ -388,50 +403,6 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         b = reshape(bias, (cout,) + (1,) * n_sp)
         y = elementwise(lambda p, q: Binary("add", p, q), [y, b], dt)
     return [y]
-
-
-def _channel_scaled(cx: Any, col: Lazy) -> tuple[Lazy, Buffer] | None:
-    """``col`` (1 x 1 x K x N) as ``x * f``, with ``x`` a stored view with contiguous rows and ``f``
-    one value per row (a squeeze-excitation's gate, broadcast over the positions): the view ``x``
-    and a buffer holding ``f`` (K values, stored here); None for any other ``col``."""
-    if col.leaves is None or col.combine is None or len(col.shape) != 4 or col.shape[:2] != (1, 1):
-        return None
-    n = col.shape[3]
-    full = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 1 and v.strides[-2] == n]
-    if len(full) != 1 or n < 2:
-        return None
-    gate = _channel_gate(cx, col, full[0], 2)
-    return None if gate is None else (of_view(col.leaves[full[0]], col.shape), gate)
-
-
-def _channel_gate(cx: Any, x: Lazy, image: int, axis: int) -> Buffer | None:
-    """A buffer holding ``f`` (stored here, one value per index of ``axis``) when ``x`` is its leaf
-    ``image`` times ``f``, read from the other leaves, which are constant along the axes after
-    ``axis``; None otherwise."""
-    assert x.leaves is not None and x.combine is not None
-    others = [i for i in range(len(x.leaves)) if i != image]
-    if not others or any(any(st != 0 for st in x.leaves[i].strides[axis + 1 :]) for i in others):
-        return None
-    loads = [v.load([Var(f"i{d}") for d in range(len(x.shape))]) for v in x.leaves]
-    value = x.combine(loads)
-    x_load = loads[image]
-    if not (isinstance(value, Binary) and value.op == "mul" and (value.a is x_load or value.b is x_load)):
-        return None
-    x_first = value.a is x_load
-    if any(ld == x_load for ld in loads_in(value.b if x_first else value.a)):
-        return None
-    combine = x.combine
-
-    def factor(row_loads: list[Expr]) -> Expr:  # the gate alone: the other operand of the product
-        every = list(row_loads)
-        every.insert(image, Const(1.0, x.dtype))
-        product = combine(every)
-        assert isinstance(product, Binary)
-        return product.b if x_first else product.a
-
-    shape = x.shape[: axis + 1] + (1,) * (len(x.shape) - axis - 1)
-    gate = Lazy(shape, x.dtype, tuple(x.leaves[i] for i in others), factor, None, x.size)
-    return cx.materialize(reshape(gate, (x.shape[axis],)), "gate").view.buffer
 
 
 def _implicit_conv(
@@ -565,7 +536,7 @@ def _gapped_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, bias: Lazy | None) -> 
         return None
     scale = None
     if len(x.leaves) == 2:
-        scale = _channel_gate(cx, x, image[0], 1)
+        scale = channel_gate(cx, x, image[0], 1)
         if scale is None:
             return None
     elif not x.is_view:
@@ -598,7 +569,7 @@ POSITION_MAJOR_MIN_CHANNELS = 48
 
 def _position_major_conv(
     cx: Any, nv: Any, x: Lazy, w: Lazy, weight: np.ndarray, bias: Lazy | None, kernel: list[int], strides: list[int], dilations: list[int], begin: list[int], need: list[int],
-    out_sp: tuple[int, ...],
+    out_sp: tuple[int, ...], max_positions: int = POSITION_MAJOR_MAX_POSITIONS,
 ) -> list[Any] | None:
     """A 2-D Conv with a small output image (the 7 x 7 last stage of ResNet, MobileNet, EfficientNet)
     as ``windows @ W^T``: one row per output position (the padded input, channels last, copied tap
@@ -613,7 +584,7 @@ def _position_major_conv(
     positions = math.prod(out_sp)
     batch, cin = x.shape[:2]
     cout = weight.shape[0]
-    if positions > POSITION_MAJOR_MAX_POSITIONS or cout < POSITION_MAJOR_MIN_CHANNELS or batch * positions > PACKED_GEMM_MAX_ROWS:
+    if positions > max_positions or cout < POSITION_MAJOR_MIN_CHANNELS or batch * positions > PACKED_GEMM_MAX_ROWS:
         return None
     epilogue = _row_epilogue(cx, nv, reshape(w, (1, 1, cout, weight[0].size)), bias)
     if not cx.gemm_epilogues or x.dtype != "f32" or weight.dtype != np.float32 or (epilogue is None and bias is not None):
@@ -631,10 +602,17 @@ def _position_major_conv(
         cond = Binary("and", Binary("and", inside[0], inside[1]), Binary("and", inside[2], inside[3]))
         return Select(cond, x.gen([n, c, *at]), Const(0.0, x.dtype))
 
-    last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
-    if math.prod(kernel) == 1 and all(s == 1 for s in strides) and tuple(size) == tuple(out_sp):
+    pointwise = math.prod(kernel) == 1 and all(s == 1 for s in strides) and tuple(size) == tuple(out_sp)
+    if pointwise and x.is_view and x.view.strides == (positions * cin, 1, out_sp[1] * cin, cin):
+        rows = of_view(View(x.view.buffer, (cin, 1), x.view.offset), (batch * positions, cin))  # stored channels last
+    elif pointwise:
+        last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
         rows = reshape(last, (batch * positions, cin))  # a 1x1 conv's rows are the copy itself
     else:
+        if x.is_view and not any(begin) and not any(need) and reads_channels_last(x):
+            last = transpose(x, (0, 2, 3, 1))  # stored channels last, no padding: windows read it in place
+        else:
+            last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
 
         def window(idx: Index) -> Expr:
             n, oh, ow, kh, kw, c = idx

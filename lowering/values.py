@@ -110,6 +110,15 @@ def scalar(value: float | int | bool, dtype: str, shape: tuple[int, ...] = ()) -
     return Lazy(tuple(shape), dtype, (), lambda loads: const, None, 1)
 
 
+def reads_channels_last(x: Lazy) -> bool:
+    """Whether ``x`` is a 4-D image of more than one channel and position with a full-size leaf
+    stored channels last (strides decreasing over N, H, W, C): a Winograd or position-major
+    conv's output, or an elementwise op of one."""
+    if len(x.shape) != 4 or x.shape[1] < 2 or x.shape[2] * x.shape[3] < 2 or x.leaves is None:
+        return False
+    return any(0 not in v.strides and v.strides[0] >= v.strides[2] > v.strides[3] > v.strides[1] == 1 for v in x.leaves)
+
+
 def general(shape: tuple[int, ...], dtype: str, fn: Callable[[Index], Expr], size: int) -> Lazy:
     return Lazy(tuple(shape), dtype, None, None, fn, size)
 

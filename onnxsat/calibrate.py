@@ -36,6 +36,8 @@ from .extract.cost import (
     ClassConstants,
     RooflineCost,
     nchwc_unblocked,
+    onnxsat_conv_work,
+    op_class,
     relative_error,
 )
 
@@ -167,6 +169,8 @@ def measure(
     ort = target == "ort-cpu"
     for sample, total in zip(sample_list, totals, strict=True):
         flops, bytes_moved = sample.work()
+        if not ort and op_class(sample.op) == "conv":  # as onnxsat's kernels run it (Winograd)
+            flops, bytes_moved = onnxsat_conv_work(list(sample.inputs), sample.out_shape, sample.egraph_attrs, flops, bytes_moved)
         node_us = max(total - baseline, MIN_NODE_US)
         count, moved = sample.reorders() if ort else (0, 0.0)
         unblocked = ort and nchwc_unblocked(sample.op, list(sample.inputs))

@@ -75,14 +75,14 @@ def test_a_packed_product_whose_panels_do_not_divide_over_the_threads_splits_its
     from onnxsat.kernels.native_runner import KIND_PACKED_GEMM
 
     rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((144, 64, 3, 3)).astype(np.float32) * 0.05, "w")
+    w = numpy_helper.from_array(rng.standard_normal((144, 16, 3, 3)).astype(np.float32) * 0.05, "w")  # too few channels for Winograd
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "c",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 7, 7])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 7, 7])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"x": rng.standard_normal((1, 64, 7, 7)).astype(np.float32)}
+    feeds = {"x": rng.standard_normal((1, 16, 7, 7)).astype(np.float32)}
     results = []
     for threads in (1, 2):
         compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
@@ -97,4 +97,28 @@ def test_a_packed_product_whose_panels_do_not_divide_over_the_threads_splits_its
             rows_by_panel.setdefault(p, []).append(rows)
     assert sorted(rows_by_panel) == [0, 1, 2]
     assert rows_by_panel[0] == rows_by_panel[1] == [49] and sorted(rows_by_panel[2]) == [17, 32]
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_a_large_packed_product_whose_panels_do_not_divide_over_the_threads_splits_by_rows() -> None:
+    """A of 784 x 576 (more than L2 holds) times 128 columns, 3 panels: two threads would take 2 / 1
+    panels; they take half the rows each, every panel, and compute what one thread does."""
+    from onnxsat.kernels.native_runner import KIND_PACKED_GEMM
+
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((576, 128)).astype(np.float32) * 0.05, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [784, 576])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((784, 576)).astype(np.float32)}
+    results = []
+    for threads in (1, 2):
+        compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
+        results.append(compiled(feeds)["y"])
+        gemm = [t for t in compiled.executable_for(feeds).native.tasks if t[0] == KIND_PACKED_GEMM]
+        compiled.close()
+    assert sorted((int(t[8]), int(t[10]), int(t[11])) for t in gemm) == [(392, 0, 3), (392, 0, 3)]
     np.testing.assert_array_equal(results[0], results[1])

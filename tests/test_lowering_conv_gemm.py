@@ -36,7 +36,8 @@ CASES = {
     "pw_relu_no_bias": ([1, 16, 28, 28], [24, 16, 1, 1], {}, False, "relu"),
     "se_fc_relu_no_bias": ([1, 16, 7, 7], [8, 16, 1, 1], {}, False, "relu"),
     "pw_silu_no_bias": ([1, 24, 7, 7], [40, 24, 1, 1], {}, False, "silu"),
-    "dense3x3_s1": ([1, 64, 28, 28], [64, 64, 3, 3], {"pads": [1, 1, 1, 1]}, True, "relu"),
+    "dense3x3_s1": ([1, 16, 28, 28], [64, 16, 3, 3], {"pads": [1, 1, 1, 1]}, True, "relu"),  # too few channels for Winograd
+    "winograd3x3_s1": ([1, 64, 28, 28], [64, 64, 3, 3], {"pads": [1, 1, 1, 1]}, True, "relu"),
     "dense3x3_s2_deep": ([1, 512, 7, 7], [20, 512, 3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, ""),
     "stem3x3_s2_silu": ([1, 3, 48, 48], [32, 3, 3, 3], {"pads": [1, 1, 1, 1], "strides": [2, 2]}, True, "silu"),
     "stem7x7_s2": ([1, 3, 64, 64], [64, 3, 7, 7], {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True, "relu"),
@@ -119,6 +120,10 @@ def test_conv_bias_and_relu_go_into_the_product(name: str) -> None:
     if name.startswith("se_"):  # a 1x1 image: dot products, the activation an elementwise kernel
         assert not products
         assert any(s.kernel.name.startswith("matvec_") for s in program.steps if isinstance(s, KernelStep))
+        return
+    if name.startswith("winograd"):  # the output transform adds the bias and applies the Relu
+        assert len(products) == 36 and all(p.bias is None and not p.relu for p in products)
+        assert [s.kernel.name.split("_")[0] for s in program.steps if isinstance(s, KernelStep)][1:3] == ["wgin", "wgout"]
         return
     if attrs.get("group", 1) > 1:
         convs = [s.kernel for s in program.steps if isinstance(s, KernelStep) and "conv_" in s.kernel.name]

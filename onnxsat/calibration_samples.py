@@ -271,6 +271,9 @@ def samples(quick: bool = False) -> list[Sample]:
         # depthwise convs are bound by memory, not FLOPs).
         _conv(64, 56, 64, 3), _conv(128, 28, 128, 3), _conv(256, 14, 256, 3), _conv(512, 7, 512, 3),
         _conv(64, 56, 128, 3, stride=2, held=True), _conv(256, 14, 512, 3, stride=2, held=True),
+        # the convs onnxsat runs as implicit GEMMs at these sizes (the 3x3 stride-1 ones above run
+        # as Winograd on onnxsat-cpu, a class of their own): image heads and strided 3x3 convs
+        _conv(3, 224, 64, 7, stride=2), _conv(3, 224, 16, 3, stride=2), _conv(128, 28, 256, 3, stride=2),
         _conv(96, 56, 24, 1), _conv(24, 56, 144, 1), _conv(240, 28, 40, 1), _conv(112, 14, 672, 1),
         _conv(960, 7, 160, 1), _conv(40, 28, 240, 1, held=True), _conv(672, 14, 112, 1, held=True),
         _depthwise(96, 112, 3), _depthwise(144, 56, 3), _depthwise(240, 28, 5), _depthwise(672, 14, 5),

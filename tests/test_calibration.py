@@ -319,6 +319,32 @@ def test_a_depthwise_conv_has_its_own_class_and_falls_back_to_the_conv_constants
     assert split.node_cost(dense) == base.node_cost(dense)
 
 
+def test_a_conv_onnxsat_runs_as_winograd_is_priced_as_its_products_and_transforms() -> None:
+    """On onnxsat-cpu a 3x3 stride-1 conv of 64 channels is priced by the ``winograd`` constants
+    (the ``conv`` ones in a profile without them) on F(4x4)'s products: a quarter of the direct
+    FLOPs; the same conv with stride 2, and any conv on onnxruntime's target, as a conv."""
+    from onnxsat.extract.conv_algorithm import winograd_work
+    from onnxsat.extract.cost import winograd_conv_work
+
+    def conv(stride: int) -> NodeCtx:
+        args = (Ref("x"), Ref("w"), (stride, stride), (1, 1, 1, 1), (1, 1), 1)
+        out = (1, 64, 56 // stride, 56 // stride)
+        return _ctx("conv", args, [(1, 64, 56, 56), (64, 64, 3, 3)], out, [{"relu"}, {"Tensor.weight"}], [False, True])  # fmt: skip
+
+    flops, nbytes = winograd_work((1, 64, 56, 56), (64, 64, 3, 3), (56, 56), 4)
+    assert flops == pytest.approx(_work(conv(1))[0] / 4)
+    assert winograd_conv_work(conv(1).in_shapes, conv(1).out_shape, {"strides": (1, 1)}) == (flops, nbytes)
+    assert winograd_conv_work(conv(2).in_shapes, conv(2).out_shape, {"strides": (2, 2)}) is None
+    fast, slow = ClassConstants(400.0, 100.0, 1.0), ClassConstants(10.0, 5.0, 1.0)
+    split = dataclasses.replace(TARGETS["onnxsat-cpu"], classes={"conv": slow, "winograd": fast})
+    base = dataclasses.replace(TARGETS["onnxsat-cpu"], classes={"conv": slow})
+    assert split.node_cost(conv(1)) == pytest.approx(fast.time_us(flops, nbytes))
+    assert base.node_cost(conv(1)) == pytest.approx(slow.time_us(flops, nbytes))
+    assert split.node_cost(conv(2)) == pytest.approx(slow.time_us(*_work(conv(2))))
+    ort = dataclasses.replace(TARGETS["ort-cpu"], classes={"conv": slow, "winograd": fast})
+    assert ort.node_cost(conv(1)) > split.node_cost(conv(1)) * 10
+
+
 def _work(ctx: NodeCtx) -> tuple[float, float]:
     from onnxsat.extract.cost import node_work
 

@@ -95,6 +95,7 @@ TRANSFORMS: dict[int, Transforms] = {
     ),
 }
 
+
 def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
     """``G g G^T`` for every filter of ``weight`` [Cout, Cin, 3, 3], laid out [alpha^2, Cin, Cout]
     (the constant B of each tile position's product), computed in float64 and rounded once."""
@@ -164,6 +165,14 @@ def channels_last_padded(cx: Any, x: Lazy, begin: list[int], padded_sp: tuple[in
     return out
 
 
+CHANNEL_CHUNK = 64
+"""Channels per unit of the transforms' parallel range (the vector loop's length)."""
+
+
+def _chunk(channels: int) -> int:
+    return CHANNEL_CHUNK if channels % CHANNEL_CHUNK == 0 else channels
+
+
 def winograd_conv(
     cx: Any, tensor: str, x: Lazy, begin: list[int], u: np.ndarray, bias: Lazy | None, m: int, out_sp: tuple[int, ...], activation: Callable[[Expr], Expr] | None,
 ) -> Lazy:
@@ -183,7 +192,6 @@ def winograd_conv(
     hp, wp = padded.shape[1:3]
     v = cx.buffer(f"{tensor}_wv", (points, tiles, cin), "f32")
     tx, lane = Var("tx"), Var("lane")
-
     in_chunk, out_chunk = _chunk(cin), _chunk(cout)
 
     def input_tile(o: list[Expr], flat: Expr) -> tuple[Stmt, ...]:
@@ -224,14 +232,6 @@ def winograd_conv(
     inputs = [*products, *(buffers_of(bias) if bias is not None else [])]
     cx.emit_kernel(outer_kernel(f"wgout_{y.name}", inputs, [y], (batch, th, cout // out_chunk), output_tile, float(points * tiles * cout * 6)))
     return of_view(View(y, (math.prod(grid[1:]), 1, grid[2] * cout, cout), 0), (batch, cout, *out_sp))
-
-
-CHANNEL_CHUNK = 64
-"""Channels per unit of the transforms' parallel range (the vector loop's length)."""
-
-
-def _chunk(channels: int) -> int:
-    return CHANNEL_CHUNK if channels % CHANNEL_CHUNK == 0 else channels
 
 
 __all__ = ["TRANSFORMS", "Transforms", "channels_last_padded", "transform_weight", "winograd_conv"]

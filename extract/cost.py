@@ -52,7 +52,7 @@ contiguous copies of Concat, and a depthwise conv is bound by memory where a den
 by FLOPs (one roofline for both fitted the dense convs' rate at half what large ones reach). On
 the ``onnxsat-cpu`` target the convs onnxsat's kernels run as Winograd (small products between two
 memory-bound transforms) have a class of their own: fitted as implicit GEMMs, ResNet-18 was
-predicted 1.34-1.42x its measured time, 1.20x with their own roofline."""
+predicted 1.34-1.42x its measured time, 0.99-1.25x (over calibration runs) with their own roofline."""
 
 _FAMILY_CLASS = {
     "matmul": "matmul",

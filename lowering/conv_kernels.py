@@ -7,6 +7,8 @@ zero-padded input: for each input channel the taps' weights are scalars, and one
 vectorizer turns into vector code). The first channel stores, the others accumulate. A strided
 or narrow depthwise Conv has no long unit-stride row to vectorize along, so it runs channel-blocked
 instead: over a padded NCHWc copy of its input, 16 (or 8) channels per vector (MLAS's layout).
+The kernels that read vectors of channels (Winograd's input transform, the position-major conv's
+windows) read a padded channels-last copy (``channels_last_padded``).
 
 ConvTranspose is ``col = W_g^T @ X_g`` (a GEMM, in rules_nn) followed by ``col2im`` here, which
 gathers every output from its taps residue by residue modulo the stride.
@@ -46,7 +48,7 @@ from .kernel_ir import (
     unflatten,
 )
 from .loops import buffers_of, outer_kernel
-from .values import Lazy, View, contiguous_strides, of_buffer, of_view
+from .values import Lazy, View, contiguous_strides, general, of_buffer, of_view
 
 DIRECT_MAX_CHANNELS = 16
 """Output channels per group up to which a windowed Conv is a direct kernel: a product with so few
@@ -345,6 +347,25 @@ def _blocked_padded(cx: Any, x: Lazy, begin: list[int], padded_sp: tuple[int, ..
 
     cx.emit_kernel(outer_kernel(f"nchwc_{xb.name}", buffers_of(x), [xb], (batch, blocks, hp), body, float(math.prod(xb.shape) * (x.size + 2))))
     return xb
+
+
+def channels_last_padded(cx: Any, x: Lazy, begin: list[int], padded_sp: tuple[int, int]) -> Buffer:
+    """``x`` [N, C, H, W] stored zero-padded and channels last, [N, Hp, Wp, C] (``begin`` rows and
+    columns of zeros before the image, the rest after): the kernels that read a vector of channels
+    per window value read it (Winograd's input transform, the position-major conv's windows). From
+    a channels-last ``x`` each row is a contiguous copy; the producer of ``x`` fuses into it."""
+
+    def value(idx: list[Expr]) -> Expr:
+        n, h, w, c = idx
+        at, inside = [], []
+        for pos, lo, extent in ((h, begin[0], x.shape[2]), (w, begin[1], x.shape[3])):
+            src = add(pos, i64(-lo))
+            inside += [Compare("ge", src, i64(0)), Compare("lt", src, i64(extent))]
+            at.append(Binary("min", Binary("max", src, i64(0)), i64(extent - 1)))
+        cond = Binary("and", Binary("and", inside[0], inside[1]), Binary("and", inside[2], inside[3]))
+        return Select(cond, x.gen([n, c, *at]), Const(0.0, x.dtype))
+
+    return cx.materialize(general((x.shape[0], *padded_sp, x.shape[1]), x.dtype, value, x.size + 8), "nhwc").view.buffer
 
 
 def pack_depthwise_weight(w: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ from .node_runner import node_runner
 from .partition import PNode, partition
 from .program import FallbackStep, KernelProgram, KernelStep, Step
 from .table import LOWERINGS, NotLowered, kind_of, load_rules
-from .values import Lazy, View, contiguous_strides, of_buffer, of_view, reads_channels_last, scalar, transpose
+from .values import Lazy, contiguous_strides, nchw_view, of_buffer, reads_channels_last, scalar, transpose
 
 MAX_FUSED_SIZE = 64
 """Expression nodes above which an inlined tensor is stored instead (bounded kernel size)."""
@@ -247,9 +247,7 @@ class Lowerer:
         elementwise kernel and the next conv read it with unit stride; otherwise ``materialize``."""
         if tensor in self.output_names or not reads_channels_last(x):
             return self.materialize(x, tensor=tensor)
-        stored = self.materialize(transpose(x, (0, 2, 3, 1)), tensor=tensor)
-        n, h, w, c = stored.shape
-        return of_view(View(stored.view.buffer, (h * w * c, 1, w * c, c), 0), x.shape)
+        return nchw_view(self.materialize(transpose(x, (0, 2, 3, 1)), tensor=tensor).view.buffer, x.shape)
 
     def overwritable(self, x: Lazy) -> Buffer | None:
         """The intermediate buffer ``x`` reads element for element (same shape, contiguous, one

@@ -32,6 +32,7 @@ from .channel_gate import channel_gate, channel_scaled
 from .conv_kernels import (
     blocked_depthwise_conv,
     channel_block,
+    channels_last_padded,
     direct_conv,
     fits_blocked_depthwise,
     fits_direct,
@@ -42,10 +43,8 @@ from .kernel_ir import (
     Binary,
     Buffer,
     Cast,
-    Compare,
     Const,
     Expr,
-    Select,
     add,
     i64,
     mul,
@@ -71,6 +70,7 @@ from .values import (
     contiguous_strides,
     elementwise,
     general,
+    nchw_view,
     of_buffer,
     of_view,
     reads_channels_last,
@@ -579,8 +579,10 @@ def _position_major_conv(
     512-channel 3x3 convs took 2.8 ms each against 2.2 ms here, EfficientNet's 320 -> 1280 1x1 conv
     0.53 against 0.45 ms (one thread). Bias and ReLU are the packed micro-kernel's epilogue (SiLU
     and HardSwish follow as elementwise ops); the result is a strided NCHW view of the [positions, M]
-    product. None where the product would not be the packed micro-kernel (its row limit) or the row
-    epilogue does not apply."""
+    product. ``max_positions``: the largest image taken (any size up to the row limit for an input
+    stored channels last, which the windows read as runs of channels, with no padded copy when the
+    conv pads nothing). None where the product would not be the packed micro-kernel (its row limit)
+    or the row epilogue does not apply."""
     positions = math.prod(out_sp)
     batch, cin = x.shape[:2]
     cout = weight.shape[0]
@@ -592,27 +594,13 @@ def _position_major_conv(
     (sh, sw), (dh, dw) = strides, dilations
     size = [d + b + e for d, b, e in zip(x.shape[2:], begin, need, strict=True)]
 
-    def channels_last(idx: Index) -> Expr:  # the zero-padded input as [N, Hp, Wp, C]
-        n, h, w, c = idx
-        at, inside = [], []
-        for pos, lo, extent in ((h, begin[0], x.shape[2]), (w, begin[1], x.shape[3])):
-            src = add(pos, i64(-lo))
-            inside += [Compare("ge", src, i64(0)), Compare("lt", src, i64(extent))]
-            at.append(Binary("min", Binary("max", src, i64(0)), i64(extent - 1)))
-        cond = Binary("and", Binary("and", inside[0], inside[1]), Binary("and", inside[2], inside[3]))
-        return Select(cond, x.gen([n, c, *at]), Const(0.0, x.dtype))
-
-    pointwise = math.prod(kernel) == 1 and all(s == 1 for s in strides) and tuple(size) == tuple(out_sp)
-    if pointwise and x.is_view and x.view.strides == (positions * cin, 1, out_sp[1] * cin, cin):
-        rows = of_view(View(x.view.buffer, (cin, 1), x.view.offset), (batch * positions, cin))  # stored channels last
-    elif pointwise:
-        last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
-        rows = reshape(last, (batch * positions, cin))  # a 1x1 conv's rows are the copy itself
+    if x.is_view and not any(begin) and not any(need) and reads_channels_last(x):
+        last = transpose(x, (0, 2, 3, 1))  # stored channels last, no padding: read in place
     else:
-        if x.is_view and not any(begin) and not any(need) and reads_channels_last(x):
-            last = transpose(x, (0, 2, 3, 1))  # stored channels last, no padding: windows read it in place
-        else:
-            last = cx.materialize(general((batch, *size, cin), x.dtype, channels_last, x.size + 8), "nhwc")
+        last = of_buffer(channels_last_padded(cx, x, begin, (size[0], size[1])))
+    if math.prod(kernel) == 1 and all(s == 1 for s in strides) and tuple(size) == tuple(out_sp):
+        rows = reshape(last, (batch * positions, cin))  # a 1x1 conv's rows are the image itself
+    else:
 
         def window(idx: Index) -> Expr:
             n, oh, ow, kh, kw, c = idx
@@ -625,7 +613,7 @@ def _position_major_conv(
     by_column = None if epilogue is None else Epilogue(epilogue.bias, epilogue.relu, tensor, ())
     product = matmul(cx, rows, columns, f"{tensor}_pm", epilogue=by_column)
     assert product.is_view
-    y = of_view(View(product.view.buffer, (positions * cout, 1, out_sp[1] * cout, cout), 0), (batch, cout, *out_sp))
+    y = nchw_view(product.view.buffer, (batch, cout, *out_sp))
     if epilogue is None:
         return [y]
     if epilogue.activation:  # the packed micro-kernel's epilogues end at ReLU

@@ -119,6 +119,15 @@ def reads_channels_last(x: Lazy) -> bool:
     return any(0 not in v.strides and v.strides[0] >= v.strides[2] > v.strides[3] > v.strides[1] == 1 for v in x.leaves)
 
 
+def nchw_view(buffer: Buffer, shape: tuple[int, ...]) -> Lazy:
+    """The NCHW image ``shape`` [N, C, H, W] stored channels last in ``buffer`` ([N, H', W', C] or
+    its flat [N * H' * W', C], H' >= H and W' >= W: a grid of whole tiles reads as its corner)."""
+    n, c, h, w = shape
+    width = buffer.shape[2] if len(buffer.shape) == 4 else w
+    plane = buffer.numel // n
+    return of_view(View(buffer, (plane, 1, width * c, c), 0), shape)
+
+
 def general(shape: tuple[int, ...], dtype: str, fn: Callable[[Index], Expr], size: int) -> Lazy:
     return Lazy(tuple(shape), dtype, None, None, fn, size)
 

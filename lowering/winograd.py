@@ -23,7 +23,6 @@ onnxruntime's tolerance; tests check both sizes against onnxruntime.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,17 +31,15 @@ import numpy as np
 
 from onnxsat.extract.conv_algorithm import tiles_of
 
+from .conv_kernels import channels_last_padded
 from .kernel_ir import (
     Binary,
-    Buffer,
-    Compare,
     Const,
     Decl,
     Expr,
     Load,
     Local,
     Loop,
-    Select,
     Stmt,
     Store,
     Unary,
@@ -54,7 +51,7 @@ from .kernel_ir import (
 )
 from .loops import buffers_of, outer_kernel
 from .program import MatMulStep, StridedOperand
-from .values import Lazy, View, of_view
+from .values import Lazy, nchw_view
 
 
 @dataclass(frozen=True)
@@ -133,38 +130,6 @@ def _two_sided(left: np.ndarray, right: np.ndarray, tile: Sequence[Sequence[Expr
     return stmts, out
 
 
-def channels_last_padded(cx: Any, x: Lazy, begin: list[int], padded_sp: tuple[int, int]) -> Buffer:
-    """``x`` [N, C, H, W] stored zero-padded and channels last, [N, Hp, Wp, C] (``begin`` rows and
-    columns of zeros before the image, the rest after), parallel over padded rows: the transform
-    then reads a vector of channels per window value. From a channels-last ``x`` (a Winograd
-    conv's output) each row is a contiguous copy."""
-    batch, chans, height, width = x.shape
-    hp, wp = padded_sp
-    out = cx.buffer("nhwc_padded", (batch, hp, wp, chans), x.dtype)
-    col, c = Var("w"), Var("c")
-    zero = Const(0.0, x.dtype)
-
-    def row(o: list[Expr], flat: Expr) -> tuple[Stmt, ...]:
-        n, r = o
-        src = add(r, i64(-begin[0]))
-        inside = Binary("and", Compare("ge", src, i64(0)), Compare("lt", src, i64(height)))
-        clamped = Binary("min", Binary("max", src, i64(0)), i64(height - 1))
-        start = mul(flat, i64(wp * chans))
-        value = Select(inside, x.gen([n, c, clamped, col]), zero)
-        lead, interior = begin[1] * chans, (begin[1] + width) * chans
-        stmts: list[Stmt] = []
-        if lead:
-            stmts.append(Loop(col.name, i64(lead), (Store(out, add(start, col), zero),)))
-        at = add(add(start, i64(lead)), add(mul(col, i64(chans)), c))
-        stmts.append(Loop(col.name, i64(width), (Loop(c.name, i64(chans), (Store(out, at, value),)),)))
-        if interior < wp * chans:
-            stmts.append(Loop(col.name, i64(wp * chans), (Store(out, add(start, col), zero),), i64(interior)))
-        return tuple(stmts)
-
-    cx.emit_kernel(outer_kernel(f"nhwc_{out.name}", buffers_of(x), [out], (batch, hp), row, float(out.numel * (x.size + 2))))
-    return out
-
-
 CHANNEL_CHUNK = 64
 """Channels per unit of the transforms' parallel range (the vector loop's length)."""
 
@@ -231,7 +196,7 @@ def winograd_conv(
 
     inputs = [*products, *(buffers_of(bias) if bias is not None else [])]
     cx.emit_kernel(outer_kernel(f"wgout_{y.name}", inputs, [y], (batch, th, cout // out_chunk), output_tile, float(points * tiles * cout * 6)))
-    return of_view(View(y, (math.prod(grid[1:]), 1, grid[2] * cout, cout), 0), (batch, cout, *out_sp))
+    return nchw_view(y, (batch, cout, *out_sp))
 
 
-__all__ = ["TRANSFORMS", "Transforms", "channels_last_padded", "transform_weight", "winograd_conv"]
+__all__ = ["TRANSFORMS", "Transforms", "transform_weight", "winograd_conv"]

@@ -94,13 +94,13 @@ def render(cal: Any, models: list[dict[str, Any]], pairs: list[Pair], args: argp
         f" cost per call {cal.baseline_us:.1f} us; median per-node error on held-out shapes"
         f" {cal.median_error(True):.1%} (fit shapes {cal.median_error(False):.1%}).",
         "",
-        "| class | peak GFLOP/s | bandwidth GB/s | spills above (KiB) | spill GB/s | overhead us |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| class | peak GFLOP/s | bandwidth GB/s | spills above (KiB) | spill GB/s | overhead us | compute and memory |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for cls, c in sorted(cal.cost.classes.items()):
         lines.append(
             f"| {cls} | {c.peak_gflops:.3g} | {c.bandwidth_gbs:.3g} | {c.cache_bytes / 1024:.0f}"
-            f" | {c.spill_gbs:.3g} | {c.overhead_us:.2f} |"
+            f" | {c.spill_gbs:.3g} | {c.overhead_us:.2f} | {'add' if c.additive else 'overlap'} |"
         )
     lines += [
         "",

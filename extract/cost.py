@@ -139,7 +139,8 @@ class CostModel(Protocol):
 
 @dataclass(frozen=True)
 class ClassConstants:
-    """Roofline constants of one op class: time = overhead + max(flops / peak, memory time).
+    """Roofline constants of one op class: time = overhead + max(flops / peak, memory time) (or
+    their sum, ``additive``).
 
     Memory time has two regimes: a kernel whose bytes fit in ``cache_bytes`` (the per-core cache
     it runs from when called again) moves them at ``bandwidth_gbs``; a larger one streams all of
@@ -161,6 +162,10 @@ class ClassConstants:
     output_us: float = 0.0
     unblocked_gflops: float = math.inf
     reorder_spill: float = 1.0
+    additive: bool = False
+    """Compute and memory time add (a kernel that copies its operands into place, then computes:
+    onnxsat's products pack their image operand, its convs transpose or pad theirs) instead of
+    overlapping (the max of the two)."""
 
     def time_us(
         self,
@@ -178,7 +183,7 @@ class ClassConstants:
         return (
             self.overhead_us * kernels
             + self.output_us * (outputs - 1)
-            + max(compute, memory)
+            + (compute + memory if self.additive else max(compute, memory))
             + reorder_bytes
             * (self.reorder_spill if reorder_bytes > self.cache_bytes else 1.0)
             / (self.reorder_gbs * 1e3)

@@ -79,6 +79,7 @@ def profile_to_dict(cost: RooflineCost, extra: dict[str, Any] | None = None) -> 
             "output_us": c.output_us,
             "unblocked_gflops": _finite_or_none(c.unblocked_gflops),
             "reorder_spill": c.reorder_spill,
+            "additive": c.additive,
         }
 
     data: dict[str, Any] = {
@@ -144,7 +145,8 @@ def profile_from_dict(data: dict[str, Any]) -> RooflineCost:
             or not (reorder_spill >= 1.0 and math.isfinite(reorder_spill))
         ):
             raise ValueError(f"constants must be positive: {raw}")
-        return ClassConstants(overhead_us=over, output_us=per_output, reorder_spill=reorder_spill, **rates)
+        additive = bool(raw.get("additive", False))
+        return ClassConstants(overhead_us=over, output_us=per_output, reorder_spill=reorder_spill, additive=additive, **rates)
 
     classes = {str(k): consts(v) for k, v in dict(data["classes"]).items()}
     unknown = sorted(set(classes) - set(OP_CLASSES))

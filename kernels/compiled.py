@@ -81,7 +81,9 @@ class CompiledModel:
                 if artefact is None or not artefact_cache.exists(self.cache_dir, artefact):
                     prestart_helpers(self.options)  # they boot while the model is lowered
                 hashed = time.perf_counter()
-                program = lower(self.model, shapes, known, gemm_epilogues=self.options.gemm_epilogues)
+                program = lower(
+                    self.model, shapes, known, gemm_epilogues=self.options.gemm_epilogues, output_views=True
+                )
                 lowered = time.perf_counter()
                 exe = Executable(program, self.pool, self.options, workers=self.workers, artefact_key=artefact)
                 exe.stats.stage_seconds = {"hash": hashed - start, "lower": lowered - hashed, **exe.stats.stage_seconds}

@@ -209,6 +209,13 @@ class Executable:
         for _, buf in program.inputs + program.outputs:
             if buf.name not in self.fixed and buf.name not in self.io:
                 self.io[buf.name] = _aligned_empty(buf.shape, NUMPY_DTYPES[buf.dtype])
+        self.output_views = {
+            name: program.output_views[name].of(self.io[buf.name])
+            for name, buf in program.outputs
+            if name in program.output_views
+        }
+        """The graph outputs that are views of their buffers, made once (a strided view costs
+        microseconds to build)."""
         self.runners: list[Callable[[dict[str, np.ndarray]], None]] = [self._runner(s) for s in program.steps]
         self.native: TaskTable | None = None
         self.phase_steps: list[list[int]] = []
@@ -641,14 +648,15 @@ class Executable:
         """Every step in order on ``arrays`` (the fixed buffers and the inputs, by buffer name),
         the outputs allocated into it: ``run`` without the native call, and what per-step
         profiles prime before timing ``runners`` one by one."""
-        outputs: dict[str, np.ndarray] = {}
-        for name, buf in self.program.outputs:
-            arr = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])
-            arrays[buf.name] = arr
-            outputs[name] = arr
+        for _, buf in self.program.outputs:
+            arrays[buf.name] = np.empty(buf.shape, dtype=NUMPY_DTYPES[buf.dtype])
         for runner in self.runners:
             runner(arrays)
-        return outputs
+        views = self.program.output_views
+        return {
+            name: views[name].of(arrays[buf.name]).copy() if name in views else arrays[buf.name]
+            for name, buf in self.program.outputs
+        }
 
     def _run_native(self, given: dict[str, np.ndarray], stamps: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Inputs copied into the buffers the task table points at (``copyto`` takes any layout),
@@ -661,6 +669,10 @@ class Executable:
         self.native.run(self.workers, stamps)
         outputs: dict[str, np.ndarray] = {}
         for name, buf in self.program.outputs:
+            view = self.output_views.get(name)
+            if view is not None:
+                outputs[name] = np.array(view, copy=True, order="C")
+                continue
             source = self.io.get(buf.name)
             if source is None:
                 source = given[buf.name] if buf.name in given else self.fixed[buf.name]

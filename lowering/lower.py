@@ -25,9 +25,18 @@ from .kernel_ir import Buffer, dtype_of_numpy
 from .loops import buffers_of, materialize_kernel
 from .node_runner import node_runner
 from .partition import PNode, partition
-from .program import FallbackStep, KernelProgram, KernelStep, Step
+from .program import FallbackStep, KernelProgram, KernelStep, OutputView, Step
 from .table import LOWERINGS, NotLowered, kind_of, load_rules
-from .values import Lazy, contiguous_strides, nchw_view, of_buffer, reads_channels_last, scalar, transpose
+from .values import (
+    Lazy,
+    View,
+    contiguous_strides,
+    nchw_view,
+    of_buffer,
+    reads_channels_last,
+    scalar,
+    transpose,
+)
 
 MAX_FUSED_SIZE = 64
 """Expression nodes above which an inlined tensor is stored instead (bounded kernel size)."""
@@ -172,6 +181,8 @@ class Lowerer:
         """Tensor -> names of the buffers its value reads (memo for ``overwritable``)."""
         self.gemm_epilogues = False
         """Whether a product may absorb the bias Add (+ Relu) after it (see ``rules_nn``)."""
+        self.output_views = False
+        """Whether a graph output may be a view of a buffer (``_output_view``)."""
         self.fused: set[str] = set()
         self.blocked_images: dict[str, tuple[Buffer, tuple[int, ...], tuple[int, ...]]] = {}
         """Tensors a product stored channel-blocked and zero-padded for the blocked depthwise conv
@@ -236,6 +247,8 @@ class Lowerer:
             if v.offset == 0 and v.buffer.shape == x.shape and v.strides == of_buffer(v.buffer).view.strides:
                 if tensor is None or tensor not in self.output_names or v.buffer is self.output_buffers.get(tensor):
                     return x
+        if tensor is not None and tensor in self.output_names and self._output_view(x, tensor) is not None:
+            return x
         buf = self.out_buffer(tensor, x.shape, x.dtype) if tensor else self.buffer(hint, x.shape, x.dtype)
         if x.numel:
             self.emit_kernel(materialize_kernel(f"k{next(self.counter)}_{buf.name}", x, buf))
@@ -317,9 +330,15 @@ class Lowerer:
             self.position = i
             self._lower_node(node, parts.roots)
         outputs: list[tuple[str, Buffer]] = []
+        views: dict[str, OutputView] = {}
         for name in self.output_names:
             x = self.value(name)
             assert x is not None
+            handed = self._output_view(x, name)
+            if handed is not None:
+                outputs.append((name, handed.buffer))
+                views[name] = OutputView(x.shape, handed.offset, handed.strides)
+                continue
             stored = self.materialize(x, tensor=name)
             buf = stored.view.buffer
             if buf.name in {b.name for _, b in outputs} or buf.name in {b.name for _, b in self.inputs}:
@@ -328,12 +347,30 @@ class Lowerer:
                     self.emit_kernel(materialize_kernel(f"k{next(self.counter)}_{copy.name}", stored, copy))
                 buf = copy
             outputs.append((name, buf))
-        program = KernelProgram(self.inputs, outputs, self.steps, self.constants)
+        program = KernelProgram(self.inputs, outputs, self.steps, self.constants, output_views=views)
         program.fallbacks.update(self.fallbacks)
         program.native_ops.update(self.native)
         program.fused = self._fused_nodes(nodes, parts.groups)
         program.pinned = {buf.name for buf, _, _ in self.blocked_images.values()}
         return program
+
+    def _output_view(self, x: Lazy, tensor: str) -> View | None:
+        """The view graph output ``tensor`` may be handed back through, with no kernel copying it
+        first (with ``output_views``): rows of a buffer a kernel wrote (a Split's or Slice's part of
+        a product or conv), which the caller's copy of the output reads with unit stride. Transposed
+        views are copied by a kernel (parallel, vectorized); blocked images keep their zero padding
+        in the arena."""
+        if not self.output_views or not x.is_view or not x.numel:
+            return None
+        v = x.view
+        if v.buffer is self.output_buffers.get(tensor) and v.buffer.shape == x.shape and v == of_buffer(v.buffer).view:
+            return None  # the output's own buffer: handed back whole
+        fixed = {b.name for _, b in self.inputs} | set(self.constants)
+        fixed |= {buf.name for buf, _, _ in self.blocked_images.values()}
+        strides = [s for s, d in zip(v.strides, x.shape, strict=True) if d != 1]
+        if v.buffer.name in fixed or any(s < 0 for s in strides) or (strides and strides[-1] != 1):
+            return None
+        return v
 
     def _fused_nodes(self, nodes: list[onnx.NodeProto], groups: Mapping[str, list[str]]) -> list[frozenset[int]]:
         """Nodes computed together: each partition group (a kernel and what it inlines), joined by
@@ -476,13 +513,20 @@ def _infer_output_shapes(
 
 
 def lower(
-    model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray] | None = None, gemm_epilogues: bool = False
+    model: onnx.ModelProto,
+    input_shapes: Mapping[str, tuple[int, ...]],
+    known: Mapping[str, np.ndarray] | None = None,
+    gemm_epilogues: bool = False,
+    output_views: bool = False,
 ) -> KernelProgram:
     """Lower ``model`` for the given input shapes (and values of its shape-deciding inputs).
     ``gemm_epilogues``: a MatMul's bias Add (+ Relu) may go into its ``MatMulStep`` (only the CPU
-    backend's packed GEMM applies them)."""
+    backend's packed GEMM applies them). ``output_views``: a graph output that is a row view of a
+    computed buffer is handed back as ``KernelProgram.output_views`` says, not copied by a kernel
+    (the CPU executable copies every output once anyway)."""
     lowerer = Lowerer(model, input_shapes, known or {})
     lowerer.gemm_epilogues = gemm_epilogues
+    lowerer.output_views = output_views
     return lowerer.lower()
 
 

@@ -139,6 +139,21 @@ class FallbackStep:
 Step = KernelStep | MatMulStep | FallbackStep
 
 
+@dataclass(frozen=True)
+class OutputView:
+    """A graph output read from its buffer with ``strides`` (elements) from ``offset``."""
+
+    shape: tuple[int, ...]
+    offset: int
+    strides: tuple[int, ...]
+
+    def of(self, flat: np.ndarray) -> np.ndarray:
+        """The output's elements in ``flat`` (its buffer's array, any shape), not copied."""
+        flat = flat.reshape(-1)
+        size = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[self.offset :], self.shape, tuple(s * size for s in self.strides))
+
+
 @dataclass
 class KernelProgram:
     """Lowered model: ``steps`` in execution order over ``buffers``.
@@ -158,6 +173,8 @@ class KernelProgram:
     fused: list[frozenset[int]] = field(default_factory=list)
     """Graph nodes (by index) whose work one kernel, or one kernel and the kernels it feeds within
     its group, computes together: what ``KERNEL_STAMP`` allowed, each set within one stamp."""
+    output_views: dict[str, OutputView] = field(default_factory=dict)
+    """Graph outputs (by name) that are views of their buffer, not the whole of it."""
     pinned: set[str] = field(default_factory=set)
     """Buffers that keep their memory for the whole run (no other buffer shares it): their zero
     padding, written once when the memory is allocated zeroed, is never overwritten (the blocked

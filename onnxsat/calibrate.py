@@ -17,6 +17,7 @@ model's prediction error on shapes it has not seen.
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import platform
 import statistics
@@ -178,6 +179,13 @@ def measure(
     return baseline, out
 
 
+PACKING_CLASSES = ("conv", "matmul")
+"""Classes whose onnxsat kernels copy an operand into place before computing (the GEMM's packed
+panels of an image, a conv's transposed input): on the ``onnxsat-cpu`` target their compute and
+memory time may add. Measured: a merge of sibling 1x1 convs saves the input copies (x1.05-1.2)
+where the max form predicted a tie; with every class free to add, the fits of the depthwise and
+elementwise classes wandered between runs and four corpus models fell out of the 25% band."""
+
 MIN_NODE_US = 0.05
 """Floor of a node's own time (a node can measure at or below the empty model's time)."""
 
@@ -230,10 +238,14 @@ def fit_class(
     cache_bytes: float = math.inf,
     dispatch: Dispatch | None = None,
     kernel_spills: bool = True,
+    additive: bool = False,
 ) -> ClassConstants:
     """Weighted least squares (weights 1 / (time + noise)) of
     overhead * kernels + a * max(flops, r * bytes') + c * reorder bytes + d * (outputs - 1)
     + e * FLOPs of unblocked convs.
+
+    ``additive``: the sum flops + r * bytes' is tried too (``ClassConstants.additive``: kernels
+    that copy an operand into place before computing), and kept where it fits better.
 
     bytes' = bytes while they fit in the cache, q * bytes beyond it (reorder bytes alike). For
     each machine balance r, spill factor q and cache size (a fraction of ``cache_bytes``) on a
@@ -259,7 +271,7 @@ def fit_class(
         kernels, extra_outputs = np.zeros_like(kernels), np.zeros_like(extra_outputs)
     unblocked = np.array([r.unblocked_flops for r in rows])
     w = 1.0 / (np.array([r.node_us for r in rows]) + NOISE_US)  # relative error of the whole time
-    best: tuple[float, np.ndarray, float, float, float, float] | None = None  # resid, coef, r, q, q2, cache
+    best: tuple[float, np.ndarray, float, float, float, float, bool] | None = None  # resid, coef, r, q, q2, cache, additive
     caches = [cache_bytes * f for f in _CACHE_FRACTIONS] if math.isfinite(cache_bytes) else [math.inf]
     for cache in caches:
         spilled, reorder_spilled = nbytes > cache, reorder > cache
@@ -267,9 +279,11 @@ def fit_class(
             continue  # same as the largest cache size
         # The kernel and the layout copies around it spill apart: a blocked conv streams its input
         # once from tiles that fit, while a reorder is a plain strided copy of the whole tensor.
-        for q in _SPILL_FACTORS if spilled.any() and kernel_spills else (1.0,):
+        spills = _SPILL_FACTORS if spilled.any() and kernel_spills else (1.0,)
+        for q, summed in itertools.product(spills, (False, True) if additive else (False,)):
             eff = np.where(spilled, q * nbytes, nbytes)
-            x = np.maximum(flops[None, :], eff[None, :] * _BALANCES[:, None])  # one row per balance
+            memory = eff[None, :] * _BALANCES[:, None]  # one row per balance
+            x = flops[None, :] + memory if summed else np.maximum(flops[None, :], memory)
             for q2 in _SPILL_FACTORS if reorder_spilled.any() else (1.0,):
                 reorder_eff = np.where(reorder_spilled, q2 * reorder, reorder)
                 fixed = [
@@ -279,9 +293,9 @@ def fit_class(
                 resid, coef = _nonneg_fit(design, t, w)
                 i = int(np.argmin(resid))
                 if best is None or resid[i] < best[0]:
-                    best = (float(resid[i]), coef[i], float(_BALANCES[i]), float(q), float(q2), float(cache))
+                    best = (float(resid[i]), coef[i], float(_BALANCES[i]), float(q), float(q2), float(cache), summed)
     assert best is not None
-    _, (overhead, a, c, per_output, e), r, q, q2, cache = best
+    _, (overhead, a, c, per_output, e), r, q, q2, cache, summed = best
     if dispatch is not None:  # the per-output cost belongs to multi-output kernels only
         overhead = dispatch.per_kernel
         per_output = dispatch.per_output if any(r.sample.outputs > 1 for r in rows) else 0.0
@@ -290,6 +304,7 @@ def fit_class(
         "reorder_spill": q2,
         "output_us": float(per_output),
         "unblocked_gflops": float(1.0 / (e * 1e3) if e > 0 else math.inf),
+        "additive": summed,
     }
     if a <= 0:
         return ClassConstants(math.inf, math.inf, float(overhead), cache_bytes=cache, **extras)
@@ -447,7 +462,13 @@ def calibrate(
             continue
         # A blocked conv streams tiles that fit the cache: only its layout copies spill.
         fitted = [r for r in rows if not r.sample.dispatch] or rows
-        classes[cls] = fit_class(fitted, cache, pinned, kernel_spills=cls not in ("conv", "depthwise"))
+        classes[cls] = fit_class(
+            fitted,
+            cache,
+            pinned,
+            kernel_spills=cls not in ("conv", "depthwise"),
+            additive=target == "onnxsat-cpu" and cls in PACKING_CLASSES,
+        )
     default = classes.get("elementwise", base.default)
     cost = RooflineCost(
         name=target,

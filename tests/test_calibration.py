@@ -22,6 +22,7 @@ from onnxsat.base.errors import BadInputError
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report
 from onnxsat.calibrate import (
+    PACKING_CLASSES,
     Calibration,
     Dispatch,
     Measured,
@@ -76,6 +77,22 @@ def test_fit_recovers_known_constants(truth: ClassConstants) -> None:
         assert fitted.time_us(f, b) == pytest.approx(truth.time_us(f, b), rel=0.08)
 
 
+def test_fit_finds_added_compute_and_memory() -> None:
+    # A kernel that copies its operand before computing: the sum form is recovered where allowed,
+    # and chosen over the max form, which cannot fit such times.
+    truth = ClassConstants(peak_gflops=300.0, bandwidth_gbs=30.0, overhead_us=1.0, additive=True)
+    rng = np.random.default_rng(5)
+    work = [(float(f), float(b)) for f, b in zip(rng.uniform(1e5, 1e8, 14), rng.uniform(1e4, 1e7, 14), strict=True)]
+    summed = fit_class(_rows(truth, work), additive=True)
+    assert summed.additive
+    overlapped = fit_class(_rows(truth, work))
+    assert not overlapped.additive
+    for f, b in [(2e6, 5e5), (5e7, 2e6), (1e5, 4e6)]:
+        assert summed.time_us(f, b) == pytest.approx(truth.time_us(f, b), rel=0.08)
+    worst = max(abs(overlapped.time_us(f, b) / truth.time_us(f, b) - 1) for f, b in work)
+    assert worst > 0.1
+
+
 def test_fit_keeps_constants_non_negative() -> None:
     # Times that fall with work would need a negative slope: the fit clamps to overhead only.
     rows = _rows(ClassConstants(), [(1e6, 1e6), (2e6, 2e6)])
@@ -122,7 +139,7 @@ def test_quick_calibration_fits_every_class(quick: Calibration) -> None:
     assert mm.time_us(flops, 3 * 4 * 256**2) < ew.time_us(flops, 3 * 4 * flops)
 
 
-def test_onnxsat_cpu_calibration_times_the_compiled_kernels() -> None:
+def test_onnxsat_cpu_calibration_times_the_compiled_kernels(tmp_path: Path) -> None:
     """``--cost-target onnxsat-cpu`` times each sample compiled by onnxsat (one native call),
     fits the same classes with none of onnxruntime's layout terms, and keeps the lowering's
     fusion mode; whole models are timed compiled too."""
@@ -136,6 +153,10 @@ def test_onnxsat_cpu_calibration_times_the_compiled_kernels() -> None:
     assert all(m.reorder == 0 and m.kernels == m.sample.chain and m.unblocked_flops == 0 for m in cal.measured)
     assert all(m.node_us > 0 and m.predicted_us > 0 for m in cal.measured)
     assert cal.median_error(True) < 1.0  # the floor is benchmarks/calibration_compiled.py's
+    assert not any(c.additive for name, c in cost.classes.items() if name not in PACKING_CLASSES)
+    path = tmp_path / "onnxsat-cpu.json"
+    save_profile(cost, path)
+    assert load_profile(path) == cost  # the form of each class's roofline kept
     (check,) = check_models({"small_cnn": onnx.load(str(EXAMPLES / "small_cnn.onnx"))}, cost, threads=1, seconds=0.5)
     assert check.measured_us > 0 and check.predicted_us > 0
     with pytest.raises(BadInputError, match="ort-cpu or onnxsat-cpu"):

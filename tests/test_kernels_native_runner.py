@@ -21,6 +21,7 @@ from onnxsat.kernels.native_runner import (
     TaskTable,
 )
 from onnxsat.lowering.kernel_ir import Binary, Buffer, Const, Kernel, Load, Store, Var
+from onnxsat.lowering.program import KernelStep, MatMulStep
 
 
 def _add_one(name: str, src: Buffer, dst: Buffer) -> Kernel:
@@ -102,6 +103,64 @@ def test_a_program_with_a_fallback_runs_step_by_step() -> None:
     session = ort_session(model, threads=1)
     for name, want in zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-5, atol=1e-6)
+
+
+def _split_outputs_model(fallback: bool) -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A product split three ways, each part a graph output, next to a 1x1 conv's output (the
+    conv's product writes a buffer of another shape) and, with ``fallback``, a CumSum that runs on
+    numpy (the step-by-step path)."""
+    rng = np.random.default_rng(4)
+    n = helper.make_node
+    w = rng.standard_normal((32, 96)).astype(np.float32)
+    k = rng.standard_normal((8, 4, 1, 1)).astype(np.float32)
+    nodes = [
+        n("MatMul", ["x", "w"], ["p"]),
+        n("Split", ["p"], ["y0", "y1", "y2"], axis=1, num_outputs=3),
+        n("Conv", ["img", "k"], ["c"]),
+    ]
+    outputs = [helper.make_tensor_value_info(y, TensorProto.FLOAT, [24, 32]) for y in ("y0", "y1", "y2")]
+    outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 8, 5, 5]))
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(k, "k")]
+    if fallback:
+        nodes.append(n("CumSum", ["x", "axis"], ["s"]))
+        outputs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, [24, 32]))
+        inits.append(numpy_helper.from_array(np.array(1, np.int64), "axis"))
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [24, 32]),
+        helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 4, 5, 5]),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, inits), opset_imports=[helper.make_opsetid("", 18)])
+    feeds = {"x": rng.standard_normal((24, 32)).astype(np.float32), "img": rng.standard_normal((1, 4, 5, 5)).astype(np.float32)}
+    product = feeds["x"] @ w
+    want = {f"y{i}": product[:, 32 * i : 32 * (i + 1)] for i in range(3)}
+    want["c"] = np.einsum("oc,nchw->nohw", k[:, :, 0, 0], feeds["img"])
+    if fallback:
+        want["s"] = np.cumsum(feeds["x"], axis=1)
+    return model, feeds, want
+
+
+def test_outputs_that_are_parts_of_a_buffer_are_copied_once_into_arrays_of_their_own() -> None:
+    """A Split's parts of a product and a conv's output, all graph outputs, are handed back from
+    the buffers the products wrote (no copy kernel); each call returns new contiguous arrays that
+    share no memory, on the native path and the step-by-step one."""
+    for fallback in (False, True):
+        model, feeds, want = _split_outputs_model(fallback)
+        compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))  # type: ignore[arg-type]
+        exe = compiled.executable_for(feeds)
+        assert set(exe.program.output_views) == {"y0", "y1", "y2", "c"}
+        products = {step.out.name for step in exe.program.steps if isinstance(step, MatMulStep)}
+        assert len(products) == 2
+        copies = [step for step in exe.program.steps if isinstance(step, KernelStep) and products & {b.name for b in step.kernel.params}]
+        assert not copies  # nothing reads what the products wrote
+        assert (exe.native is None) == fallback
+        first, second = compiled(feeds), compiled(feeds)
+        for name, value in want.items():
+            np.testing.assert_allclose(first[name], value, rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(first[name], second[name])
+            assert first[name].flags.c_contiguous and first[name].shape == value.shape
+        arrays = list(first.values()) + list(second.values())
+        assert not any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1 :])
+        compiled.close()
 
 
 def test_independent_steps_share_a_phase_and_dependent_ones_do_not() -> None:

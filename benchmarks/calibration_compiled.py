@@ -138,7 +138,12 @@ def render(cal: Any, models: list[dict[str, Any]], pairs: list[Pair], args: argp
     sign_rate = sum(p.sign_ok for p in counted) / len(counted) if counted else float("nan")
     ok_models = bool(models) and within == len(models)
     ok_sign = bool(counted) and sign_rate >= FLOOR_SIGN
+    significant = [p for p in counted if p.measured is not None and not p.spans_one]
     lines += [
+        "",
+        f"Of the {len(counted)} pairs that differ by more than {MIN_DIFF:.0%}, {len(significant)} have a 95% CI that"
+        f" excludes 1 (the others stayed ambiguous after {sum(p.retimed for p in pairs)} re-timings with"
+        f" {RETRY_FACTOR}x the rounds): sign correct in {sum(p.sign_ok for p in significant)} of them.",
         "",
         "## Floors",
         "",

@@ -9,7 +9,9 @@ own time. Per op class, the constants of
 time = overhead + max(FLOPs / peak, bytes / bandwidth or spill bandwidth) + the terms onnxruntime
 adds around a kernel (NCHWc reorders and unblocked convs, Split's extra outputs; see
 ``ClassConstants``) are fitted by non-negative weighted least squares (relative error; a grid
-over the machine balance, the spill factor and the cache size makes the model linear).
+over the machine balance, the spill factor and the cache size makes the model linear). On
+``onnxsat-cpu`` the products' and convs' compute and memory may add instead (``PACKING_CLASSES``),
+whichever fits better.
 Samples marked ``held_out`` are never used in the fit: the error reported on them is the
 model's prediction error on shapes it has not seen.
 """

@@ -315,7 +315,7 @@ class Executable:
         if step.blocked is not None:
             return self._blocked_runner(step)
         gemm = gemm_function(step.out.dtype)
-        out_shape = step.out.shape
+        out_shape = step.out.shape if step.c_rows is None else step.c_rows.shape
         batch = out_shape[:-2]
         m, n = out_shape[-2:]
         k = step.a.shape[-1]
@@ -335,12 +335,13 @@ class Executable:
         alpha, beta = step.alpha, step.beta
         a_name, b_name, out_name = step.a.buffer.name, step.b.buffer.name, step.out.name
         a_buf, b_buf = step.a.buffer, step.b.buffer
-        packed = self._packed_runner(step, a_offs, m, n, k, a_layout) if self.gemm == "llvm" and a_layout and b_layout else None
+        rows_of_c = step.c_rows is not None  # only the unpacked-B kernel and numpy store C's rows apart
+        packed = self._packed_runner(step, a_offs, m, n, k, a_layout) if self.gemm == "llvm" and a_layout and b_layout and not rows_of_c else None
         if packed is None and self.gemm == "llvm":
             packed = self._rows_runner(step, a_offs, b_offs, m, n, k)
         if packed is not None:
             return packed
-        if gemm is None or a_layout is None or b_layout is None or step.bias is not None:
+        if gemm is None or a_layout is None or b_layout is None or step.bias is not None or rows_of_c:
             # also an epilogue the packed GEMM could not take: numpy applies it (a Python step)
             bias_name, relu = (step.bias.name if step.bias else None), step.relu
 
@@ -353,7 +354,7 @@ class Executable:
                     b = _strided(arrays[b_name], b_buf, step.b)
                 if step.b_scale is not None:
                     b = b * arrays[step.b_scale.name].reshape(-1)[:, None]
-                out = arrays[out_name].reshape(step.out.shape)  # a view: a batch may run as rows
+                out = _c_matrix(arrays[out_name], step)  # a view: a batch may run as rows
                 prod = np.matmul(a, b)
                 if beta:
                     out *= beta
@@ -575,20 +576,21 @@ class Executable:
         scale_name = None if step.b_scale is None else step.b_scale.name
         scale_at = 0 if scale_name is None else self._address(scale_name)
         a_base, b_base, c_base = mats.ctypes.data, self._address(bop.buffer.name), self._address(step.out.name)
+        ldc, c_first = (n, 0) if step.c_rows is None else (step.c_rows.strides[-2], step.c_rows.offset)
         units: list[tuple[int, int, int, int, int, int]] = []
         for i, (ao, bo) in enumerate(zip(a_offs, b_offs, strict=True)):
             for r0 in range(0, m, rows_per):
                 for p0, p1 in _chunks(panels, panel_parts):
                     a_at = (where[ao] * m + r0) * lda * 4
-                    units.append((a_at, bo * 4, (i * m + r0) * n * 4, min(rows_per, m - r0), p0, p1))
-        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, scale_at, k, c_base + co, n, rows, n, p0, p1, width, pitch] for ao, bo, co, rows, p0, p1 in units]
+                    units.append((a_at, bo * 4, (c_first + (i * m + r0) * ldc) * 4, min(rows_per, m - r0), p0, p1))
+        self._tasks[-1] = [[KIND_ROWS_GEMM, function_address(fn), a_base + ao, lda, b_base + bo, rows_at, scale_at, k, c_base + co, ldc, rows, n, p0, p1, width, pitch] for ao, bo, co, rows, p0, p1 in units]
         pool = self.pool
         b_name, out_name = bop.buffer.name, step.out.name
 
         def run(arrays: dict[str, np.ndarray]) -> None:
             pb, pc = arrays[b_name].ctypes.data, arrays[out_name].ctypes.data
             ps = 0 if scale_name is None else arrays[scale_name].ctypes.data
-            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, ps, k, pc + co, n, rows, n, p0, p1, width, pitch) for ao, bo, co, rows, p0, p1 in units]
+            calls: list[Callable[[], None]] = [functools.partial(fn, a_base + ao, lda, pb + bo, rows_at, ps, k, pc + co, ldc, rows, n, p0, p1, width, pitch) for ao, bo, co, rows, p0, p1 in units]
             if len(calls) == 1 or pool is None:
                 for call in calls:
                     call()
@@ -695,6 +697,15 @@ def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Pa
             sgemm_address(epilogue, cache_dir, blocked=True)
 
 
+def _c_matrix(array: np.ndarray, step: MatMulStep) -> np.ndarray:
+    """The (batch of) C matrices of ``step`` as a writable view of its out buffer's array."""
+    if step.c_rows is None:
+        return array.reshape(step.out.shape)
+    c = step.c_rows
+    item = array.itemsize
+    return np.lib.stride_tricks.as_strided(array.reshape(-1)[c.offset :], c.shape, tuple(st * item for st in c.strides))
+
+
 def _row_epilogue(step: MatMulStep) -> str:
     """The unpacked-B (or channel-blocked) kernel variant a product would run on."""
     if step.bias is None:
@@ -713,7 +724,7 @@ def _overlap(ranges: list[tuple[int, int]], others: list[tuple[int, int]]) -> bo
 
 def _blas_layouts(step: MatMulStep) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
     """BLAS (transpose flag, leading dimension) of a product's two operands (None: not expressible)."""
-    m, n = step.out.shape[-2:]
+    m, n = (step.out if step.c_rows is None else step.c_rows).shape[-2:]
     k = step.a.shape[-1]
     b_layout = None if step.b_rows is not None or step.b_scale is not None else matrix_layout((k, n), step.b.strides[-2:])  # type: ignore[arg-type]
     return matrix_layout((m, k), step.a.strides[-2:]), b_layout  # type: ignore[arg-type]

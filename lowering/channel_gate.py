@@ -17,7 +17,7 @@ def channel_scaled(cx: Any, col: Lazy) -> tuple[Lazy, Buffer] | None:
     if col.leaves is None or col.combine is None or len(col.shape) != 4 or col.shape[:2] != (1, 1):
         return None
     n = col.shape[3]
-    full = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 1 and v.strides[-2] == n]
+    full = [i for i, v in enumerate(col.leaves) if v.strides[-1] == 1 and v.strides[-2] >= n]
     if len(full) != 1 or n < 2:
         return None
     gate = channel_gate(cx, col, full[0], 2)

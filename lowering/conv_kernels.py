@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -101,35 +102,50 @@ def _conv_body(
     dt: str, mg: int, cg: int, taps: list[tuple[int, ...]], w_at: Callable[[int, Expr, tuple[int, ...]], Expr],
     x_at: Callable[[Expr, tuple[int, ...]], Expr], out_at: Callable[[int], Expr], out: Buffer, bias_at: Callable[[int], Expr] | None,
     inner: str, start: Expr, stop: Expr, activation: Callable[[Expr], Expr] | None = None, activation_pass: bool = False,
+    mask: Callable[[tuple[int, ...]], Expr | None] | None = None,
 ) -> list[Stmt]:
     """Channel 0 stores ``bias + sum w * x`` for every output of the inner loop; channels 1.. add
     theirs, and a last loop applies ``activation``. One channel: ``activation_pass`` applies it in a
-    second loop over the stored outputs, not as each is stored."""
+    second loop over the stored outputs, not as each is stored. ``mask(tap)``: where that tap is
+    added (None: everywhere); a select of the sum with and without it, one masked FMA."""
     ci = Var("ci")
 
     def weights(c: Expr) -> tuple[Stmt, ...]:
         return tuple(Decl(f"w{m}_{t}", dt, w_at(m, c, tap)) for m in range(mg) for t, tap in enumerate(taps))
 
-    def window(m: int, c: Expr, first: Expr) -> Expr:
-        acc = first
+    def window(m: int, c: Expr, first: Expr, tag: str) -> tuple[tuple[Stmt, ...], Expr]:
+        """Declarations and the sum; a masked tap's running sum is a local, not a repeated subtree."""
+        acc, decls = first, []
         for t, tap in enumerate(taps):
-            acc = Binary("add", acc, Binary("mul", Local(f"w{m}_{t}", dt), x_at(c, tap)))
-        return acc
+            more = Binary("add", acc, Binary("mul", Local(f"w{m}_{t}", dt), x_at(c, tap)))
+            where = None if mask is None else mask(tap)
+            if where is None:
+                acc = more
+                continue
+            decls.append(Decl(f"{tag}{m}_{t}", dt, Select(where, more, acc)))
+            acc = Local(f"{tag}{m}_{t}", dt)
+        return tuple(decls), acc
 
     zero = Const(0.0, dt)
 
-    def opening(m: int) -> Expr:  # channel 0's sum, from the bias
-        return window(m, i64(0), bias_at(m) if bias_at is not None else zero)
+    def opening(m: int) -> tuple[tuple[Stmt, ...], Expr]:  # channel 0's sum, from the bias
+        return window(m, i64(0), bias_at(m) if bias_at is not None else zero, "s")
 
-    first: tuple[Stmt, ...] = tuple(Store(out, out_at(m), opening(m)) for m in range(mg))
+    def stored(m: int, sums: tuple[tuple[Stmt, ...], Expr], then: Callable[[Expr], Expr] | None = None) -> tuple[Stmt, ...]:
+        decls, value = sums
+        if then is None:
+            return (*decls, Store(out, out_at(m), value))
+        return (*decls, Decl(f"v{m}", dt, value), Store(out, out_at(m), then(Local(f"v{m}", dt))))
+
+    first: tuple[Stmt, ...] = tuple(stmt for m in range(mg) for stmt in stored(m, opening(m)))
     if activation is not None and cg == 1 and activation_pass:
         then = tuple(Store(out, out_at(m), activation(Load(out, out_at(m)))) for m in range(mg))
         return [*weights(i64(0)), Loop(inner, stop, first, start), Loop(inner, stop, then, start)]
     if activation is not None and cg == 1:
-        first = tuple(stmt for m in range(mg) for stmt in (Decl(f"v{m}", dt, opening(m)), Store(out, out_at(m), activation(Local(f"v{m}", dt)))))
+        first = tuple(stmt for m in range(mg) for stmt in stored(m, opening(m), activation))
     body: list[Stmt] = [*weights(i64(0)), Loop(inner, stop, first, start)]
     if cg > 1:
-        rest = tuple(Store(out, out_at(m), window(m, ci, Load(out, out_at(m)))) for m in range(mg))
+        rest = tuple(stmt for m in range(mg) for stmt in stored(m, window(m, ci, Load(out, out_at(m)), "r")))
         body.append(Loop(ci.name, i64(cg), (*weights(ci), Loop(inner, stop, rest, start)), i64(1)))
         if activation is not None:  # after the last channel, over the block still in cache
             body.append(Loop(inner, stop, tuple(Store(out, out_at(m), activation(Load(out, out_at(m)))) for m in range(mg)), start))
@@ -165,16 +181,104 @@ def _flat_direct_conv(
     columns compute values nobody reads; the result is a strided view of the plane. The positions
     run to a whole number of vectors (``src`` holds ``flat_slack`` more cells): a 14 x 14 plane's
     248 positions left 8 to a scalar loop, which with a SiLU took a third of the kernel's time."""
-    dt = src.dtype
     batch, cin, *padded_sp = src.shape
-    cout, cg = w.shape[0], w.shape[1]
-    mg = cout // group
+    cout = w.shape[0]
     pstr = contiguous_strides(padded_sp)
-    plane = math.prod(padded_sp)
     span = sum((o - 1) * s for o, s in zip(out_sp, pstr, strict=True)) + 1
     span = -(-span // FLAT_VECTOR) * FLAT_VECTOR
-    assert span - 1 + sum((k - 1) * d * s for k, d, s in zip(kernel, dilations, pstr, strict=True)) < plane, "no flat_slack"
-    wide = cx.buffer(f"{tensor}_wide", (batch, cout, *padded_sp), dt)
+    assert span - 1 + sum((k - 1) * d * s for k, d, s in zip(kernel, dilations, pstr, strict=True)) < math.prod(padded_sp), "no flat_slack"
+    wide = cx.buffer(f"{tensor}_wide", (batch, cout, *padded_sp), src.dtype)
+
+    def offset(tap: tuple[int, ...]) -> int:
+        return sum(k * d * s for k, d, s in zip(tap, dilations, pstr, strict=True))
+
+    _flat_kernel(cx, src, wide, span, w, bias, group, kernel, offset, activation)
+    return of_view(View(wide, contiguous_strides(wide.shape), 0), (batch, cout, *out_sp))
+
+
+@dataclass(frozen=True)
+class RowPadded:
+    """Where a stride-1 depthwise conv's input image lies in planes padded with zero rows only
+    (``row_padded_depthwise``): each channel's plane is ``pitch`` floats, the image's rows run on
+    unbroken from element ``offset``, ``width`` apart, so a 1x1 conv's product stores its rows of C
+    there as they are (``pitch`` apart), with no padded copy. ``base``: where output 0's first tap
+    reads; ``span``: output positions computed per channel (whole vectors); ``left``: padding columns
+    before the image."""
+
+    width: int
+    offset: int
+    pitch: int
+    base: int
+    span: int
+    left: int
+
+
+def row_padded_geometry(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], group: int, kernel: list[int], strides: list[int], dilations: list[int], begin: list[int],
+    out_sp: tuple[int, ...],
+) -> RowPadded | None:
+    """The row-padded planes of a depthwise Conv that runs flat (2-D, stride 1, as wide as its input,
+    not channel-blocked); None for any other conv."""
+    if len(x_shape) != 4 or len(out_sp) != 2 or any(s != 1 for s in strides) or fits_blocked_depthwise(x_shape, w_shape, group, strides, list(out_sp)):
+        return None
+    _, chans, height, width = x_shape
+    if not (group == chans == w_shape[0] and w_shape[1] == 1 and fits_direct(1, kernel)) or out_sp[1] != width or min(out_sp) < 1:
+        return None
+    top, left = begin
+    reach_h, reach_w = (kernel[0] - 1) * dilations[0], (kernel[1] - 1) * dilations[1]
+    if left > reach_w:
+        return None
+    span = -(-out_sp[0] * width // FLAT_VECTOR) * FLAT_VECTOR
+    lead = -(top * width) % FLAT_VECTOR  # the image starts on a vector boundary, the product's stores aligned
+    while lead < left:
+        lead += FLAT_VECTOR
+    base = lead - left
+    end = max(base + span + reach_h * width + reach_w, lead + (top + height) * width)
+    return RowPadded(width, lead + top * width, -(-end // FLAT_VECTOR) * FLAT_VECTOR, base, span, left)
+
+
+def row_padded_depthwise(
+    cx: Any, tensor: str, planes: Buffer, geometry: RowPadded, w: Lazy, bias: Lazy | None, kernel: list[int], dilations: list[int],
+    out_sp: tuple[int, ...], activation: Callable[[Expr], Expr] | None = None,
+) -> Lazy:
+    """The flat stride-1 depthwise conv over row-padded ``planes`` (``RowPadded``): output ``j`` and
+    tap ``(dr, dc)`` read ``planes[base + j + dr * width + dc]``. A tap left or right of the image
+    reads the neighbouring row's edge there, so it is added only where its column is inside the
+    image (a constant mask per tap column, one masked fused multiply-add per tap). The output is a
+    view of [N, C, span]."""
+    batch, chans = planes.shape[:2]
+    width, (dh, dw) = geometry.width, dilations
+    out = cx.buffer(f"{tensor}_rows", (batch, chans, geometry.span), planes.dtype)
+    column = np.arange(geometry.span) % width
+    shifts = sorted({tap_w * dw - geometry.left for tap_w in range(kernel[1])} - {0})
+    inside = np.stack([(column + e >= 0) & (column + e < width) for e in shifts]).astype(np.float32) if shifts else None
+    masks = None if inside is None else cx.const_lazy(inside)
+
+    def offset(tap: tuple[int, ...]) -> int:
+        return geometry.base + tap[0] * dh * width + tap[1] * dw
+
+    def mask(tap: tuple[int, ...], j: Expr) -> Expr | None:
+        e = tap[1] * dw - geometry.left
+        if masks is None or e == 0:
+            return None
+        return Compare("gt", masks.gen([i64(shifts.index(e)), j]), Const(0.5, "f32"))
+
+    _flat_kernel(cx, planes, out, geometry.span, w, bias, chans, kernel, offset, activation, mask, [] if masks is None else buffers_of(masks))
+    return of_view(View(out, (chans * geometry.span, geometry.span, width, 1), 0), (batch, chans, *out_sp))
+
+
+def _flat_kernel(
+    cx: Any, src: Buffer, out: Buffer, span: int, w: Lazy, bias: Lazy | None, group: int, kernel: list[int], offset: Callable[[tuple[int, ...]], int],
+    activation: Callable[[Expr], Expr] | None, mask: Callable[[tuple[int, ...], Expr], Expr | None] | None = None, mask_buffers: list[Buffer] | None = None,
+) -> None:
+    """A flat stride-1 conv: output position ``j`` (of ``span`` per channel plane of ``out``) adds
+    tap ``t`` of input channel ``c`` from ``src[c][j + offset(t)]`` (where ``mask(t, j)``, if any),
+    parallel over blocks of positions of each (image, group)."""
+    dt = src.dtype
+    batch, cin = src.shape[:2]
+    cout, cg = w.shape[0], w.shape[1]
+    mg = cout // group
+    plane, out_plane = math.prod(src.shape[2:]), math.prod(out.shape[2:])
     block = min(span, max(256, FLAT_BLOCK_FLOATS // mg))
     blocks = math.ceil(span / block)
     want = math.ceil(MIN_UNITS / (batch * group))
@@ -188,25 +292,23 @@ def _flat_direct_conv(
     taps = list(itertools.product(*(range(k) for k in kernel)))
 
     def x_at(c: Expr, tap: tuple[int, ...]) -> Expr:
-        off = sum(k * d * s for k, d, s in zip(tap, dilations, pstr, strict=True))
         channel = add(add(mul(n, i64(cin)), mul(g, i64(cg))), c)
-        return Load(src, add(add(mul(channel, i64(plane)), j), i64(off)))
+        return Load(src, add(add(mul(channel, i64(plane)), j), i64(offset(tap))))
 
     def out_at(m: int) -> Expr:
-        return add(mul(add(add(mul(n, i64(cout)), mul(g, i64(mg))), i64(m)), i64(plane)), j)
+        return add(mul(add(add(mul(n, i64(cout)), mul(g, i64(mg))), i64(m)), i64(out_plane)), j)
 
     start = mul(b, i64(block))
     stop = Binary("min", add(start, i64(block)), i64(span))
     body = _conv_body(
-        dt, mg, cg, taps, lambda m, c, tap: w.gen([add(mul(g, i64(mg)), i64(m)), c, *(i64(k) for k in tap)]), x_at, out_at, wide,
+        dt, mg, cg, taps, lambda m, c, tap: w.gen([add(mul(g, i64(mg)), i64(m)), c, *(i64(k) for k in tap)]), x_at, out_at, out,
         (lambda m: bias.gen([add(mul(g, i64(mg)), i64(m))])) if bias is not None else None, j.name, start, stop, activation,
         activation_pass=block <= ACTIVATION_PASS_MAX_BLOCK and activation is not None and _transcendental(activation(Local("v", dt))),
+        mask=None if mask is None else (lambda tap: mask(tap, j)),
     )
-    inputs = [src, *buffers_of(w), *(buffers_of(bias) if bias is not None else [])]
+    inputs = [src, *buffers_of(w), *(buffers_of(bias) if bias is not None else []), *(mask_buffers or [])]
     cost = float(batch * cout * span * cg * len(taps) * 2)
-    kernel_ir = Kernel(f"fconv_{wide.name}", tuple(dict.fromkeys([*inputs, wide])), (wide.name,), "p", batch * group * blocks, tuple(body), cost)
-    cx.emit_kernel(kernel_ir)
-    return of_view(View(wide, contiguous_strides(wide.shape), 0), (batch, cout, *out_sp))
+    cx.emit_kernel(Kernel(f"fconv_{out.name}", tuple(dict.fromkeys([*inputs, out])), (out.name,), "p", batch * group * blocks, tuple(body), cost))
 
 
 def _row_direct_conv(

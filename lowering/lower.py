@@ -21,6 +21,7 @@ from onnx import helper, numpy_helper
 from onnxsat.base.errors import OnnxsatError
 from onnxsat.egraph.graph_types import KERNEL_STAMP, STAMP_SEPARATOR
 
+from .conv_kernels import RowPadded
 from .kernel_ir import Buffer, dtype_of_numpy
 from .loops import buffers_of, materialize_kernel
 from .node_runner import node_runner
@@ -184,10 +185,13 @@ class Lowerer:
         self.output_views = False
         """Whether a graph output may be a view of a buffer (``_output_view``)."""
         self.fused: set[str] = set()
+        """Tensors an earlier node's lowering already produced (their own nodes are skipped)."""
         self.blocked_images: dict[str, tuple[Buffer, tuple[int, ...], tuple[int, ...]]] = {}
         """Tensors a product stored channel-blocked and zero-padded for the blocked depthwise conv
         that reads them: the buffer, the padding before the image, the padded size."""
-        """Tensors an earlier node's lowering already produced (their own nodes are skipped)."""
+        self.row_planes: dict[str, tuple[Buffer, RowPadded]] = {}
+        """Tensors a product stored into the row-padded planes of the flat depthwise conv that
+        reads them (``conv_kernels.RowPadded``)."""
         self.producer: dict[str, int] = {t: i for i, node in enumerate(model.graph.node) for t in node.output if t}
         self.stamps: dict[str, str] = {}
         """Tensor -> the kernel extraction priced its node in (``KERNEL_STAMP``): a tensor and its
@@ -351,7 +355,7 @@ class Lowerer:
         program.fallbacks.update(self.fallbacks)
         program.native_ops.update(self.native)
         program.fused = self._fused_nodes(nodes, parts.groups)
-        program.pinned = {buf.name for buf, _, _ in self.blocked_images.values()}
+        program.pinned = self._zero_padded()
         return program
 
     def _output_view(self, x: Lazy, tensor: str) -> View | None:
@@ -366,11 +370,15 @@ class Lowerer:
         if v.buffer is self.output_buffers.get(tensor) and v.buffer.shape == x.shape and v == of_buffer(v.buffer).view:
             return None  # the output's own buffer: handed back whole
         fixed = {b.name for _, b in self.inputs} | set(self.constants)
-        fixed |= {buf.name for buf, _, _ in self.blocked_images.values()}
+        fixed |= self._zero_padded()
         strides = [s for s, d in zip(v.strides, x.shape, strict=True) if d != 1]
         if v.buffer.name in fixed or any(s < 0 for s in strides) or (strides and strides[-1] != 1):
             return None
         return v
+
+    def _zero_padded(self) -> set[str]:
+        """Buffers whose padding a kernel relies on being zero (written once, in a pinned arena slot)."""
+        return {buf.name for buf, _, _ in self.blocked_images.values()} | {buf.name for buf, _ in self.row_planes.values()}
 
     def _fused_nodes(self, nodes: list[onnx.NodeProto], groups: Mapping[str, list[str]]) -> list[frozenset[int]]:
         """Nodes computed together: each partition group (a kernel and what it inlines), joined by

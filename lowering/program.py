@@ -117,6 +117,9 @@ class MatMulStep:
     """C's rows are the positions of an image and its columns channels, stored channel-blocked
     into ``out`` ([N, C/B, Hp, Wp, B], a blocked depthwise conv's zero-padded input) instead of
     as an M x N matrix."""
+    c_rows: StridedOperand | None = None
+    """Where C (M x N, its rows ``strides[-2]`` apart from ``offset``) lies in ``out`` when not packed
+    M x N: a flat depthwise conv's row-padded planes (``conv_kernels.RowPadded``)."""
 
     def operands(self) -> list[Buffer]:
         """The buffers the product reads besides ``out`` (which it also reads when ``beta``)."""

@@ -38,6 +38,8 @@ from .conv_kernels import (
     fits_direct,
     flat_slack,
     pack_depthwise_weight,
+    row_padded_depthwise,
+    row_padded_geometry,
 )
 from .kernel_ir import (
     Binary,
@@ -107,10 +109,12 @@ def matmul(
     init: Lazy | None = None,
     epilogue: Epilogue | None = None,
     b_scale: Buffer | None = None,
+    rows_in: tuple[Buffer, int, int] | None = None,
 ) -> Lazy:
     """``alpha * a @ (b_scale * b) (+ beta * init)`` with numpy matmul shapes (then the
     ``epilogue``'s bias and ReLU; ``b_scale``: one value per row of a 2-D ``b``); returns the
-    stored result. A float16 product is computed in float32 and rounded
+    stored result. ``rows_in``: C's rows are stored ``pitch`` apart from ``offset`` of that
+    (buffer, pitch, offset) instead of packed (a flat depthwise conv's row-padded planes). A float16 product is computed in float32 and rounded
     once (onnxruntime's CPU MatMul on hardware without float16 arithmetic does the same)."""
     if a.dtype == b.dtype == "f16" and epilogue is None:
         def wide(x: Lazy) -> Lazy:
@@ -132,6 +136,12 @@ def matmul(
         final = final[:-2] + final[-1:]
     if len(b.shape) == 1:
         final = final[:-1]
+    if rows_in is not None:
+        assert init is None and k and final == full
+        out, pitch, first = rows_in
+        c_rows = StridedOperand(out, full, (*(st * m * pitch for st in contiguous_strides(batch)), pitch, 1), first)
+        cx.emit(MatMulStep(_operand(cx, a2), _operand(cx, b2), out, alpha, beta, *_epilogue_fields(cx, epilogue), b_scale=b_scale, c_rows=c_rows))
+        return of_view(View(out, c_rows.strides, first), full)
     out = cx.out_buffer(out_tensor, full, a.dtype) if final == full else cx.buffer(out_tensor, full, a.dtype)
     if init is not None:
         cx.emit_kernel(_fill(cx, init, out))
@@ -140,14 +150,17 @@ def matmul(
             if init is None:
                 cx.emit_kernel(_fill(cx, general(full, a.dtype, lambda idx: Const(0.0, a.dtype), 1), out))
         else:
-            bias = None if epilogue is None else cx.const_lazy(epilogue.bias).view.buffer
-            relu = epilogue is not None and epilogue.relu
-            rows = epilogue is not None and epilogue.rows
-            activation = "" if epilogue is None else epilogue.activation
             a_op, b_op, step_out = batch_as_rows(_operand(cx, a2), _operand(cx, b2), out)
-            cx.emit(MatMulStep(a_op, b_op, step_out, alpha, beta, bias, relu, rows, activation, b_scale=b_scale))
+            cx.emit(MatMulStep(a_op, b_op, step_out, alpha, beta, *_epilogue_fields(cx, epilogue), b_scale=b_scale))
     result = of_buffer(out)
     return reshape(result, final) if final != full else result
+
+
+def _epilogue_fields(cx: Any, epilogue: Epilogue | None) -> tuple[Buffer | None, bool, bool, str]:
+    """``MatMulStep``'s bias, relu, bias_rows and activation for ``epilogue``."""
+    if epilogue is None:
+        return None, False, False, ""
+    return cx.const_lazy(epilogue.bias).view.buffer, epilogue.relu, epilogue.rows, epilogue.activation
 
 
 def batch_as_rows(a: StridedOperand, b: StridedOperand, out: Buffer) -> tuple[StridedOperand, StridedOperand, Buffer]:
@@ -341,6 +354,10 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
                 return blocked_depthwise_conv(cx, tensor, x, packed, bias, kernel, strides, dilations, begin, padded_sp, tuple(out_sp), activation, into, last)
 
             return _with_activation(cx, nv, blocked)
+        planes = cx.row_planes.get(nv.inputs[0])
+        if planes is not None and weight is not None and planes[1] == row_padded_geometry(x.shape, w.shape, group, kernel, strides, dilations, begin, tuple(out_sp)):
+            # a 1x1 conv's product stored the image into planes padded with zero rows only
+            return _with_activation(cx, nv, lambda tensor, act: row_padded_depthwise(cx, tensor, planes[0], planes[1], w, bias, kernel, dilations, tuple(out_sp), act))
         tile = winograd_tile(x.shape, w.shape, group, kernel, strides, dilations, tuple(out_sp)) if weight is not None and dt == "f32" and cx.gemm_epilogues else None
         if tile is not None:  # the output transform applies the activation
             u = transform_weight(np.asarray(weight), tile)
@@ -384,7 +401,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     wm = reshape(w, (1, group, mg, ck))
     scale = None
     if cx.gemm_epilogues and dt == "f32" and batch == 1 and group == 1 and not col.is_view:
-        scaled = channel_scaled(cx, col) if _row_epilogue(cx, nv, wm, bias) is not None else None
+        scaled = channel_scaled(cx, col)
         if scaled is not None:  # a squeeze-excitation's Mul: the product scales B's rows as it packs them
             col, scale = scaled
         else:
@@ -392,12 +409,12 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
             # epilogue check below sees its rows
             col = cx.materialize(col, "operand")
     epilogue = _conv_epilogue(cx, nv, wm, col, bias)
-    assert epilogue is not None or scale is None
     if epilogue is not None:
         # bias (+ Relu) applied as the micro-kernel stores C: the Relu node is skipped
-        y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue, b_scale=scale)
+        rows_in = _row_padded_planes(cx, epilogue.tensor, (batch, cout, *out_sp)) if pointwise else None
+        y = matmul(cx, wm, col, epilogue.tensor, epilogue=epilogue, b_scale=scale, rows_in=rows_in)
         return _epilogue_result(cx, nv, epilogue, reshape(y, (batch, cout, *out_sp)))
-    y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias")
+    y = matmul(cx, wm, col, nv.outputs[0] if bias is None else f"{nv.outputs[0]}_nobias", b_scale=scale)
     y = reshape(y, (batch, cout, *out_sp))
     if bias is not None:
         b = reshape(bias, (cout,) + (1,) * n_sp)
@@ -464,15 +481,42 @@ def _shifted_product(
     return [y] if epilogue is None else _epilogue_result(cx, nv, epilogue, y)
 
 
-def _blocked_geometry(nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """The padding before the image and the padded size of the blocked input of the depthwise
-    Conv ``nv`` over an input of ``x_shape`` (None: it does not run as the blocked kernel)."""
+def _conv_attributes(nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Kernel, strides, dilations, output size and padding before the image of Conv ``nv``."""
     n_sp = len(x_shape) - 2
     kernel = [int(k) for k in (nv.attr("kernel_shape") or w_shape[2:])]
     strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
     dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
+    out_sp, begin, _ = pool_geometry(_NoCeil(nv), x_shape[2:], kernel, strides, dilations)
+    return kernel, strides, dilations, list(out_sp), list(begin)
+
+
+def _row_padded_planes(cx: Any, tensor: str, shape: tuple[int, ...]) -> tuple[Buffer, int, int] | None:
+    """(buffer, pitch, offset) for a 1x1 conv's product ``tensor`` of ``shape`` when only a flat
+    depthwise conv reads it: that conv's planes padded with zero rows only (``RowPadded``; pinned,
+    so the padding, zeroed once, stays zero), where the product stores C's rows as they are instead
+    of the image being copied into a padded plane (EfficientNet-B0: seven copies, ~230 us of 5 ms)."""
+    reader = _sole_reader(cx, tensor, same_kernel=False)  # the layout it is stored in, not a fusion
+    if len(shape) != 4 or shape[0] != 1 or reader is None or reader.op_type != "Conv" or reader.input[0] != tensor:
+        return None
+    depthwise = cx.view_of(reader)
+    weight = depthwise.const(1)
+    if weight is None or np.asarray(weight).dtype != np.float32:
+        return None
+    kernel, strides, dilations, out_sp, begin = _conv_attributes(depthwise, shape, weight.shape)
+    geometry = row_padded_geometry(shape, weight.shape, int(depthwise.attr("group", 1)), kernel, strides, dilations, begin, tuple(out_sp))
+    if geometry is None:
+        return None
+    planes = cx.buffer("rowpad", (shape[0], shape[1], geometry.pitch), "f32")
+    cx.row_planes[tensor] = (planes, geometry)
+    return planes, geometry.pitch, geometry.offset
+
+
+def _blocked_geometry(nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The padding before the image and the padded size of the blocked input of the depthwise
+    Conv ``nv`` over an input of ``x_shape`` (None: it does not run as the blocked kernel)."""
+    kernel, strides, dilations, out_sp, begin = _conv_attributes(nv, x_shape, w_shape)
     in_sp = x_shape[2:]
-    out_sp, begin, _ = pool_geometry(_NoCeil(nv), in_sp, kernel, strides, dilations)
     if not fits_blocked_depthwise(x_shape, w_shape, int(nv.attr("group", 1)), strides, out_sp) or not math.prod(out_sp):
         return None
     need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
@@ -661,7 +705,7 @@ def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> 
     Conv without a bias gets a zero one when an activation follows (MobileNet's dynamo export)."""
     if col.shape[:2] != (1, 1) or not col.is_view:
         return None
-    if col.view.buffer.name in cx.constants or col.view.strides[-2] != col.shape[-1] or (col.view.strides[-1] != 1 and col.shape[-1] > 1):
+    if col.view.buffer.name in cx.constants or col.view.strides[-2] < col.shape[-1] or (col.view.strides[-1] != 1 and col.shape[-1] > 1):
         return None
     return _row_epilogue(cx, nv, wm, bias)
 

@@ -1,6 +1,7 @@
-"""A 1x1 conv that feeds a blocked depthwise conv stores its product straight into that conv's
-zero-padded NCHWc input: the micro-kernel's channel-blocked store against float64 numpy, and the
-lowering (which products take it, what they skip) against onnxruntime."""
+"""A 1x1 conv that feeds a depthwise conv stores its product straight into that conv's zero-padded
+input: a blocked conv's NCHWc image (the micro-kernel's channel-blocked store against float64
+numpy), a flat conv's planes padded with zero rows only; the lowering (which products take it,
+what they skip) against onnxruntime."""
 
 from __future__ import annotations
 
@@ -59,9 +60,12 @@ def test_blocked_store_writes_each_row_into_its_padded_position(
     assert np.all(np.isnan(out[~inside]))
 
 
-def _block(channels: int, activation: str, stride: int, readers: int, size: int) -> onnx.ModelProto:
-    """An expansion 1x1 conv (+ activation) of a ``size`` x ``size`` image, then a 3x3 depthwise
-    conv of the given stride (and, with ``readers`` 2, a second reader of the expansion's result)."""
+def _block(
+    channels: int, activation: str, stride: int, readers: int, size: int, kernel: int = 3, pads: tuple[int, ...] = (1, 1, 1, 1), dilation: int = 1
+) -> onnx.ModelProto:
+    """An expansion 1x1 conv (+ activation) of a ``size`` x ``size`` image, then a depthwise conv
+    (3x3 unless told) of the given stride (and, with ``readers`` 2, a second reader of the
+    expansion's result)."""
     rng = np.random.default_rng(channels)
     n = helper.make_node
     nodes = [n("Conv", ["x", "we", "be"], ["e"])]
@@ -75,14 +79,14 @@ def _block(channels: int, activation: str, stride: int, readers: int, size: int)
     elif activation == "silu":
         nodes += [n("Sigmoid", ["e"], ["s"]), n("Mul", ["e", "s"], ["a"])]
         act = "a"
-    nodes.append(n("Conv", [act, "wd", "bd"], ["y"], group=channels, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride, stride]))
+    nodes.append(n("Conv", [act, "wd", "bd"], ["y"], group=channels, kernel_shape=[kernel, kernel], pads=list(pads), strides=[stride, stride], dilations=[dilation, dilation]))
     outputs = ["y"] + (["z"] if readers == 2 else [])
     if readers == 2:
         nodes.append(n("ReduceMean", [act], ["z"], axes=[2, 3], keepdims=1))
     inits = {
         "we": rng.standard_normal((channels, 16, 1, 1)).astype(np.float32) * 0.3,
         "be": rng.standard_normal(channels).astype(np.float32),
-        "wd": rng.standard_normal((channels, 1, 3, 3)).astype(np.float32) * 0.3,
+        "wd": rng.standard_normal((channels, 1, kernel, kernel)).astype(np.float32) * 0.3,
         "bd": rng.standard_normal(channels).astype(np.float32),
     }
     graph = helper.make_graph(
@@ -119,13 +123,51 @@ def test_an_expansion_feeding_a_blocked_depthwise_conv_is_stored_blocked(channel
     compiled.close()
 
 
-def test_an_expansion_with_another_reader_is_stored_as_before() -> None:
-    model = _block(32, "silu", 2, readers=2, size=20)
+@pytest.mark.parametrize(
+    ("channels", "activation", "size", "kernel", "pads", "dilation"),
+    [
+        (32, "silu", 20, 3, (1, 1, 1, 1), 1),  # whole vectors per plane (400 positions)
+        (48, "relu", 14, 3, (1, 1, 1, 1), 1),  # 196 positions: a 208-float plane of outputs
+        (24, "hardswish", 28, 5, (2, 2, 2, 2), 1),
+        (16, "silu", 12, 5, (1, 0, 3, 4), 1),  # padding uneven, more rows out than in
+        (16, "none", 10, 3, (2, 2, 2, 2), 2),  # dilated
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_expansion_feeding_a_flat_depthwise_conv_stores_into_its_row_padded_planes(
+    channels: int, activation: str, size: int, kernel: int, pads: tuple[int, ...], dilation: int, threads: int
+) -> None:
+    """The product stores C's rows into the conv's planes (zero rows above and below, pinned) with
+    no padded copy; the conv masks the taps that fall left or right of the image. An infinite
+    input at an image edge poisons the outputs whose windows hold it and not their neighbours
+    across the edge (a mask that multiplied instead of selecting would make them NaN)."""
+    model = _block(channels, activation, 1, readers=1, size=size, kernel=kernel, pads=pads, dilation=dilation)
+    compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
+    session = ort_session(model, threads=1)
+    for seed in (0, 1, 2):  # later runs find the padding the first left (the pinned buffer's zeros)
+        feeds = {"x": np.random.default_rng(seed).standard_normal((1, 16, size, size)).astype(np.float32)}
+        if seed == 2:
+            feeds["x"][0, :, 3, size - 1] = np.inf
+        got = compiled(feeds)["y"]
+        want = session.run(None, feeds)[0]
+        assert np.array_equal(np.isfinite(got), np.isfinite(want))
+        finite = np.isfinite(want)
+        np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4 * float(np.abs(want[finite]).max()))
+    exe = compiled.executable_for(feeds)
+    stored = [s for s in exe.program.steps if isinstance(s, MatMulStep) and s.c_rows is not None]
+    assert len(stored) == 1 and exe.program.pinned == {stored[0].out.name}
+    assert not any(isinstance(s, KernelStep) and s.kernel.name.startswith("pad_") for s in exe.program.steps)  # no padded copy
+    compiled.close()
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_an_expansion_with_another_reader_is_stored_as_before(stride: int) -> None:
+    model = _block(32, "silu", stride, readers=2, size=20)
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 16, 20, 20)).astype(np.float32)}
     compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
     got = compiled(feeds)
     steps = compiled.executable_for(feeds).program.steps
-    assert not any(isinstance(s, MatMulStep) and s.blocked is not None for s in steps)
+    assert not any(isinstance(s, MatMulStep) and (s.blocked is not None or s.c_rows is not None) for s in steps)
     for name, want in zip(["y", "z"], ort_session(model, threads=1).run(None, feeds), strict=True):
         np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     compiled.close()
@@ -168,4 +210,43 @@ def test_a_small_depthwise_result_is_stored_channels_last_for_its_position_major
     assert len(depthwise) == 1
     stored = next(b for b in depthwise[0].params if b.name in depthwise[0].outputs)
     assert stored.shape == ((1, c, 7, 7) if output else (1, 7, 7, c))
+    compiled.close()
+
+
+def test_a_gated_projection_reads_the_row_padded_conv_output_where_it_lies() -> None:
+    """EfficientNet's 14 x 14 block: the flat depthwise conv's output planes are 208 floats apart
+    (whole vectors of 196 positions); its squeeze-excitation's projection (no bias, as the dynamo
+    export has it) reads them as B's rows 208 apart and scales them as it packs them, with no copy
+    of the gated image."""
+    rng = np.random.default_rng(7)
+    n = helper.make_node
+    c = 48
+    nodes = [
+        n("Conv", ["x", "we", "be"], ["e"]),
+        n("Sigmoid", ["e"], ["es"]),
+        n("Mul", ["e", "es"], ["a"]),
+        n("Conv", ["a", "wd", "bd"], ["d"], group=c, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        n("GlobalAveragePool", ["d"], ["s"]),
+        n("Conv", ["s", "wg", "bg"], ["g"]),
+        n("Sigmoid", ["g"], ["gs"]),
+        n("Mul", ["d", "gs"], ["m"]),
+        n("Conv", ["m", "wp"], ["y"]),
+    ]
+    shapes = {"we": (c, 16, 1, 1), "be": (c,), "wd": (c, 1, 3, 3), "bd": (c,), "wg": (c, c, 1, 1), "bg": (c,), "wp": (24, c, 1, 1)}
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name) for name, shape in shapes.items()]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 16, 14, 14)).astype(np.float32)}
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache=False))
+    got = compiled(feeds)["y"]
+    (want,) = ort_session(model, threads=1).run(None, feeds)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    steps = compiled.executable_for(feeds).program.steps
+    products = [s for s in steps if isinstance(s, MatMulStep)]
+    assert [s.c_rows is not None for s in products] == [True, False]
+    projection = products[1]
+    assert projection.b_scale is not None and projection.b.strides[-2] == 208
+    assert not any(isinstance(s, KernelStep) and ("operand" in s.kernel.name or s.kernel.name.startswith("pad_")) for s in steps)
     compiled.close()

@@ -147,10 +147,12 @@ def test_conv_bias_and_relu_go_into_the_product(name: str) -> None:
     assert products[0].activation == (act if act in ("silu", "hardswish") else "")
 
 
-def test_a_squeeze_excitation_scale_is_applied_as_the_projection_packs_its_input() -> None:
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_squeeze_excitation_scale_is_applied_as_the_projection_packs_its_input(bias: bool) -> None:
     """MobileNetV3's and EfficientNet's squeeze-excitation: ``x * sigmoid(fc(relu(fc(pool(x)))))``
-    feeding a 1x1 projection. The gate (one value per channel) is stored, and the projection
-    scales B's rows by it as it packs them, instead of storing the scaled ``x`` first."""
+    feeding a 1x1 projection (with a bias or, as EfficientNet's dynamo export has it, none). The
+    gate (one value per channel) is stored, and the projection scales B's rows by it as it packs
+    them, instead of storing the scaled ``x`` first."""
     rng = np.random.default_rng(4)
 
     def weight(name: str, shape: list[int]) -> onnx.TensorProto:
@@ -163,9 +165,10 @@ def test_a_squeeze_excitation_scale_is_applied_as_the_projection_packs_its_input
         helper.make_node("Conv", ["act", "w2", "b2"], ["fc2"]),
         helper.make_node("Sigmoid", ["fc2"], ["gate"]),
         helper.make_node("Mul", ["x", "gate"], ["scaled"]),
-        helper.make_node("Conv", ["scaled", "w3", "b3"], ["y"]),
+        helper.make_node("Conv", ["scaled", "w3", "b3"] if bias else ["scaled", "w3"], ["y"]),
     ]
-    inits = [weight("w1", [8, 40, 1, 1]), weight("b1", [8]), weight("w2", [40, 8, 1, 1]), weight("b2", [40]), weight("w3", [24, 40, 1, 1]), weight("b3", [24])]
+    inits = [weight("w1", [8, 40, 1, 1]), weight("b1", [8]), weight("w2", [40, 8, 1, 1]), weight("b2", [40]), weight("w3", [24, 40, 1, 1])]
+    inits += [weight("b3", [24])] if bias else []
     graph = helper.make_graph(nodes, "se", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 40, 14, 14])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     steps = lower(model, {"x": (1, 40, 14, 14)}, gemm_epilogues=True).steps

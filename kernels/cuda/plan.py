@@ -111,7 +111,7 @@ def plan(program: KernelProgram) -> CudaProgram:
     for step in program.steps:
         if isinstance(step, KernelStep):
             cp.steps.append(_kernel_launch(cp, by_text, step.kernel))
-        elif isinstance(step, MatMulStep) and (step.bias is not None or step.relu or step.b_rows is not None or step.b_scale is not None or step.blocked is not None):
+        elif isinstance(step, MatMulStep) and (step.bias is not None or step.relu or step.b_rows is not None or step.b_scale is not None or step.blocked is not None or step.c_rows is not None):
             cp.steps.append(HostStep(step, "no GPU GEMM epilogue, implicit conv or row scale (lower without gemm_epilogues for the GPU)"))
         elif isinstance(step, MatMulStep) and step.out.dtype in GEMM_DTYPES and step.a.buffer.dtype == step.out.dtype:
             cp.steps.append(_gemm_launch(cp, step))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import math
+import os
 import platform
 import statistics
 import time
@@ -160,21 +161,25 @@ class Measured:
 def measure(
     sample_list: list[Sample], *, threads: int | None = None, seconds: float = 10.0, target: str = "ort-cpu"
 ) -> tuple[float, list[Measured]]:
-    """The fixed cost of a call and every sample's own time (microseconds) on ``target``'s runtime.
+    """The fixed cost of a call and every sample's own time (microseconds) on ``target``'s runtime
+    (a ``fed`` sample's on onnxsat's: after its feeding 1x1 conv, whose own time is taken off).
     onnxruntime's blocked-layout terms (reorders around a conv, unblocked convs) are onnxruntime's
     only: onnxsat's kernels read and write the plain layout."""
+    ort = target == "ort-cpu"
+    fed = [sample.fed and target == "onnxsat-cpu" for sample in sample_list]
     models = [empty_model()]
-    models += [sample.model() for sample in sample_list]
+    models += [sample.model(fed=f) for sample, f in zip(sample_list, fed, strict=True)]
+    models += [sample.feeder_model() for sample, f in zip(sample_list, fed, strict=True) if f]
     runs = [runner(m, threads, target, kernels_only=True) for m in models]
     baseline, *totals = time_runs(runs, seconds=seconds)
+    feeders = iter(totals[len(sample_list) :])
     out: list[Measured] = []
-    ort = target == "ort-cpu"
-    for sample, total in zip(sample_list, totals, strict=True):
+    for sample, total, f in zip(sample_list, totals, fed, strict=False):
         flops, bytes_moved = sample.work()
         if not ort and sample.cls == "conv":  # Winograd convs: a class of their own
             cls, flops, bytes_moved = onnxsat_conv(list(sample.inputs), sample.out_shape, sample.attrs, flops, bytes_moved)
             sample = replace(sample, cls=cls)
-        node_us = max(total - baseline, MIN_NODE_US)
+        node_us = max(total - (next(feeders) if f else baseline), MIN_NODE_US)
         count, moved = sample.reorders() if ort else (0, 0.0)
         unblocked = ort and nchwc_unblocked(sample.op, list(sample.inputs))
         out.append(Measured(sample, flops, bytes_moved, node_us, moved, count, unblocked))
@@ -322,6 +327,16 @@ def fit_class(
     )
 
 
+def spill_threshold_bytes(target: str, threads: int | None) -> float:
+    """The cache a kernel's bytes must exceed before the fit may price them as spilled: one core's
+    for onnxruntime; the cores' together for onnxsat's kernels, which split a large kernel over
+    the threads, each core's cache holding its part (three sibling products of 0.6 MB of weights
+    each measured a tie with their merge, which a 1.8 MB kernel spilling past one core's cache
+    made look twice as dear)."""
+    cores = (threads or os.cpu_count() or 1) if target == "onnxsat-cpu" else 1
+    return cache_bytes() * cores
+
+
 def cache_bytes() -> float:
     """Per-core cache the spill term starts after: the largest cache level private to CPU 0
     (Linux sysfs), else 1 MiB."""
@@ -448,7 +463,7 @@ def calibrate(
     start = time.perf_counter()
     seconds = seconds if seconds is not None else (3.0 if quick else 20.0)
     base = builtin_profile(target)
-    cache = cache_bytes()
+    cache = spill_threshold_bytes(target, threads)
     baseline, measured = measure(samples(quick), threads=threads, seconds=seconds, target=target)
     classes: dict[str, ClassConstants] = {}
     tiny = [m for m in measured if m.sample.dispatch and not m.sample.held_out]

@@ -50,6 +50,11 @@ class Sample:
     """Copies of the node run one after the other, each reading the previous one's output (a
     dispatch sample: the time per extra copy is what one more kernel costs inside a model,
     without the hand-over of a graph output that a single-node model also pays)."""
+    fed: bool = False
+    """Measured on onnxsat's target after a 1x1 conv that computes its input, as a depthwise conv
+    runs in MobileNet and EfficientNet (fed by its expansion, whose product stores into the conv's
+    padded input: the conv copies nothing); that conv alone (``feeder_model``) is timed too and
+    its time taken off."""
 
     @property
     def label(self) -> str:
@@ -69,11 +74,12 @@ class Sample:
             self.op, list(self.inputs), self.out_shape, reorder_input=True, reorder_output=True
         )
 
-    def model(self) -> onnx.ModelProto:
+    def model(self, fed: bool = False) -> onnx.ModelProto:
+        """The node (or chain); ``fed``: after the 1x1 conv of ``feeder_model``, which computes its input."""
         rng = np.random.default_rng(0)
         names = [f"in{i}" for i in range(len(self.inputs))]
         graph_inputs = [
-            helper.make_tensor_value_info(n, _F32, s)
+            helper.make_tensor_value_info("src" if fed and i == 0 else n, _F32, s)
             for i, (n, s) in enumerate(zip(names, self.inputs, strict=True))
             if i not in self.weights
         ]
@@ -96,10 +102,35 @@ class Sample:
             helper.make_node(self.op_type, [links[j], *names[1:]], [links[j + 1]], **self.attrs)
             for j in range(self.chain - 1)
         ]
+        if fed:
+            feeder, feeder_inits = self._feeder("src", names[0])
+            nodes.insert(0, feeder)
+            inits += feeder_inits
         nodes.append(
             helper.make_node(self.op_type, [links[-2], *names[1:]], [o.name for o in outs], **self.attrs)
         )
         graph = helper.make_graph(nodes, f"calibrate_{self.op_type}", graph_inputs, outs, inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+    def _feeder(self, source: str, target: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+        """A 1x1 conv with a bias from ``source`` to ``target``, both shaped like input 0."""
+        channels = self.inputs[0][1]
+        rng = np.random.default_rng(1)
+        inits = [
+            numpy_helper.from_array((rng.standard_normal((channels, channels, 1, 1)) * 0.1).astype(np.float32), "feed_w"),
+            numpy_helper.from_array(rng.standard_normal(channels).astype(np.float32), "feed_b"),
+        ]
+        return helper.make_node("Conv", [source, "feed_w", "feed_b"], [target]), inits
+
+    def feeder_model(self) -> onnx.ModelProto:
+        """The 1x1 conv a ``fed`` sample runs first, alone."""
+        node, inits = self._feeder("src", "out")
+        shape = self.inputs[0]
+        graph = helper.make_graph(
+            [node], "calibrate_feeder", [helper.make_tensor_value_info("src", _F32, shape)],
+            [helper.make_tensor_value_info("out", _F32, shape)], inits,
+        )  # fmt: skip
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
@@ -136,7 +167,7 @@ def _conv(
 
 
 def _depthwise(c: int, hw: int, k: int, stride: int = 1, held: bool = False) -> Sample:
-    return replace(_conv(c, hw, c, k, stride, held, group=c), cls="depthwise")
+    return replace(_conv(c, hw, c, k, stride, held, group=c), cls="depthwise", fed=True)
 
 
 def _eltwise(

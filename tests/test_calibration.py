@@ -163,6 +163,41 @@ def test_onnxsat_cpu_calibration_times_the_compiled_kernels(tmp_path: Path) -> N
         calibrate("h200", quick=True)
 
 
+def test_onnxsats_kernels_spill_past_the_cache_of_the_cores_they_run_on() -> None:
+    from onnxsat.calibrate import cache_bytes, spill_threshold_bytes
+
+    assert spill_threshold_bytes("onnxsat-cpu", 2) == 2 * cache_bytes()
+    assert spill_threshold_bytes("ort-cpu", 2) == cache_bytes()
+
+
+def test_a_depthwise_sample_runs_after_its_feeding_conv_on_onnxsats_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On onnxsat-cpu a depthwise sample runs after the 1x1 conv that computes its input (as in a
+    model, whose expansion's product stores into the depthwise conv's padded input) and that
+    conv's own time, timed alone in the same rounds, is taken off; on onnxruntime's target the
+    sample stays a single node."""
+    from onnxsat import calibrate as calibration
+    from onnxsat.latency import ort_session
+
+    sample = next(s for s in samples() if s.cls == "depthwise")
+    x = np.random.default_rng(0).standard_normal(sample.inputs[0]).astype(np.float32)
+    (fed,) = ort_session(sample.model(fed=True), threads=1).run(None, {"src": x})
+    (fed_in,) = ort_session(sample.feeder_model(), threads=1).run(None, {"src": x})
+    (want,) = ort_session(sample.model(), threads=1).run(None, {"in0": fed_in})
+    np.testing.assert_allclose(fed, want, rtol=1e-5, atol=1e-5)
+    timed: list[list[onnx.ModelProto]] = []
+
+    def fake_times(runs: list[onnx.ModelProto], **_: object) -> list[float]:
+        timed.append(runs)
+        return [1.0, 10.0, 4.0][: len(runs)]
+
+    monkeypatch.setattr(calibration, "runner", lambda model, *args, **kwargs: model)
+    monkeypatch.setattr(calibration, "time_runs", fake_times)
+    _, (on_onnxsat,) = calibration.measure([sample], target="onnxsat-cpu")
+    _, (on_ort,) = calibration.measure([sample], target="ort-cpu")
+    assert [len(m.graph.node) for m in timed[0][1:]] == [2, 1] and on_onnxsat.node_us == 6.0
+    assert [len(m.graph.node) for m in timed[1][1:]] == [1] and on_ort.node_us == 9.0
+
+
 def test_profile_file_round_trip(quick: Calibration, tmp_path: Path) -> None:
     path = tmp_path / "profile.json"
     save_profile(quick.cost, path, quick.report())

@@ -11,9 +11,10 @@ from .values import Lazy, of_view, reshape
 
 
 def channel_scaled(cx: Any, col: Lazy) -> tuple[Lazy, Buffer] | None:
-    """``col`` (1 x 1 x K x N) as ``x * f``, with ``x`` a stored view with contiguous rows and ``f``
-    one value per row (a squeeze-excitation's gate, broadcast over the positions): the view ``x``
-    and a buffer holding ``f`` (K values, stored here); None for any other ``col``."""
+    """``col`` (1 x 1 x K x N) as ``x * f``, with ``x`` a stored view whose rows are unit-stride (and
+    at least N apart: a flat depthwise conv's planes of whole vectors) and ``f`` one value per row
+    (a squeeze-excitation's gate, broadcast over the positions): the view ``x`` and a buffer holding
+    ``f`` (K values, stored here); None for any other ``col``."""
     if col.leaves is None or col.combine is None or len(col.shape) != 4 or col.shape[:2] != (1, 1):
         return None
     n = col.shape[3]

@@ -100,25 +100,37 @@ def test_a_packed_product_whose_panels_do_not_divide_over_the_threads_splits_its
     np.testing.assert_array_equal(results[0], results[1])
 
 
-def test_a_large_packed_product_whose_panels_do_not_divide_over_the_threads_splits_by_rows() -> None:
-    """A of 784 x 576 (more than L2 holds) times 128 columns, 3 panels: two threads would take 2 / 1
-    panels; they take half the rows each, every panel, and compute what one thread does."""
+@pytest.mark.parametrize(
+    ("rows", "columns", "split"),
+    [
+        (784, 128, [(392, 0, 3), (392, 0, 3)]),  # 3 panels would run 2 / 1
+        (784, 96, [(392, 0, 2), (392, 0, 2)]),  # 2 panels divide, but A outweighs the weights
+        (512, 768, [(512, 0, 8), (512, 8, 16)]),  # the weights outweigh A: panel ranges
+    ],
+)
+def test_a_large_packed_product_splits_by_rows_where_its_panels_do_not_divide_or_a_outweighs_the_weights(
+    rows: int, columns: int, split: list[tuple[int, int, int]]
+) -> None:
+    """A of rows x 576 (more than L2 holds) times ``columns``: two threads take half the rows each,
+    every panel, where the panels do not divide over them or A is larger than the weights (each
+    thread then reads only its rows of A); otherwise a range of panels each. Both compute what one
+    thread does."""
     from onnxsat.kernels.native_runner import KIND_PACKED_GEMM
 
     rng = np.random.default_rng(1)
-    w = numpy_helper.from_array(rng.standard_normal((576, 128)).astype(np.float32) * 0.05, "w")
+    w = numpy_helper.from_array(rng.standard_normal((576, columns)).astype(np.float32) * 0.05, "w")
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "m",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [784, 576])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 576])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    feeds = {"x": rng.standard_normal((784, 576)).astype(np.float32)}
+    feeds = {"x": rng.standard_normal((rows, 576)).astype(np.float32)}
     results = []
     for threads in (1, 2):
         compiled = CompiledModel(model, CompileOptions(threads=threads, cache=False))
         results.append(compiled(feeds)["y"])
         gemm = [t for t in compiled.executable_for(feeds).native.tasks if t[0] == KIND_PACKED_GEMM]
         compiled.close()
-    assert sorted((int(t[8]), int(t[10]), int(t[11])) for t in gemm) == [(392, 0, 3), (392, 0, 3)]
+    assert sorted((int(t[8]), int(t[10]), int(t[11])) for t in gemm) == split
     np.testing.assert_array_equal(results[0], results[1])

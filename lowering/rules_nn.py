@@ -114,8 +114,9 @@ def matmul(
     """``alpha * a @ (b_scale * b) (+ beta * init)`` with numpy matmul shapes (then the
     ``epilogue``'s bias and ReLU; ``b_scale``: one value per row of a 2-D ``b``); returns the
     stored result. ``rows_in``: C's rows are stored ``pitch`` apart from ``offset`` of that
-    (buffer, pitch, offset) instead of packed (a flat depthwise conv's row-padded planes). A float16 product is computed in float32 and rounded
-    once (onnxruntime's CPU MatMul on hardware without float16 arithmetic does the same)."""
+    (buffer, pitch, offset) instead of packed (a flat depthwise conv's row-padded planes). A
+    float16 product is computed in float32 and rounded once (onnxruntime's CPU MatMul on hardware
+    without float16 arithmetic does the same)."""
     if a.dtype == b.dtype == "f16" and epilogue is None:
         def wide(x: Lazy) -> Lazy:
             return elementwise(lambda v: Cast(v, "f32"), [x], "f32")
@@ -701,8 +702,8 @@ def _matvec(cx: Any, tensor: str, x: Lazy, w: Lazy, bias: Lazy | None) -> Lazy:
 def _conv_epilogue(cx: Any, nv: Any, wm: Lazy, col: Lazy, bias: Lazy | None) -> Epilogue | None:
     """The Conv's constant bias (+ the Relu, HardSwish or SiLU that alone reads the Conv) as a
     per-row epilogue of ``W @ col``, when the CPU backend's micro-kernel will run it: float32, one
-    product (batch 1, one group), constant weights, and ``col`` stored with contiguous rows. A
-    Conv without a bias gets a zero one when an activation follows (MobileNet's dynamo export)."""
+    product (batch 1, one group), constant weights, and ``col`` stored with unit-stride rows (at
+    least their length apart). A Conv without a bias gets a zero one when an activation follows (MobileNet's dynamo export)."""
     if col.shape[:2] != (1, 1) or not col.is_view:
         return None
     if col.view.buffer.name in cx.constants or col.view.strides[-2] < col.shape[-1] or (col.view.strides[-1] != 1 and col.shape[-1] > 1):

@@ -129,7 +129,7 @@ def test_an_expansion_feeding_a_blocked_depthwise_conv_is_stored_blocked(channel
         (32, "silu", 20, 3, (1, 1, 1, 1), 1),  # whole vectors per plane (400 positions)
         (48, "relu", 14, 3, (1, 1, 1, 1), 1),  # 196 positions: a 208-float plane of outputs
         (24, "hardswish", 28, 5, (2, 2, 2, 2), 1),
-        (16, "silu", 12, 5, (1, 0, 3, 4), 1),  # padding uneven, more rows out than in
+        (16, "silu", 12, 5, (1, 0, 3, 4), 1),  # padding uneven (none left, four right)
         (16, "none", 10, 3, (2, 2, 2, 2), 2),  # dilated
     ],
 )

@@ -354,7 +354,8 @@ class Executable:
                     b = _strided(arrays[b_name], b_buf, step.b)
                 if step.b_scale is not None:
                     b = b * arrays[step.b_scale.name].reshape(-1)[:, None]
-                out = _c_matrix(arrays[out_name], step)  # a view: a batch may run as rows
+                # a view: a batch may run as rows, C's rows may lie apart
+                out = arrays[out_name].reshape(step.out.shape) if step.c_rows is None else _strided(arrays[out_name], step.out, step.c_rows)
                 prod = np.matmul(a, b)
                 if beta:
                     out *= beta
@@ -698,15 +699,6 @@ def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Pa
             sgemm_address(epilogue, cache_dir, packed=False)
         for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and s.blocked is not None}):
             sgemm_address(epilogue, cache_dir, blocked=True)
-
-
-def _c_matrix(array: np.ndarray, step: MatMulStep) -> np.ndarray:
-    """The (batch of) C matrices of ``step`` as a writable view of its out buffer's array."""
-    if step.c_rows is None:
-        return array.reshape(step.out.shape)
-    c = step.c_rows
-    item = array.itemsize
-    return np.lib.stride_tricks.as_strided(array.reshape(-1)[c.offset :], c.shape, tuple(st * item for st in c.strides))
 
 
 def _row_epilogue(step: MatMulStep) -> str:

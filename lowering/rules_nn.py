@@ -310,12 +310,9 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
     if x.dtype not in GEMM_DTYPES or w.dtype != x.dtype:
         raise NotLowered(f"Conv on {x.dtype}/{w.dtype}")  # before any kernel is emitted
     n_sp = len(x.shape) - 2
-    kernel = [int(k) for k in (nv.attr("kernel_shape") or w.shape[2:])]
-    strides = [int(s) for s in (nv.attr("strides") or [1] * n_sp)]
-    dilations = [int(d) for d in (nv.attr("dilations") or [1] * n_sp)]
+    kernel, strides, dilations, out_sp, begin = _conv_attributes(nv, x.shape, w.shape)
     group = int(nv.attr("group", 1))
     in_sp = x.shape[2:]
-    out_sp, begin, _ = pool_geometry(_NoCeil(nv), in_sp, kernel, strides, dilations)
     batch, cin = x.shape[:2]
     cout = w.shape[0]
     cg, mg = cin // group, cout // group
@@ -363,7 +360,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         if tile is not None:  # the output transform applies the activation
             u = transform_weight(np.asarray(weight), tile)
             return _with_activation(cx, nv, lambda tensor, act: winograd_conv(cx, tensor, x, begin, u, bias, tile, tuple(out_sp), act))
-        direct = fits_direct(mg, kernel) and math.prod(out_sp)
+        direct = fits_direct(mg, kernel) and math.prod(out_sp) > 0
         # implicit when the taps overlap: its phase planes (the input, s*s times over) are then
         # smaller than im2col (the input, once per tap); a 1x1 stride-2 conv's im2col is a quarter.
         # It also beats the direct kernel from 16 output channels, or 8 with a stride (one
@@ -386,10 +383,10 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         src = padded_input(cx, x, begin, need, Const(0.0, x.dtype)) if any(begin) or any(need) else x
         if direct:
 
-            def direct(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
+            def direct_kernel(tensor: str, activation: Callable[[Expr], Expr] | None) -> Lazy:
                 return direct_conv(cx, tensor, src, w, bias, group, kernel, strides, dilations, tuple(out_sp), activation)
 
-            return _with_activation(cx, nv, direct)
+            return _with_activation(cx, nv, direct_kernel)
 
         def im2col(idx: Index) -> Expr:
             n, g, c_in = idx[0], idx[1], idx[2]

@@ -172,9 +172,9 @@ def measure(
     models += [sample.feeder_model() for sample, f in zip(sample_list, fed, strict=True) if f]
     runs = [runner(m, threads, target, kernels_only=True) for m in models]
     baseline, *totals = time_runs(runs, seconds=seconds)
-    feeders = iter(totals[len(sample_list) :])
+    own, feeders = totals[: len(sample_list)], iter(totals[len(sample_list) :])
     out: list[Measured] = []
-    for sample, total, f in zip(sample_list, totals, fed, strict=False):
+    for sample, total, f in zip(sample_list, own, fed, strict=True):
         flops, bytes_moved = sample.work()
         if not ort and sample.cls == "conv":  # Winograd convs: a class of their own
             cls, flops, bytes_moved = onnxsat_conv(list(sample.inputs), sample.out_shape, sample.attrs, flops, bytes_moved)

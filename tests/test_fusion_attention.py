@@ -98,6 +98,18 @@ def over_queries(mask: L.Tensor) -> L.Tensor:
     return L.expand(mask, ints(SHAPES["q"][2], 1))
 
 
+X, COS, SIN = (L.Tensor.input(n) for n in ("x", "cos", "sin"))
+ROPE_SHAPES = {"x": (1, 2, 3, 4), "cos": (1, 1, 3, 4), "sin": (1, 1, 3, 4)}
+
+
+def rope(axis: int = 3, middle: int = 2, neg_first: bool = True, cos: L.Tensor = COS, dt: int = F) -> L.Tensor:
+    """x * cos + concat(-x[..., h:], x[..., :h]) * sin as the exporters write it (two Slices)."""
+    upper = L.slice_(X, ints(middle), ints(2**63 - 1), ints(axis), L.Tensor.none())
+    lower = L.slice_(X, ints(0), ints(middle), ints(axis), L.Tensor.none())
+    halves = [L.neg(upper), lower] if neg_first else [upper, L.neg(lower)]
+    return L.add(L.mul(X, cos), L.mul(L.concat(L.tlist(halves), 3), SIN))
+
+
 PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
     "attention-fusion": (sdpa(guard=False), fused(), SHAPES),
     "attention-fusion/nan-guard": (sdpa(), fused(), SHAPES),
@@ -130,6 +142,8 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
         L.fused_attention(Q, K, V, M, 0.5, F),
         SHAPES,
     ),
+    "rotary-fusion": (rope(), L.fused_rotary(X, COS, SIN, F), ROPE_SHAPES),
+    "rotary-fusion/axis-1": (rope(axis=-1), L.fused_rotary(X, COS, SIN, F), ROPE_SHAPES),
 }
 
 
@@ -175,6 +189,17 @@ REFUTATIONS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]], dic
     ),
     # float16 chains are left alone (as every fusion does).
     "float16": (sdpa(dt=F16), fused(dt=F16), SHAPES, {n: F16 for n in ("q", "k", "v")}),
+    # rotate_half negates the upper half and puts it first; the other rotation is not RotaryEmbedding.
+    "rotary-other-direction": (rope(neg_first=False), L.fused_rotary(X, COS, SIN, F), ROPE_SHAPES, None),
+    "rotary-off-centre": (rope(middle=1), L.fused_rotary(X, COS, SIN, F), ROPE_SHAPES, None),
+    # cos over the heads too ([1, H, S, D]) is not a rotary table RotaryEmbedding could hold.
+    "rotary-cos-per-head": (
+        rope(cos=L.Tensor.input("cosh")),
+        L.fused_rotary(X, L.Tensor.input("cosh"), SIN, F),
+        {**ROPE_SHAPES, "cosh": (1, 2, 3, 4)},
+        None,
+    ),
+    "rotary-float16": (rope(), L.fused_rotary(X, COS, SIN, F16), ROPE_SHAPES, {n: F16 for n in ("x", "cos", "sin")}),
 }
 
 
@@ -322,7 +347,7 @@ def rotary_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndar
 @pytest.mark.parametrize("opset", [17, 18, 23])
 @pytest.mark.parametrize("equal_halves", [True, False])
 def test_rotary_row_matches_numpy(opset: int, equal_halves: bool) -> None:
-    """The rotary row (no rule creates it yet): RotaryEmbedding at opset 23 where the caches' halves
+    """The rotary row: RotaryEmbedding at opset 23 where the caches' halves
     are equal, else the chain (Split's two forms at opsets 17 and 18)."""
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, 3, 5, 8)).astype(np.float32)
@@ -537,6 +562,40 @@ def test_contrib_ops_write_mha_only_where_attention_cannot_be(upgrade: int | Non
 
 # ---------------------------------------------------------------- the committed transformer exports
 REALMODELS = Path(__file__).parent / "data" / "realmodels"
+
+
+def _with_rotary_tables(model: onnx.ModelProto) -> int:
+    """Give the export the rotary tables a trained model has, cos and sin of concat(f, f) for the
+    frequencies 10000^(-2i/d) (the corpus redraws every float initializer, the tables included, so
+    their halves differ and RotaryEmbedding cannot hold them); returns the tables replaced."""
+    inits = {i.name: i for i in model.graph.initializer}
+    producers = {o: n.op_type for n in model.graph.node for o in n.output}
+    replaced: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type != "Mul":
+            continue
+        for data, table in (node.input, node.input[::-1]):
+            if table in inits and list(inits[table].dims[:2]) == [1, 1] and len(inits[table].dims) == 4:
+                seq, dim = inits[table].dims[2:]
+                freqs = np.outer(np.arange(seq), 10000.0 ** (-np.arange(0, dim, 2) / dim))
+                angles = np.concatenate([freqs, freqs], -1)[None, None]
+                wave = np.sin if producers.get(data) == "Concat" else np.cos  # rotate_half(x) * sin
+                inits[table].CopyFrom(numpy_helper.from_array(wave(angles).astype(np.float32), table))
+                replaced.add(table)
+    return len(replaced)
+
+
+def test_rotary_tables_of_a_trained_model_become_rotary_embedding() -> None:
+    """Qwen2-style dynamo export (2 layers) with real rotary tables: one RotaryEmbedding for q and
+    one for k per layer, exact against the original with and without left padding."""
+    record = json.loads((REALMODELS / "INDEX.json").read_text())["qwen2-dynamo-static"]
+    original = onnx.load(REALMODELS / record["file"])
+    assert _with_rotary_tables(original) == 4  # cos and sin of each layer
+    optimized, report = onnxsat.optimize(original)
+    assert report.verification.status == "passed", report.verification
+    ops = _ops(optimized)
+    assert ops["RotaryEmbedding"] == 4 and ops["Neg"] == 0 and ops["Slice"] == 0, ops
+    assert_exact_with_left_padding(original, optimized, record["inputs"])
 CONTRIB_EXPORTS = ("gpt2-dynamo-dynamic", "llama-decode-ts-static", "qwen2-decode-dynamo-static")
 """Exports checked with contrib ops at their own opset (MultiHeadAttention): dynamic batch and
 sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache.

@@ -85,6 +85,31 @@ def bad_rule(request: pytest.FixtureRequest) -> Iterator[str]:
                 q.length() == i64(r),
                 variant=str(r),
             )
+    elif name == "bad-rotary-direction":
+        # Wrong: concat(x[..., h:], -x[..., :h]) rotates the other way (rotate_half negates the upper half).
+        cos, sin = vars_("cos sin", L.Tensor)
+        halves = [
+            L.slice_(x, L.Tensor.ints(start, i64(1)), L.Tensor.ints(end, i64(1)), L.Tensor.ints(Vec(i64(3)), i64(1)), L.Tensor.none())
+            for start, end in ((p, q), (Vec(i64(0)), p))
+        ]
+        table = Vec(i64(1), i64(1), s[2], s[3])
+        rewrite_rule(
+            RULES,
+            "test-bad",
+            name,
+            L.add(L.mul(x, cos), L.mul(L.concat(L.tlist([halves[0], L.neg(halves[1])]), i64(3)), sin)),
+            L.fused_rotary(x, cos, sin, i64(11)),
+            L.shape(x) == s,
+            s.length() == i64(4),
+            p.length() == i64(1),
+            q.length() == i64(1),
+            p[0] >= i64(1),
+            s[3] == p[0] * i64(2),
+            q[0] >= s[3],
+            L.shape(cos) == table,
+            L.shape(sin) == table,
+            L.dtype(x) == i64(11),
+        )
     else:
         # Right-hand side is fine, but no tensor has rank 2 and rank 3 at once.
         guards = (L.shape(x) == s, s.length() == i64(2), s.length() == i64(3))
@@ -104,6 +129,16 @@ def test_numerically_wrong_rule_fails_with_a_counterexample(bad_rule: str) -> No
     assert cex.term_a.startswith("relu(") and cex.term_b == "x"
     assert cex.max_abs_err > 0 and cex.reason == "values differ"
     assert "x" in cex.leaves and "input f64" in cex.leaves["x"]
+
+
+@pytest.mark.parametrize("bad_rule", ["bad-rotary-direction"], indirect=True)
+def test_rotary_in_the_wrong_direction_fails(bad_rule: str) -> None:
+    """The sampler reaches the rotate-half pattern (two complementary halves of one x, split in the
+    middle of its last axis) and tells the two directions of rotation apart."""
+    result = verify_rule(bad_rule)
+    assert not result.ok
+    assert result.counterexample is not None, result.detail
+    assert result.counterexample.reason == "values differ"
 
 
 @pytest.mark.parametrize("bad_rule", ["bad-transpose-compose"], indirect=True)

@@ -111,6 +111,10 @@ def _split_export(node: ExportNode) -> None:
 
 
 def _slice_normalize(node: ImportNode) -> None:
+    """Opset < 10's attributes as inputs; unit steps as absent ones (the default), so rules over
+    step-less Slices also match the exporters' explicit ``steps=[1]``."""
+    if len(node.inputs) > 4 and node.inputs[4] is not None and set(node.const_ints(node.inputs[4]) or ()) == {1}:
+        node.inputs[4] = None
     if node.opset < 10:
         starts = node.attrs.pop("starts")
         ends = node.attrs.pop("ends")

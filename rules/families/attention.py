@@ -12,10 +12,10 @@ The mask must not grow the scores and must end in the keys' dim; one over the ke
 ([.., 1, S]) is expanded to the scores' query dim (onnxruntime broadcasts only its leading dims). Scale folding is exact up to rounding: (q * a) @ (k * b) is (q @ k) * (a * b) in
 real arithmetic, and Attention stores its scale as float32.
 
-Rotary embedding (``fused_rotary``, written as RotaryEmbedding where its cos and sin are constants
-with equal halves) has its op row and export but no rule yet: the rule verifier's instance
-sampler does not reach the rotate-half pattern (two complementary half slices of one x, cos and
-sin of x's [1, 1, seq, head]) on its random instances.
+Rotary embedding: x * cos + rotate_half(x) * sin, rotate_half(x) being concat(-x[..., h:], x[..., :h])
+of a 4-D x whose last dim is 2h and cos, sin of [1, 1, seq, head], becomes ``fused_rotary``
+(exact: the fused node is defined as that chain; its export writes RotaryEmbedding where cos and
+sin are constants with equal halves and onnxruntime runs it, else the chain).
 """
 
 from __future__ import annotations
@@ -188,5 +188,40 @@ FAMILY.rewrite(
     L.fused_attention(q, L.transpose(L.transpose(_kk, _TRANSPOSE_LAST), _TRANSPOSE_LAST), v, m, ca, dt),
     L.fused_attention(q, _kk, v, m, ca, dt),
 )
+
+# ---------------------------------------------------------------- rotary embedding
+xr, cos_, sin_ = vars_("xr cos_ sin_", L.Tensor)
+sxr, vh, ve = vars_("sxr vh ve", Vec[i64])
+
+
+def _half(start: L.Tensor, end: L.Tensor, axis: int) -> L.Tensor:
+    return L.slice_(xr, start, end, L.Tensor.ints(Vec(i64(axis)), i64(1)), L.Tensor.none())
+
+
+_mid, _zero = L.Tensor.ints(vh, i64(1)), L.Tensor.ints(Vec(i64(0)), i64(1))
+_table = Vec(i64(1), i64(1), sxr[2], sxr[3])  # cos and sin: [1, 1, seq, head], so they never broadcast x
+for _axis in (3, -1):
+    # x * cos + concat(-x[..., h:], x[..., :h]) * sin => fused_rotary(x, cos, sin): the rotate-half
+    # chain of Llama/Mistral/Qwen2 exports (two Slices, Neg, Concat, two Muls, Add per q and k) is
+    # one RotaryEmbedding kernel.
+    _upper, _lower = _half(_mid, L.Tensor.ints(ve, i64(1)), _axis), _half(_zero, _mid, _axis)
+    FAMILY.rewrite(
+        "rotary-fusion",
+        L.add(L.mul(xr, cos_), L.mul(L.concat(L.tlist([L.neg(_upper), _lower]), i64(3)), sin_)),
+        L.fused_rotary(xr, cos_, sin_, dt),
+        L.shape(xr) == sxr,
+        sxr.length() == i64(4),
+        vh.length() == i64(1),
+        ve.length() == i64(1),
+        vh[0] >= i64(1),
+        sxr[3] == vh[0] * i64(2),
+        ve[0] >= sxr[3],
+        L.shape(cos_) == _table,
+        L.shape(sin_) == _table,
+        *_float(xr),
+        L.dtype(cos_) == dt,
+        L.dtype(sin_) == dt,
+        variant=f"axis{_axis}",
+    )
 
 RULE_NAMES = list(FAMILY.names)

@@ -32,6 +32,8 @@ class Want:
 class Known:
     shape: tuple[int, ...]
     dtype: int
+    values: tuple[int, ...] | None = None
+    """A small int constant's values (``Tensor.ints``), else None."""
 
 
 NONE = Want(kind="none")
@@ -370,6 +372,12 @@ def _s_split(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
 
 def _s_slice(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     xs = _shape(g, k, "data", lo=1)
+    if xs and xs[-1] % 2 == 0 and g.chance(0.5):  # one half of the last axis (rotate-half, chunk, GLU)
+        half, last = xs[-1] // 2, g.pick([len(xs) - 1, -1])
+        first = getattr(k.get("starts"), "values", None) or g.pick([(0,), (half,)])  # a fixed start picks the half
+        bounds = (0, half) if first == (0,) else (half, g.pick([xs[-1], 2**62]))
+        return {"data": Want(xs), "starts": _ints(bounds[:1]), "ends": _ints(bounds[1:]), "axes": _ints([last]),
+                "steps": g.pick([NONE, _ints([1])])}  # fmt: skip
     axes = [int(a) for a in g.rng.permutation(len(xs))[: g.between(1, min(3, len(xs)) + 1)]]
     starts = [g.between(-xs[a], xs[a] + 1) for a in axes]
     ends = [g.between(-xs[a], xs[a] + 1) if g.chance(0.8) else 2**62 for a in axes]

@@ -167,12 +167,9 @@ class Instance:
         shape = want.shape
         hint = self.pattern.dim_hints.get(var, {})
         rank = hint.get(-1, len(shape))
-        if hint and self.gen.chance(0.7) and (rank == len(shape) or all(i in hint for i in range(rank))):
-            shape = (
-                tuple(hint.get(i, d) for i, d in enumerate(shape))
-                if rank == len(shape)
-                else tuple(hint[i] for i in range(rank))
-            )
+        if hint and self.gen.chance(0.7):  # the guards' rank and dims, the wanted dims filling the rest
+            fill = (*(self.gen.dim() for _ in range(rank - len(shape))), *shape[len(shape) - rank :])
+            shape = tuple(hint.get(i, self._linked(var, i, d)) for i, d in enumerate(fill))
         name = f"{var}__{self.tag}"
         dtype = self.pattern.dtype_hints.get(var) or {"bool": BOOL, "index": INT64}.get(want.kind, DOUBLE)
         weight = var in self.pattern.const_vars if weight is None else weight
@@ -180,6 +177,13 @@ class Instance:
         if weight:
             self.weights[name] = numpy_helper.from_array(_random(self.leaves[name], self.rng), name)
         return TermNode("Tensor.weight" if weight else "Tensor.input", (TermLit("String", name),))
+
+    def _linked(self, var: str, axis: int, default: int) -> int:
+        """The dim a guard equates with an axis of a tensor variable built already, else ``default``."""
+        other, other_axis = self.pattern.dim_links.get(var, {}).get(axis, ("", 0))
+        built = self.env.get(other)
+        known = self.known_of(built) if isinstance(built, TermNode) else None
+        return known.shape[other_axis] if known is not None and -len(known.shape) <= other_axis < len(known.shape) else default
 
     def leaf_call(self, op: str, e: CallDecl, want: Want) -> TermNode:
         if op == "Tensor.none":
@@ -255,6 +259,9 @@ class Instance:
             elif node.op in LEAVES:
                 leaf = self.leaves[cast(TermLit, node.args[0]).value]
                 self.known[id(node)] = Known(leaf.shape, leaf.dtype)
+            elif node.op == "Tensor.ints":
+                values, rank = (cast(TermLit, a).value for a in node.args)
+                self.known[id(node)] = Known((len(values),) if rank else (), INT64, tuple(values))
             else:
                 (value,) = self.evaluate(node, 1)
                 self.known[id(node)] = Known(value.shape, int(helper.np_dtype_to_tensor_dtype(value.dtype)))

@@ -61,6 +61,9 @@ class RulePattern:
     rhs: list[str]
     opset_range: tuple[int, int] = (0, 1 << 30)
     """Model opsets the guards allow (``model_opset() >= n`` / ``< n``), inclusive."""
+    dim_links: dict[str, dict[int, tuple[str, int]]] = field(default_factory=dict)
+    """Tensor variable -> {axis: (tensor variable, its axis)} from guards like ``shape(c) == Vec(1,
+    s[2])`` where ``shape(x) == s``: the dim is x's, once x is built."""
     float_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     """f64 variable -> [low, high] from guards like ``c >= 1.41`` (constants matched up to rounding)."""
     dtype_hints: dict[str, int] = field(default_factory=dict)
@@ -104,13 +107,17 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
     ]
     pattern = RulePattern(egg_name, [], {}, [], frozenset(), (), {}, [], [], rhs)
     shape_vars: dict[str, str] = {}
+    """Vec variable -> the tensor variable it is the shape of (``shape(x) == s``)."""
     for fact in decl.body:
         if isinstance(fact, EqDecl) and isinstance(fact.left, CallDecl) and op_name(fact.left) == "shape":
             target = fact.left.args[0].expr
             if isinstance(target, UnboundVarDecl) and isinstance(fact.right, UnboundVarDecl):
                 shape_vars[fact.right.name] = target.name
-            elif isinstance(target, UnboundVarDecl) and isinstance(fact.right, CallDecl):
-                _literal_dims(pattern, target.name, fact.right)
+    for fact in decl.body:
+        if isinstance(fact, EqDecl) and isinstance(fact.left, CallDecl) and op_name(fact.left) == "shape":
+            target = fact.left.args[0].expr
+            if isinstance(target, UnboundVarDecl) and isinstance(fact.right, CallDecl):
+                _literal_dims(pattern, target.name, fact.right, shape_vars)
         if isinstance(fact, EqDecl) and isinstance(fact.left, CallDecl) and op_name(fact.left) == "dtype":
             target = fact.left.args[0].expr
             if isinstance(target, UnboundVarDecl) and isinstance(fact.right, LitDecl):
@@ -133,7 +140,7 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
             if op_name(fact.right) == "tensor_ref":
                 pattern.markers.append(name)
             elif fact.left.name in shape_vars:
-                _literal_dims(pattern, shape_vars[fact.left.name], fact.right)
+                _literal_dims(pattern, shape_vars[fact.left.name], fact.right, shape_vars)
         pattern.guards.append(_text(decls, fact))
         expr = fact.typed_expr.expr if isinstance(fact, ExprFactDecl) else None
         if (
@@ -152,6 +159,8 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
                 value = int(other.value)  # type: ignore[arg-type]
                 if method == "length":
                     hints.add(value)
+                    if _var(side.args[0].expr) in shape_vars:  # shape(x) == s, s.length() == n: x's rank
+                        pattern.dim_hints.setdefault(shape_vars[side.args[0].expr.name], {})[-1] = value  # type: ignore[union-attr]
                 elif method == "__getitem__" and _var(side.args[0].expr) in shape_vars:
                     index = side.args[1].expr
                     if isinstance(index, LitDecl):
@@ -184,12 +193,24 @@ def _bound_hint(pattern: RulePattern, call: CallDecl) -> None:
         pattern.float_ranges[subject.name] = (value, hi_f) if method == "__ge__" else (lo_f, value)
 
 
-def _literal_dims(pattern: RulePattern, var: str, vec: CallDecl) -> None:
-    """Record the rank and literal dims of a ``Vec(...)`` (or empty) shape a guard asks of ``var``."""
+def _literal_dims(pattern: RulePattern, var: str, vec: CallDecl, shape_vars: dict[str, str]) -> None:
+    """Record the rank and literal dims of a ``Vec(...)`` (or empty) shape a guard asks of ``var``,
+    and its dims that are another tensor's (``s[i]`` where ``shape(y) == s``)."""
     if isinstance(vec.callable, InitRef):
         hint = pattern.dim_hints.setdefault(var, {})
         hint[-1] = len(vec.args)
         hint.update({i: int(a.expr.value) for i, a in enumerate(vec.args) if isinstance(a.expr, LitDecl)})  # type: ignore[arg-type]
+        for i, a in enumerate(vec.args):
+            e = a.expr
+            if (
+                isinstance(e, CallDecl)
+                and isinstance(e.callable, MethodRef)
+                and e.callable.method_name == "__getitem__"
+                and _var(e.args[0].expr) in shape_vars
+                and isinstance(e.args[1].expr, LitDecl)
+            ):
+                other = shape_vars[e.args[0].expr.name]  # type: ignore[union-attr]
+                pattern.dim_links.setdefault(var, {})[i] = (other, int(e.args[1].expr.value))  # type: ignore[arg-type]
     elif isinstance(vec.callable, ClassMethodRef) and vec.callable.method_name == "empty":
         pattern.dim_hints[var] = {-1: 0}
 

@@ -304,7 +304,7 @@ def _timing_worker(conn: Any, path: str, level: str, threads: int, feeds: dict) 
         conn.send(samples)
 
 
-RESPAWN_ROUNDS = 10
+RESPAWN_ROUNDS = 3
 """Rounds between fresh processes for every model (see ``time_interleaved``)."""
 
 
@@ -319,9 +319,12 @@ def time_interleaved(
     Where onnxruntime lays a session out in memory moves its time by 5-10%: in one process the
     second of two sessions of the very same GPT-2 ran its Gemms 7% slower (and the fourth of four),
     so the order models were loaded in decided ties and "losses"; in processes of their own one of
-    three identical ones ran 5% slower, by the draw of its address layout. So every model gets a
-    fresh process every ``RESPAWN_ROUNDS`` rounds: the draw varies within the rounds, and the
-    bootstrap interval carries it."""
+    three identical ones ran 5% slower, by the draw of its address layout, and the one loaded first
+    ran 3-5% slower or faster than the others for a whole process. So every model gets a fresh
+    process every ``RESPAWN_ROUNDS`` rounds, loaded in a fresh random order: with ten draws in 30
+    rounds rather than three, the bootstrap interval carries the draw (two copies of one Mistral
+    file measured x0.993 and x1.023 against the original, each with an interval of +-1%, when a
+    process held 10 rounds)."""
     import multiprocessing
 
     from onnxsat.base.modelio import save_model_atomic
@@ -338,12 +341,15 @@ def time_interleaved(
         for first in range(0, rounds, RESPAWN_ROUNDS):
             workers: list[tuple[Any, Any]] = []
             try:
-                for path in paths:
+                order = rng.permutation(len(paths))
+                for i in order:
                     mine, theirs = ctx.Pipe()
-                    process = ctx.Process(target=_timing_worker, args=(theirs, str(path), level, threads, feeds), daemon=True)
+                    args = (theirs, str(paths[i]), level, threads, feeds)
+                    process = ctx.Process(target=_timing_worker, args=args, daemon=True)
                     process.start()
                     workers.append((process, mine))
                     mine.recv()  # loaded before the next one starts
+                workers = [workers[j] for j in np.argsort(order)]  # back in the models' order
                 if not calls:
                     workers[0][1].send(1)
                     one_call = workers[0][1].recv()[0]
@@ -375,7 +381,7 @@ def measure_latency(
     base = times[0]
     out: dict[str, dict] = {}
     for i, name in enumerate(names[1:], start=1):
-        low, high = bootstrap_ratio_ci(base, times[i])
+        low, high = bootstrap_ratio_ci(base, times[i], block=RESPAWN_ROUNDS)  # a process per run of rounds
         cmp = LatencyComparison(
             baseline_ms=float(np.median(base)),
             candidate_ms=float(np.median(times[i])),
@@ -653,7 +659,11 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "machine": machine_description(),
         "versions": versions(tools),
-        "settings": f"{args.rounds} interleaved rounds, {args.threads} onnxruntime threads, levels {args.levels}, default settings of every tool",
+        "settings": (
+            f"{args.rounds} interleaved rounds, {args.threads} onnxruntime threads, levels {args.levels}, default"
+            f" settings of every tool; every model in processes of its own, new ones every {RESPAWN_ROUNDS} rounds"
+            f" loaded in a random order, intervals resampling those runs of {RESPAWN_ROUNDS} rounds"
+        ),
     }
     previous: list[ModelResult] = []
     json_path = args.out.with_suffix(".json")

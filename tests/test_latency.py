@@ -27,6 +27,20 @@ def test_bootstrap_interval_contains_the_true_ratio() -> None:
     assert low < 2.0 < high and high - low < 0.3
 
 
+def test_block_bootstrap_carries_a_shared_draw() -> None:
+    """Rounds in runs of 3 that share a draw (one process timing them, its memory layout moving its
+    times by a few percent) give an interval about that draw, not one as narrow as 30 independent
+    rounds would; each run is kept whole, so a single run leaves a single ratio."""
+    rng = np.random.default_rng(4)
+    draws = np.repeat(1.0 + 0.03 * rng.standard_normal(10), 3)  # one layout draw per run of 3 rounds
+    a = 1.0 + 0.002 * rng.standard_normal(30)
+    b = draws * (1.0 + 0.002 * rng.standard_normal(30))
+    by_round, by_run = bootstrap_ratio_ci(a, b), bootstrap_ratio_ci(a, b, block=3)
+    assert by_run[1] - by_run[0] > 1.5 * (by_round[1] - by_round[0])
+    whole = bootstrap_ratio_ci(a, b, block=30)
+    assert whole[0] == whole[1] == pytest.approx(np.median(a) / np.median(b))
+
+
 def test_a_slower_baseline_is_a_win() -> None:
     result = compare_latency(lambda: time.sleep(0.004), lambda: time.sleep(0.001), rounds=6, calls_per_round=2, warmup=1)
     assert result.verdict == "win" and result.ratio > 1.5, result

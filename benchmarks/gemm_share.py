@@ -1,0 +1,99 @@
+"""How much of a transformer export's onnxruntime time is matrix products: the bound on what a
+graph rewrite that keeps the products can win.
+
+For each corpus model (``--corpus``, a full-size export of the manifest): onnxruntime's own
+profile (ORT_ENABLE_ALL, one thread, the corpus feeds) of the original, its kernel time by op type,
+and the products' (MatMul, Gemm, FusedMatMul; attention ops count as the rest: they are what
+fusion replaces) share of the whole run. If every other kernel and onnxruntime's own time between
+kernels took nothing, the model would run ``1 / share`` times faster: a rewrite that keeps the
+products (an exact one cannot drop a FLOP the outputs need) stays under that bound.
+
+    python benchmarks/gemm_share.py --corpus DIR [--only llama ...] [--calls 10]
+        -> benchmarks/results/gemm_share.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import onnxruntime as ort
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.realmodels_feeds import feeds_for  # noqa: E402
+
+PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul"})
+TRANSFORMERS = ("bert", "gpt2", "llama", "mistral", "qwen2", "t5", "whisper")
+
+
+def kernel_times(path: Path, feeds: dict, calls: int) -> tuple[Counter[str], float]:
+    """Mean kernel microseconds per op type over ``calls`` runs after two warm ones, and the mean
+    whole-run microseconds."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    with tempfile.TemporaryDirectory(prefix="onnxsat-profile-") as tmp:
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "p")
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        for _ in range(calls + 2):
+            session.run(None, feeds)
+        events = json.loads(Path(session.end_profiling()).read_text())
+    runs = sorted((e["ts"], e["dur"]) for e in events if e.get("name") == "model_run")
+    warm_end = runs[1][0] + runs[1][1]  # the two unprofiled-in-effect warm runs are left out
+    kernels: Counter[str] = Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= warm_end:
+            kernels[e["args"]["op_name"]] += e["dur"] / calls
+    return kernels, sum(d for _, d in runs[2:]) / calls
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", type=Path, required=True)
+    parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gemm_share.md")
+    args = parser.parse_args(argv)
+    index = json.loads((args.corpus / "INDEX.json").read_text())
+    names = [n for n in index if "error" not in index[n] and any(t in n for t in args.only or TRANSFORMERS)]
+    rows, bounds = [], []
+    for name in names:
+        record = index[name]
+        feeds = feeds_for(record["inputs"], record["seed"])
+        kernels, run_us = kernel_times(args.corpus / record["file"], feeds, args.calls)
+        products = sum(t for op, t in kernels.items() if op in PRODUCTS)
+        share = products / run_us  # the rest: other kernels and onnxruntime's own time between them
+        bounds.append(1 / share)
+        rest = ", ".join(f"{op} {t / 1e3:.2f}" for op, t in kernels.most_common() if op not in PRODUCTS)
+        rows.append(f"| {name} | {run_us / 1e3:.2f} | {share:.1%} | x{1 / share:.3f} | {rest[:160]} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    geomean = math.exp(sum(map(math.log, bounds)) / len(bounds))
+    lines = [
+        "# Matrix products' share of onnxruntime's time on the transformer exports",
+        "",
+        f"`python benchmarks/gemm_share.py --corpus DIR` (ORT_ENABLE_ALL, one thread, {args.calls} profiled runs"
+        f" per model, load {os.getloadavg()[0]:.1f} at the end). Bound: the speedup if everything but the"
+        " products took no time (what no exact rewrite that keeps the products can pass).",
+        "",
+        "| model | run (ms) | products' share of the run | bound | other kernels (ms per run, largest first) |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Geometric mean of the bounds over {len(bounds)} models: **x{geomean:.3f}**.",
+        "",
+    ]
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -102,7 +102,7 @@ X, COS, SIN = (L.Tensor.input(n) for n in ("x", "cos", "sin"))
 ROPE_SHAPES = {"x": (1, 2, 3, 4), "cos": (1, 1, 3, 4), "sin": (1, 1, 3, 4)}
 
 
-def rope(axis: int = 3, middle: int = 2, neg_first: bool = True, cos: L.Tensor = COS, dt: int = F) -> L.Tensor:
+def rope(axis: int = 3, middle: int = 2, neg_first: bool = True, cos: L.Tensor = COS) -> L.Tensor:
     """x * cos + concat(-x[..., h:], x[..., :h]) * sin as the exporters write it (two Slices)."""
     upper = L.slice_(X, ints(middle), ints(2**63 - 1), ints(axis), L.Tensor.none())
     lower = L.slice_(X, ints(0), ints(middle), ints(axis), L.Tensor.none())
@@ -563,6 +563,26 @@ def test_contrib_ops_write_mha_only_where_attention_cannot_be(upgrade: int | Non
 # ---------------------------------------------------------------- the committed transformer exports
 REALMODELS = Path(__file__).parent / "data" / "realmodels"
 
+CONTRIB_EXPORTS = ("gpt2-dynamo-dynamic", "llama-decode-ts-static", "qwen2-decode-dynamo-static")
+"""Exports checked with contrib ops at their own opset (MultiHeadAttention): dynamic batch and
+sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache.
+With standard ops, test_realmodels checks one Attention per layer on the same exports (its
+``FUSED_ATTENTION``) from the run it checks for exactness."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CONTRIB_EXPORTS)
+def test_transformer_exports_get_one_mha_per_layer_with_contrib_ops(name: str) -> None:
+    """One MultiHeadAttention per layer at the model's own opset, exact against the original with
+    and without left padding, symbolic dims kept."""
+    record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
+    original = onnx.load(REALMODELS / record["file"])
+    optimized, report = onnxsat.optimize(original, Options(allow_contrib_ops=True, upgrade_opset=None))
+    assert report.verification.status == "passed", report.verification
+    ops = _ops(optimized)
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0, ops
+    assert_exact_with_left_padding(original, optimized, record["inputs"])
+
 
 def _with_rotary_tables(model: onnx.ModelProto) -> int:
     """Give the export the rotary tables a trained model has, cos and sin of concat(f, f) for the
@@ -585,33 +605,18 @@ def _with_rotary_tables(model: onnx.ModelProto) -> int:
     return len(replaced)
 
 
-def test_rotary_tables_of_a_trained_model_become_rotary_embedding() -> None:
-    """Qwen2-style dynamo export (2 layers) with real rotary tables: one RotaryEmbedding for q and
-    one for k per layer, exact against the original with and without left padding."""
-    record = json.loads((REALMODELS / "INDEX.json").read_text())["qwen2-dynamo-static"]
+@pytest.mark.parametrize("name", ["qwen2-dynamo-static", "llama-decode-ts-static"])
+def test_rotary_chains_become_rotary_embedding(name: str) -> None:
+    """One RotaryEmbedding for q and one for k per layer (2 layers), exact against the original with
+    and without left padding: the Qwen2-style dynamo export given a trained model's rotary tables,
+    and the TorchScript decode step as exported (its tables are computed as cos and sin of
+    concat(f, f) at the static position, so they fold to constants with equal halves)."""
+    record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
     original = onnx.load(REALMODELS / record["file"])
-    assert _with_rotary_tables(original) == 4  # cos and sin of each layer
+    if name == "qwen2-dynamo-static":
+        assert _with_rotary_tables(original) == 4  # cos and sin of each layer
     optimized, report = onnxsat.optimize(original)
     assert report.verification.status == "passed", report.verification
     ops = _ops(optimized)
     assert ops["RotaryEmbedding"] == 4 and ops["Neg"] == 0 and ops["Slice"] == 0, ops
-    assert_exact_with_left_padding(original, optimized, record["inputs"])
-CONTRIB_EXPORTS = ("gpt2-dynamo-dynamic", "llama-decode-ts-static", "qwen2-decode-dynamo-static")
-"""Exports checked with contrib ops at their own opset (MultiHeadAttention): dynamic batch and
-sequence with a causal finfo.min mask, a keys-only mask expanded over grouped queries, a KV cache.
-With standard ops, test_realmodels checks one Attention per layer on the same exports (its
-``FUSED_ATTENTION``) from the run it checks for exactness."""
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", CONTRIB_EXPORTS)
-def test_transformer_exports_get_one_mha_per_layer_with_contrib_ops(name: str) -> None:
-    """One MultiHeadAttention per layer at the model's own opset, exact against the original with
-    and without left padding, symbolic dims kept."""
-    record = json.loads((REALMODELS / "INDEX.json").read_text())[name]
-    original = onnx.load(REALMODELS / record["file"])
-    optimized, report = onnxsat.optimize(original, Options(allow_contrib_ops=True, upgrade_opset=None))
-    assert report.verification.status == "passed", report.verification
-    ops = _ops(optimized)
-    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0, ops
     assert_exact_with_left_padding(original, optimized, record["inputs"])

@@ -107,15 +107,18 @@ def test_verification_rounds_match_egglog() -> None:
     from onnxsat.egraph.reach import present_symbols
     from onnxsat.rules import RULES
     from onnxsat.rules.verification.rule_instances import Instance
-    from onnxsat.rules.verification.rule_pattern import parse_rule
+    from onnxsat.rules.verification.rule_pattern import RulePattern, parse_rule
     from onnxsat.rules.verification.verify import _queue_round, round_symbols
 
     rng = np.random.default_rng(0)
     kinds: set[str] = set()
-    patterns = {name: [parse_rule(*rule) for rule in RULES.egg_rules[name]] for name in RULES.names()}
-    marked = next(name for name, ps in patterns.items() if any(p.markers for p in ps))  # reads import order
+
+    def patterns(name: str) -> list[RulePattern]:
+        return [parse_rule(*rule) for rule in RULES.egg_rules[name]]
+
+    marked = next(name for name in RULES.names() if any(p.markers for p in patterns(name)))  # reads import order
     for name in [*RULES.names()[::12], marked]:
-        for pattern in patterns[name]:
+        for pattern in patterns(name):
             batch = []
             for tag in range(4):
                 try:

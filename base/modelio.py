@@ -14,7 +14,7 @@ import heapq
 import math
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -197,7 +197,40 @@ def topological_nodes(graph: GraphProto) -> list[NodeProto]:
     return [graph.node[i] for i in _topological_order(graph)]
 
 
-def _topological_order(graph: GraphProto) -> list[int]:
+def order_like(graph: GraphProto, reference: GraphProto) -> None:
+    """Reorder `graph`'s nodes (in place) to a topological order that follows `reference` (the model
+    it was rewritten from) wherever names survived.
+
+    A runtime runs nodes in the order written, and that order decides which tensors are alive
+    together (memory reuse, cache): an optimizer should not reshuffle branches it did not touch. A
+    node producing a name the reference produces takes that node's position; a new node takes its
+    earliest such consumer's (it runs just before it), else its latest producer's (it runs as soon
+    as its inputs are there).
+    """
+    position = {name: i for i, node in enumerate(reference.node) for name in node.output if name}
+    nodes = graph.node
+    priority: list[float | None] = [
+        min((float(position[o]) for o in node.output if o in position), default=None) for node in nodes
+    ]
+    readers: dict[str, list[int]] = {}
+    for idx, node in enumerate(nodes):
+        for name in node.input:
+            readers.setdefault(name, []).append(idx)
+    producer = {name: idx for idx, node in enumerate(nodes) for name in node.output if name}
+    topological = _topological_order(graph)
+    for idx in reversed(topological):  # consumers are settled first
+        if priority[idx] is None:
+            taken = [priority[r] for o in nodes[idx].output for r in readers.get(o, ())]
+            priority[idx] = min((p for p in taken if p is not None), default=None)
+    for idx in topological:  # producers are settled first
+        if priority[idx] is None:
+            taken = [priority[producer[i]] for i in nodes[idx].input if i in producer]
+            priority[idx] = max((p for p in taken if p is not None), default=-1.0)
+    _reorder_nodes(graph, _topological_order(graph, [p if p is not None else -1.0 for p in priority]))
+
+
+def _topological_order(graph: GraphProto, priority: Sequence[float] | None = None) -> list[int]:
+    """Stable Kahn: of the ready nodes the lowest ``priority`` (default: index) leaves first."""
     nodes = graph.node
     producer: dict[str, int] = {}
     for idx, node in enumerate(nodes):
@@ -215,16 +248,17 @@ def _topological_order(graph: GraphProto) -> list[int]:
         for q in ps:
             succs[q].append(idx)
     indegree = [len(ps) for ps in preds]
-    ready = [idx for idx, d in enumerate(indegree) if d == 0]
+    key = (lambda i: (priority[i], i)) if priority is not None else (lambda i: (float(i), i))
+    ready = [key(idx) for idx, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        idx = heapq.heappop(ready)
+        _, idx = heapq.heappop(ready)
         order.append(idx)
         for s in succs[idx]:
             indegree[s] -= 1
             if indegree[s] == 0:
-                heapq.heappush(ready, s)
+                heapq.heappush(ready, key(s))
     if len(order) < len(nodes):
         remaining = set(range(len(nodes))) - set(order)
         # Every unsorted node still has an unsorted predecessor: walk back until a node repeats.
@@ -237,8 +271,7 @@ def _topological_order(graph: GraphProto) -> list[int]:
     return order
 
 
-def _sort_graphs_in_place(graph: GraphProto) -> None:
-    order = _topological_order(graph)
+def _reorder_nodes(graph: GraphProto, order: list[int]) -> None:
     if order != list(range(len(graph.node))):
         reordered = []
         for idx in order:
@@ -247,6 +280,10 @@ def _sort_graphs_in_place(graph: GraphProto) -> None:
             reordered.append(copy)
         del graph.node[:]
         graph.node.extend(reordered)
+
+
+def _sort_graphs_in_place(graph: GraphProto) -> None:
+    _reorder_nodes(graph, _topological_order(graph))
     for node in graph.node:
         for _attr, sub in _subgraphs(node):
             _sort_graphs_in_place(sub)

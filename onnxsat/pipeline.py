@@ -23,7 +23,7 @@ from onnxsat.base.errors import (
     one_line,
 )
 from onnxsat.base.model_check import check_model_as_original, check_model_full
-from onnxsat.base.modelio import serialized_size, weight_bytes
+from onnxsat.base.modelio import order_like, serialized_size, weight_bytes
 from onnxsat.base.options import Options
 from onnxsat.base.report import Report, SaturationReport, VerificationSummary
 from onnxsat.base.weightless import has_large_weights
@@ -452,9 +452,11 @@ class Session:
         return self._checked(folded)
 
     def _for_runtime(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """``model`` in the form its runtime runs fastest: for onnxruntime (the ``ort-cpu`` target),
+        """``model`` in the form its runtime runs fastest: its nodes in the input's order where they
+        kept their names (a runtime runs them as written); for onnxruntime (the ``ort-cpu`` target),
         residual adds its SkipLayerNormalization fusion would slow down are written as ``Sum``
         (``egraph.ort_forms``)."""
+        order_like(model.graph, self.model.graph)
         if self.options.target != "ort-cpu":
             return model
         written = avoid_slow_ort_fusions(model)

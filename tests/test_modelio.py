@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.base import modelio
 from onnxsat.base.errors import BadInputError, OnnxsatError
-from onnxsat.base.modelio import check_output_path, load_model, save_model_atomic, topological_nodes
+from onnxsat.base.modelio import check_output_path, load_model, order_like, save_model_atomic, topological_nodes
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT_DIR.glob("*.onnx"))
@@ -151,6 +151,39 @@ def test_topological_nodes_is_stable() -> None:
     ]
     graph = helper.make_graph(nodes, "g", [_vi("x", [1])], [_vi("d", [1]), _vi("e", [1]), _vi("b", [1])])
     assert [n.name for n in topological_nodes(graph)] == ["a", "b", "c", "d", "e"]
+
+
+def test_order_like_follows_the_reference_where_names_survived() -> None:
+    # The reference interleaves two branches; the rewrite wrote them one after the other, with a new
+    # node "n" (feeding "b2") and a new node "m" (feeding only the graph output).
+    reference = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["a1"], name="a1"),
+            helper.make_node("Relu", ["x"], ["b1"], name="b1"),
+            helper.make_node("Relu", ["a1"], ["a2"], name="a2"),
+            helper.make_node("Relu", ["b1"], ["b2"], name="b2"),
+            helper.make_node("Add", ["a2", "b2"], ["y"], name="y"),
+        ],
+        "g",
+        [_vi("x", [1])],
+        [_vi("y", [1])],
+    )
+    rewritten = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["a1"], name="a1"),
+            helper.make_node("Relu", ["a1"], ["a2"], name="a2"),
+            helper.make_node("Relu", ["x"], ["b1"], name="b1"),
+            helper.make_node("Neg", ["b1"], ["n"], name="n"),
+            helper.make_node("Relu", ["n"], ["b2"], name="b2"),
+            helper.make_node("Add", ["a2", "b2"], ["y"], name="y"),
+            helper.make_node("Neg", ["a1"], ["m"], name="m"),
+        ],
+        "g",
+        [_vi("x", [1])],
+        [_vi("y", [1]), _vi("m", [1])],
+    )
+    order_like(rewritten, reference)
+    assert [n.name for n in rewritten.node] == ["a1", "m", "b1", "a2", "n", "b2", "y"]
 
 
 def test_topological_nodes_names_a_node_on_the_cycle() -> None:

@@ -143,6 +143,8 @@ def test_realmodel_optimizes_exactly(name: str) -> None:
     assert report.cost_after <= report.cost_before, (
         f"estimated cost {report.cost_before} -> {report.cost_after}"
     )
+    kept = _kept_positions(original, optimized)
+    assert kept == sorted(kept), "nodes that kept their names run in another order than in the input"
     if name in FUSED_ATTENTION:
         ops = Counter(n.op_type for n in optimized.graph.node)
         assert ops["Attention"] == FUSED_ATTENTION[name] and ops["Softmax"] == 0, ops
@@ -167,6 +169,17 @@ def assert_exact_with_left_padding(original: onnx.ModelProto, optimized: onnx.Mo
         return [[d.dim_param for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input]
 
     assert dims(optimized) == dims(original)
+
+
+def _kept_positions(original: onnx.ModelProto, optimized: onnx.ModelProto) -> list[int]:
+    """For each optimized node that writes a name the original writes, in order: that original
+    node's position (a runtime runs nodes as written: the order decides memory reuse)."""
+    position = {name: i for i, node in enumerate(original.graph.node) for name in node.output if name}
+    return [
+        min(position[o] for o in node.output if o in position)
+        for node in optimized.graph.node
+        if any(o in position for o in node.output)
+    ]
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:

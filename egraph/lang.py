@@ -203,6 +203,16 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: f64Lik
 
 
 @function
+def fused_attention_3d(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: f64Like, heads: i64Like, dtype: i64Like
+) -> Tensor:
+    """``fused_attention`` with the heads packed in the last dim: q [batch, seq, heads * head], k and
+    v [batch, kv_seq, heads * head] split into ``heads`` heads, the output [batch, seq, heads * v
+    head] merged back (opset 23's Attention with q_num_heads = kv_num_heads = heads): the exporters'
+    Reshape and Transpose around each of q, k, v and the output are inside the op."""
+
+
+@function
 def fused_rotary(x: Tensor, cos: Tensor, sin: Tensor, dtype: i64Like) -> Tensor:
     """x * cos + rotate_half(x) * sin for a 4-D [batch, heads, seq, head] x (rotate_half(x) is
     concat(-x2, x1) of x's two halves on the last axis) and cos, sin of shape [1, 1, seq, head]:

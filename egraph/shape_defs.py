@@ -174,6 +174,13 @@ RULES.append(
         set_(L.shape(t)).to(sa.pop().push(sc[3]))
     )
 )
+_attention_3d = L.fused_attention_3d(a, b, c, d, fa, ib, ia)  # [B, T, H * D] with v's [B, S, H * Dv]
+RULES.append(rule(eq(t).to(_attention_3d), L.dtype(a) == dt).then(set_(L.dtype(t)).to(dt)))
+RULES.append(
+    rule(eq(t).to(_attention_3d), L.shape(a) == sa, L.shape(c) == sc, sa.length() == i64(3), sc.length() == i64(3)).then(
+        set_(L.shape(t)).to(sa.pop().push(sc[2]))
+    )
+)
 # Vector operands: [K] x [..., K, N] drops M; [..., M, K] x [K] drops N.
 RULES.append(
     rule(

@@ -781,7 +781,7 @@ class _NoCeil:
         return default if name == "ceil_mode" else self.nv.attr(name, default)
 
 
-@lowering("onnxsat.FusedAttention", "onnxsat.FusedRotary", kind="extern")
+@lowering("onnxsat.FusedAttention", "onnxsat.FusedAttention3D", "onnxsat.FusedRotary", kind="extern")
 def _not_native(cx: Any, nv: Any, xs: list[Any]) -> list[Any]:
     """No native kernel yet: the node runs in the fallback (its exported form on onnxruntime)."""
     raise NotLowered(f"{nv.op_type} has no native kernel")

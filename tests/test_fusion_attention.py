@@ -23,7 +23,14 @@ import onnxsat
 from onnxsat.base.options import Options
 from onnxsat.egraph import lang as L
 from onnxsat.egraph.ops import OPS
-from onnxsat.egraph.ops.fused import ATTENTION_PROBE, CONTRIB_ROTARY_PROBE, MHA_PROBE, ROTARY_PROBE
+from onnxsat.egraph.ops.fused import (
+    ATTENTION_3D_PROBE,
+    ATTENTION_PROBE,
+    CONTRIB_ROTARY_PROBE,
+    MHA_3D_PROBE,
+    MHA_PROBE,
+    ROTARY_PROBE,
+)
 from onnxsat.egraph.ops.ort_probe import ort_runs
 from onnxsat.egraph.ops.registry import ExportNode
 from onnxsat.egraph.shapes import shape_rules
@@ -110,7 +117,34 @@ def rope(axis: int = 3, middle: int = 2, neg_first: bool = True, cos: L.Tensor =
     return L.add(L.mul(X, cos), L.mul(L.concat(L.tlist(halves), 3), SIN))
 
 
+Q3, K3, V3 = (L.Tensor.input(n) for n in ("q3", "k3", "v3"))
+PACKED = {"q3": (1, 3, 8), "k3": (1, 5, 8), "v3": (1, 5, 12), "m": (1, 1, 3, 5)}
+HEADS_FIRST = L.ivec([0, 2, 1, 3])
+
+
+def heads_split(x: L.Tensor, seq: int, size: int, perm: list[int] | None = None) -> L.Tensor:
+    """[1, seq, 2 * size] -> [1, 2, seq, size] as the exporters write it (Reshape, Transpose)."""
+    return L.transpose(L.reshape(x, ints(1, seq, 2, size), 0), L.ivec(perm or [0, 2, 1, 3]))
+
+
+def heads_merged(q: L.Tensor = Q3, key: L.Tensor | None = None, target: L.Tensor = ints(1, 3, 12)) -> L.Tensor:
+    """Attention over the split heads, merged back to [1, 3, 12] (Transpose, Reshape)."""
+    key = heads_split(K3, 5, 4) if key is None else key
+    o4 = L.fused_attention(q if q is not Q3 else heads_split(Q3, 3, 4), key, heads_split(V3, 5, 6), M, 0.5, F)
+    return L.reshape(L.transpose(o4, HEADS_FIRST), target, 0)
+
+
+PACKED_GOAL = L.fused_attention_3d(Q3, K3, V3, M, 0.5, 2, F)
+
 PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
+    "attention-packed-heads": (heads_merged(), PACKED_GOAL, PACKED),
+    # GPT-2 (dynamo) merges the heads straight into rows for its Conv1D: [B * T, H * Dv].
+    "attention-packed-heads/rows": (heads_merged(target=ints(-1, 12)), L.reshape(PACKED_GOAL, ints(-1, 12), 0), PACKED),
+    "attention-packed-heads/key-transposed": (
+        heads_merged(key=L.transpose(heads_split(K3, 5, 4, [0, 2, 3, 1]), PERM)),
+        PACKED_GOAL,
+        PACKED,
+    ),
     "attention-fusion": (sdpa(guard=False), fused(), SHAPES),
     "attention-fusion/nan-guard": (sdpa(), fused(), SHAPES),
     "attention-fusion/div": (L.matmul(L.softmax(L.div(L.matmul(Q, L.transpose(K, PERM)), c(2.0)), 3), V), fused(scale=0.5), SHAPES),
@@ -187,6 +221,8 @@ REFUTATIONS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]], dic
         KEYS_ONLY,
         {"kq": TensorProto.BOOL},
     ),
+    # q reshaped straight to [B, H, T, D] (no Transpose) does not hold q's heads along its last dim.
+    "packed-heads-without-transpose": (heads_merged(q=L.reshape(Q3, ints(1, 2, 3, 4), 0)), PACKED_GOAL, PACKED, None),
     # float16 chains are left alone (as every fusion does).
     "float16": (sdpa(dt=F16), fused(dt=F16), SHAPES, {n: F16 for n in ("q", "k", "v")}),
     # rotate_half negates the upper half and puts it first; the other rotation is not RotaryEmbedding.
@@ -326,6 +362,46 @@ def test_attention_row_with_contrib_ops(opset: int, dtype: type, masked: bool) -
             assert np.all(got[0, :, 1] == 0)
 
 
+def _packed(x: np.ndarray, heads: int) -> np.ndarray:
+    """[B, H, T, D] -> [B, T, H * D]."""
+    return np.ascontiguousarray(np.swapaxes(x, 1, 2).reshape(x.shape[0], x.shape[2], heads * x.shape[3]))
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("contrib", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True])
+def test_packed_attention_row_matches_numpy(opset: int, contrib: bool, dtype: type, masked: bool) -> None:
+    """The heads-packed row: Attention with q_num_heads at opset 23; else with contrib ops
+    MultiHeadAttention on the same 3-D tensors where onnxruntime runs it (float32); else the split,
+    the chain and the merge. Exact against numpy on the split heads (causal rows, holes, left padding,
+    a fully masked row that is zero), batch and sequence symbolic (two sizes through one model)."""
+    heads, code = 3, helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    names = ["q", "k", "v", "m"] if masked else ["q", "k", "v"]
+    shapes: list[tuple[int | str, ...]] = [("b", "t", 24)] * 3 + [("b", 1, "t", "t")]
+    node = _exported(
+        "onnxsat.FusedAttention3D", names, {"scale": 0.3, "heads": heads, "dtype": code}, opset,
+        shapes=[(-1, -2, 24)] * 3 + [(-1, 1, -2, -2)], contrib=contrib,
+    )  # fmt: skip
+    rng = np.random.default_rng(7)
+    model = None
+    for batch, seq in ((2, 6), (3, 9)):
+        split = _contrib_feeds(rng, batch, seq, dtype)
+        feeds = {n: (_packed(split[n], heads) if n != "m" else split[n]) for n in names}
+        if model is None:
+            model = _model(node, feeds, max(opset, 17), ("b", "t", 24), {n: list(s) for n, s in zip(names, shapes, strict=False)})
+            onnx.checker.check_model(model, full_check=True)
+        ops = _ops(model)
+        assert ops["Attention"] == (opset >= 23), ops
+        assert ops["MultiHeadAttention"] == (opset < 23 and contrib and dtype == np.float32), ops
+        (got,) = run_ort(model, feeds)
+        expected = _packed(attention_reference(split["q"], split["k"], split["v"], split.get("m") if masked else None, 0.3), heads)
+        bound = 1e-4 * float(np.max(np.abs(expected))) + 1e-6
+        assert float(np.max(np.abs(got - expected))) <= bound
+        if masked:
+            assert np.all(got[0, 1] == 0)
+
+
 def test_mha_needs_known_equal_heads() -> None:
     """No head count known, or k with fewer heads than q: the chain, not MultiHeadAttention."""
     for shapes in ([(1, -1, 4, 8)] * 3, [(1, 4, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)]):
@@ -382,7 +458,7 @@ def test_contrib_probes_find_the_kernels_onnxruntime_has() -> None:
     """onnxruntime 1.32's CPU MultiHeadAttention (with and without an attention bias) and contrib
     RotaryEmbedding run float32 and float16, not float64."""
     without_mask = type(MHA_PROBE)(MHA_PROBE.op_type, MHA_PROBE.domain, 17, MHA_PROBE.inputs[:3], MHA_PROBE.attrs)
-    for probe in (MHA_PROBE, without_mask, CONTRIB_ROTARY_PROBE):
+    for probe in (MHA_PROBE, without_mask, MHA_3D_PROBE, CONTRIB_ROTARY_PROBE):
         assert [ort_runs(probe, t) for t in (F, D, F16)] == [True, False, True], probe
 
 
@@ -391,6 +467,7 @@ def test_probes_find_the_kernels_onnxruntime_has() -> None:
     and float16, RotaryEmbedding for float32 and float16 but not float64 (a float64 rotary is
     written as its chain); an op at an opset that lacks it is found not to run."""
     assert [ort_runs(ATTENTION_PROBE, t) for t in (F, D, F16)] == [True, True, True]
+    assert [ort_runs(ATTENTION_3D_PROBE, t) for t in (F, D, F16)] == [True, True, True]
     assert [ort_runs(ROTARY_PROBE, t) for t in (F, D, F16)] == [True, False, True]
     assert not ort_runs(type(ROTARY_PROBE)("RotaryEmbedding", "", 22, ROTARY_PROBE.inputs), F)  # not at opset 22
 

@@ -13,7 +13,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxsat.base import modelio
 from onnxsat.base.errors import BadInputError, OnnxsatError
-from onnxsat.base.modelio import check_output_path, load_model, order_like, save_model_atomic, topological_nodes
+from onnxsat.base.modelio import (
+    check_output_path,
+    load_model,
+    order_like,
+    save_model_atomic,
+    topological_nodes,
+)
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 LIGHT_MODELS = sorted(LIGHT_DIR.glob("*.onnx"))

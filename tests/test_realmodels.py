@@ -64,9 +64,16 @@ FUSED_ATTENTION = {
     "llama-ts-static": 2,  # TorchScript: the mask's Expand target is Where(Equal(...)) on constants
     "llama-decode-ts-static": 2,  # a [1, 1, 1, S] mask over q folded to [B, Hkv, n_rep * T, D]: expanded
     "gpt2-dynamo-dynamic": 2,  # a finfo.min mask: its constant becomes the next float up
+    "bert-ts-dynamic": 2,
+    "distilbert-dynamo-static": 2,
+    "whisper_tiny_encoder-dynamo-static": 2,
 }
 """Exports whose attention the default options fuse: name -> Attention nodes (one per layer, no
 Softmax left), exact also with left padding and with the symbolic dims kept."""
+
+PACKED_HEADS = {"bert-ts-dynamic", "distilbert-dynamo-static", "gpt2-dynamo-dynamic", "whisper_tiny_encoder-dynamo-static"}
+"""Exports whose Attention takes q, k, v with the heads packed in the last dim (3-D, q_num_heads):
+the heads' Reshape and Transpose are gone (TorchScript's permuted k^T; dynamo's flattened one)."""
 
 FLOAT16_RTOL = 1e-2
 """The relative bound for outputs computed in float16. float16 carries 11 significant bits (unit
@@ -148,6 +155,10 @@ def test_realmodel_optimizes_exactly(name: str) -> None:
     if name in FUSED_ATTENTION:
         ops = Counter(n.op_type for n in optimized.graph.node)
         assert ops["Attention"] == FUSED_ATTENTION[name] and ops["Softmax"] == 0, ops
+        packed = [
+            n for n in optimized.graph.node if n.op_type == "Attention" and any(a.name == "q_num_heads" for a in n.attribute)
+        ]
+        assert len(packed) == (ops["Attention"] if name in PACKED_HEADS else 0), name
         assert_exact_with_left_padding(original, optimized, record["inputs"])
 
 

@@ -77,6 +77,12 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
         {"x": (2, 3)},
     ),
     "transpose-to-reshape": (L.transpose(X, L.ivec([1, 0, 2])), L.reshape(X, ints(3, 1, 4), 0), {"x": (1, 3, 4)}),
+    # dynamo's k^T for attention scores: flatten [B, H] to one dim, swap the last two, unflatten.
+    "transpose-through-batch-merge": (
+        L.reshape(L.transpose(L.reshape(X, ints(6, 5, 4), 0), L.ivec([0, 2, 1])), ints(3, 2, 4, 5), 0),
+        L.transpose(X, L.ivec([0, 1, 3, 2])),
+        {"x": (3, 2, 5, 4)},
+    ),
     # ---------------------------------------------------------------- views.py (symbolic dims: -1, -2)
     "reshape-sink-unary": (
         L.relu(L.reshape(X, ints(6), 0)),

@@ -240,6 +240,59 @@ def _attention_export(node: ExportNode) -> None:
     node.expansion = chain.nodes
 
 
+ATTENTION_3D_PROBE = KernelProbe(
+    "Attention",
+    "",
+    23,
+    (((1, 3, 8), None), ((1, 5, 8), None), ((1, 5, 8), None), ((1, 1, 3, 5), None)),
+    (("scale", 0.5), ("q_num_heads", 2), ("kv_num_heads", 2)),
+)
+"""Attention over [batch, seq, heads * head] q, k, v (the heads split and merged inside the op)."""
+MHA_3D_PROBE = KernelProbe(
+    "MultiHeadAttention",
+    CONTRIB,
+    17,
+    (((1, 3, 8), None), ((1, 5, 8), None), ((1, 5, 8), None), ABSENT, ABSENT, ((1, 1, 3, 5), None)),
+    (("num_heads", 2), ("scale", 0.5)),
+)
+
+
+def _attention_3d_export(node: ExportNode) -> None:
+    """Attention with q_num_heads = kv_num_heads = heads (opset 23, or the upgrade placeholder) where
+    onnxruntime runs it; else, with contrib ops, MultiHeadAttention on the same 3-D inputs (its NaN
+    rows zeroed, as in ``_mha_nodes``); else each of q, k, v split into heads, the 4-D chain, and
+    the heads merged (what the exporters wrote).
+
+    On onnxruntime 1.32's CPU provider the 3-D op ran an attention block x1.10-1.12 faster than the
+    4-D op with the exporters' Reshape and Transpose around it (BERT-base and GPT-2 layers, sequence
+    128, one thread; benchmarks/results/contrib_attention.md)."""
+    scale, heads, dtype = float(node.attrs.pop("scale")), int(node.attrs.pop("heads")), int(node.attrs.pop("dtype"))
+    q, k, v, *rest = node.inputs
+    mask = rest[0] if rest else ""
+    out = node.outputs[0]
+    chain = _Chain(node, dtype)
+    domain = _standard_domain(node, ATTENTION_3D_PROBE if mask else _without_mask(ATTENTION_3D_PROBE), dtype)
+    mha = KernelProbe(MHA_3D_PROBE.op_type, CONTRIB, 17, MHA_3D_PROBE.inputs[: 6 if mask else 3], MHA_3D_PROBE.attrs)
+    bias_fits = not mask or len(node.in_shape(3) or ()) == 4  # the attention bias is [B or 1, H or 1, T, S]
+    if domain is not None:
+        attrs = {"scale": scale, "q_num_heads": heads, "kv_num_heads": heads}
+        chain.op("Attention", [q, k, v, *([mask] if mask else [])], out, domain=domain, **attrs)
+    elif node.allow_contrib and bias_fits and ort_runs(mha, dtype):
+        inputs = [q, k, v, *(["", "", mask] if mask else [])]
+        if mask:
+            merged = chain.op("MultiHeadAttention", inputs, domain=CONTRIB, num_heads=heads, scale=scale)
+            chain.op("Where", [chain.op("IsNaN", [merged]), chain.const(0.0), merged], out)
+        else:
+            chain.op("MultiHeadAttention", inputs, out, domain=CONTRIB, num_heads=heads, scale=scale)
+    else:
+        split = chain.ints([0, 0, heads, -1])
+        q4, k4, v4 = (chain.op("Transpose", [chain.op("Reshape", [x, split])], perm=[0, 2, 1, 3]) for x in (q, k, v))
+        heads_out = node.fresh("onnxsat_attention")
+        _attention_chain(chain, q4, k4, v4, mask, scale, heads_out)
+        chain.op("Reshape", [chain.op("Transpose", [heads_out], perm=[0, 2, 1, 3]), chain.ints([0, 0, -1])], out)
+    node.expansion = chain.nodes
+
+
 MHA_PROBE = KernelProbe(
     "MultiHeadAttention",
     CONTRIB,
@@ -345,6 +398,16 @@ def _attention_flops(ctx: CostCtx) -> float:
     return float(max(batch_heads, 1) * max(t, 1) * max(s, 1) * (2 * (max(d, 1) + max(dv, 1)) + 5))
 
 
+def _attention_3d_flops(ctx: CostCtx) -> float:
+    """``_attention_flops`` of the same attention with its heads split."""
+    q, k = (ctx.in_shapes + [None, None])[:2]
+    heads = max(int(ctx.attrs.get("heads", 1)), 1)
+    if q is None or k is None or len(q) != 3 or len(k) != 3 or ctx.out_shape is None:
+        return 0.0
+    d, dv = max(q[2], 1) / heads, max(ctx.out_shape[2], 1) / heads
+    return float(max(q[0], 1) * heads * max(q[1], 1) * max(k[1], 1) * (2 * (d + dv) + 5))
+
+
 _GELU_ATTRS = (Attr("approximate", "string", "none"), Attr("dtype", "int"))
 
 register(
@@ -376,6 +439,15 @@ register(
         family="matmul",
         export=_attention_export,
         flops=_attention_flops,
+    ),
+    OpSpec(
+        "onnxsat.FusedAttention3D",
+        L.fused_attention_3d,
+        ("Q", "K", "V", "attn_mask?"),
+        (Attr("scale", "float"), Attr("heads", "int"), Attr("dtype", "int")),
+        family="matmul",
+        export=_attention_3d_export,
+        flops=_attention_3d_flops,
     ),
     OpSpec(
         "onnxsat.FusedRotary",

@@ -189,6 +189,67 @@ FAMILY.rewrite(
     L.fused_attention(q, _kk, v, m, ca, dt),
 )
 
+# ---------------------------------------------------------------- heads packed in the last dim
+q3, k3, v3, tq, tk, tv, to = vars_("q3 k3 v3 tq tk tv to", L.Tensor)
+s3q, s3k, s3v, s4q, s4k, s4v = vars_("s3q s3k s3v s4q s4k s4v", Vec[i64])
+azq, azk, azv, azo = vars_("azq azk azv azo", i64)
+_HEADS_FIRST = Vec(i64(0), i64(2), i64(1), i64(3))
+
+
+def _heads_split(packed: L.Tensor, target: L.Tensor, allowzero: i64, s3: Vec[i64], s4: Vec[i64]) -> tuple[L.Tensor, tuple[FactLike, ...]]:
+    """[B, T, H * D] reshaped to [B, T, H, D] and transposed to [B, H, T, D], and its guards."""
+    split = L.reshape(packed, target, allowzero)
+    guards = (
+        L.shape(packed) == s3,
+        s3.length() == i64(3),
+        L.shape(split) == s4,
+        s4.length() == i64(4),
+        s4[0] == s3[0],
+        s4[1] == s3[1],
+        s4[2] >= i64(1),
+        s4[3] >= i64(1),
+        s4[2] * s4[3] == s3[2],
+    )
+    return L.transpose(split, _HEADS_FIRST), guards
+
+
+_q4, _q_guards = _heads_split(q3, tq, azq, s3q, s4q)
+_k4, _k_guards = _heads_split(k3, tk, azk, s3k, s4k)
+_v4, _v_guards = _heads_split(v3, tv, azv, s3v, s4v)
+_KEY_FORMS = {
+    "key": _k4,
+    # k^T split straight to [B, H, D, S] (TorchScript's permute; dynamo's flattened transpose after
+    # transpose-through-batch-merge), which the attention rule transposes back: fusion runs after
+    # the algebra phase, so the two Transposes are not composed here.
+    "key-transposed": L.transpose(L.transpose(L.reshape(k3, tk, azk), Vec(i64(0), i64(2), i64(3), i64(1))), _TRANSPOSE_LAST),
+}
+(vo,) = vars_("vo", Vec[i64])
+for _form, _key in _KEY_FORMS.items():
+    _packed = L.fused_attention_3d(q3, k3, v3, m, ca, s4q[2], dt)
+    # The heads merged to [B, T, H * Dv], or to rows [B * T, H * Dv] (GPT-2's Conv1D input; a
+    # target of two entries whose 0s can only copy B or T, which the 3-D result has as well).
+    for _out, _target, _result, _out_guards in (
+        ("", to, _packed, ()),
+        ("-rows", L.Tensor.ints(vo, i64(1)), L.reshape(_packed, L.Tensor.ints(vo, i64(1)), azo), (vo.length() <= i64(2),)),
+    ):
+        _merged = L.reshape(L.transpose(L.fused_attention(_q4, _key, _v4, m, ca, dt), _HEADS_FIRST), _target, azo)
+        _merged_guards = (L.shape(_merged) == Vec(s3q[0], s3q[1], s3v[2]),) if not _out else _out_guards
+        # merge_heads(Attention(split_heads(q), split_heads(k), split_heads(v))) => Attention on the
+        # packed [B, T, H * D] tensors (q_num_heads = kv_num_heads = H): the Reshape and Transpose of
+        # q, k, v and of the output (four copies of a [T, H * D] activation per layer) are in the kernel.
+        FAMILY.rewrite(
+            "attention-packed-heads",
+            _merged,
+            _result,
+            *_q_guards,
+            *_k_guards,
+            *_v_guards,
+            s4k[2] == s4q[2],
+            s4v[2] == s4q[2],
+            *_merged_guards,
+            variant=_form + _out,
+        )
+
 # ---------------------------------------------------------------- rotary embedding
 xr, cos_, sin_ = vars_("xr cos_ sin_", L.Tensor)
 sxr, vh, ve = vars_("sxr vh ve", Vec[i64])

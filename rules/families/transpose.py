@@ -166,7 +166,25 @@ for _r in range(2, 7):
         variant=str(_r),
     )
 
+# Swapping the last two axes of [B * H, S, D] blocks and splitting B * H back is swapping the last
+# two axes of the [B, H, S, D] tensor the blocks were flattened from (dynamo's key transpose for
+# attention scores: flatten, 3-D transpose, unflatten), so attention fusion sees one Transpose.
+(ta, tb) = vars_("ta tb", L.Tensor)
+LAYOUT_FAMILY.rewrite(
+    "transpose-through-batch-merge",
+    L.reshape(L.transpose(L.reshape(x, ta, ia), Vec(i64(0), i64(2), i64(1))), tb, ib),
+    L.transpose(x, Vec(i64(0), i64(1), i64(3), i64(2))),
+    L.shape(x) == sx,
+    sx.length() == i64(4),
+    L.shape(L.reshape(x, ta, ia)) == va,
+    va.length() == i64(3),
+    va[1] == sx[2],
+    va[2] == sx[3],
+    L.shape(t) == Vec(sx[0], sx[1], sx[3], sx[2]),
+)
+
 RULE_NAMES = [
+    "transpose-through-batch-merge",
     "transpose-sink-softmax",
     "transpose-sink-reduce",
     "transpose-sink-concat",

@@ -117,7 +117,8 @@ class Gen:
 # ---------------------------------------------------------------- per-op samplers
 # A sampler proposes, by constructor argument name, a valid value for every position; the
 # instantiator keeps what the pattern fixes and passes it in ``k`` (tensors as ``Known``, absent
-# ones as None, literals as Python values, and "__out__": the shape the consumer wants, if any).
+# ones as None, literals as Python values, "__out__": the shape the consumer wants, if any, and
+# "__ranks__": the ranks guards give the open leaves, by argument name).
 Sampler = Callable[[Gen, dict[str, Any]], dict[str, Any]]
 
 
@@ -292,13 +293,52 @@ def _factor(g: Gen, numel: int, rank: int) -> list[int]:
     return [*dims, left] if rank else []
 
 
+def _regroup(g: Gen, dims: tuple[int, ...], rank: int | None) -> tuple[int, ...]:
+    """A shape of the same elements as ``dims`` the way models reshape: trailing dims merged (heads
+    merged, a flatten) or the last dim split (heads split), sometimes the leading ones (batch dims),
+    to ``rank`` dims where a guard gives it; else one of those at random, ``dims`` itself, or a
+    random factoring."""
+    if rank is None:
+        u = g.rng.random()
+        if u < 0.2 or not dims:
+            return dims
+        if u < 0.5 and len(dims) >= 2:
+            rank = len(dims) - 1
+        elif u < 0.7 and len(dims) < MAX_RANK:
+            rank = len(dims) + 1
+        else:
+            return tuple(_factor(g, math.prod(dims), g.rank(0 if math.prod(dims) == 1 else 1)))
+    leading = g.chance(0.3)  # the batch dims (a batched transpose), else the trailing ones
+    if rank < len(dims):
+        if not rank:
+            return ()
+        merged = len(dims) - rank + 1
+        if leading:
+            return (math.prod(dims[:merged]), *dims[merged:])
+        return (*dims[: rank - 1], math.prod(dims[rank - 1 :]))
+    if rank > len(dims) and dims:
+        parts = _factor(g, dims[0] if leading else dims[-1], rank - len(dims) + 1)
+        return (*parts, *dims[1:]) if leading else (*dims[:-1], *parts)
+    return dims
+
+
 def _s_reshape(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
-    xs = _shape(g, k, "data")
     allowzero = _attr(k, "allowzero", lambda: 0)
-    if g.chance(0.15):
-        return {"data": Want(xs), "shape": _ints(xs), "allowzero": allowzero}
-    numel = math.prod(xs)
-    target = _factor(g, numel, g.rank(0 if numel == 1 else 1))
+    out, data, fixed = k.get("__out__"), k.get("data"), k.get("shape")
+    rank = k.get("__ranks__", {}).get("data")
+    if isinstance(fixed, Known) and fixed.values is not None and fixed.shape and not isinstance(data, Known):
+        # the target is fixed: data of its elements (a 0 copies data's dim there, -1 is inferred)
+        dims = tuple(v if v > 0 or (v == 0 and allowzero) else g.dim() for v in fixed.values)
+        xs = dims if 0 in fixed.values else _regroup(g, dims, rank)
+        return {"data": Want(xs), "shape": _ints(fixed.values), "allowzero": allowzero}
+    if out is not None and not isinstance(data, Known):  # meet the consumer's shape
+        xs, target = _regroup(g, tuple(out), rank), list(out)
+    else:
+        xs = _shape(g, k, "data")
+        out_rank = k.get("__ranks__", {}).get("__out__")
+        if g.chance(0.15) and out_rank in (None, len(xs)):
+            return {"data": Want(xs), "shape": _ints(xs), "allowzero": allowzero}
+        target = list(_regroup(g, xs, out_rank if out_rank is not None and g.chance(0.7) else None))
     if target and g.chance(0.2):
         target[g.between(0, len(target))] = -1
     same = [i for i, d in enumerate(target) if i < len(xs) and d == xs[i]]
@@ -450,12 +490,27 @@ def _s_skip_rms_norm(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
 
 def _s_attention(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     """4-D q [B, H, T, D], k [B, H, S, D], v [B, H, S, Dv] and a [1|B, 1|H, T, S] float mask or none
-    (what the attention fusion takes)."""
+    (what the attention fusion takes); the output [B, H, T, Dv] a consumer wants, if it wants one."""
+    out = k.get("__out__")
     qs = _shape(g, k, "Q", lo=4, hi=4)
-    s, dv = g.dim(), g.dim()
+    s, dv = g.dim(), (out[3] if out is not None and len(out) == 4 and not isinstance(k.get("Q"), Known) else g.dim())
+    if out is not None and len(out) == 4 and qs == tuple(out):
+        qs = (*qs[:3], g.dim())
     mask = (g.pick([1, qs[0]]), g.pick([1, qs[1]]), qs[2], s)
     return {"Q": Want(qs), "K": Want((*qs[:2], s, qs[3])), "V": Want((*qs[:2], s, dv)),
             "attn_mask": Want(mask, optional=True), "scale": g.pick([1.0, 0.125, 0.5]), "dtype": DOUBLE}  # fmt: skip
+
+
+def _s_attention_3d(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
+    """q [B, T, H * D], k [B, S, H * D], v [B, S, H * Dv] and a [1|B, 1|H, T, S] float mask or none."""
+    heads = _attr(k, "heads", lambda: g.pick([1, 2, 3]))
+    qs = _shape(g, k, "Q", lo=3, hi=3)
+    if qs[2] % heads:
+        qs = (*qs[:2], heads * max(qs[2] // heads, 1))
+    s, dv = g.dim(), heads * g.dim()
+    mask = (g.pick([1, qs[0]]), g.pick([1, heads]), qs[1], s)
+    return {"Q": Want(qs), "K": Want((qs[0], s, qs[2])), "V": Want((qs[0], s, dv)), "attn_mask": Want(mask, optional=True),
+            "scale": g.pick([1.0, 0.125, 0.5]), "heads": heads, "dtype": DOUBLE}  # fmt: skip
 
 
 def _s_rotary(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
@@ -501,6 +556,7 @@ SAMPLERS: dict[str, Sampler] = {
     "fused_rms_norm": _s_rms_norm,
     "fused_skip_rms_norm": _s_skip_rms_norm,
     "fused_attention": _s_attention,
+    "fused_attention_3d": _s_attention_3d,
     "fused_rotary": _s_rotary,
     "isnan": _s_unary("X"),
     "cast": _s_unary("input", to=lambda g: g.pick([DOUBLE, DOUBLE, TensorProto.FLOAT, INT64])),
@@ -548,7 +604,7 @@ SAMPLERS: dict[str, Sampler] = {
 
 HINTABLE = {
     op for op, s in SAMPLERS.items()
-    if op not in {"gemm", "conv", "conv_transpose", "max_pool", "average_pool", "global_average_pool", "reshape",
+    if op not in {"gemm", "conv", "conv_transpose", "max_pool", "average_pool", "global_average_pool",
                   "flatten", "squeeze", "unsqueeze", "concat", "split", "slice_", "gather", "expand",
                   "reduce_mean", "reduce_sum", "reduce_max", "shape_of", "constant_of_shape"}
 }  # fmt: skip

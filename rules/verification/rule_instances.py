@@ -36,6 +36,8 @@ DOUBLE, INT64, BOOL = TensorProto.DOUBLE, TensorProto.INT64, TensorProto.BOOL
 RTOL = 1e-9
 OPSET = 18
 LEAVES = ("Tensor.input", "Tensor.weight")
+MAX_KNOWN_INTS = 8
+"""An evaluated int64 vector up to this long passes its values to the samplers (a computed shape)."""
 
 
 # ---------------------------------------------------------------- instances
@@ -94,6 +96,10 @@ class Instance:
         self.built: dict[int, TermNode] = {}
         self.known: dict[int, Known | None] = {}
         self.weights: dict[str, onnx.TensorProto] = {}
+        self.root_ranks = {
+            id(d): pattern.dim_hints[v][-1] for d, v in zip(pattern.roots, pattern.root_vars, strict=True) if -1 in pattern.dim_hints.get(v, {})
+        }
+        """A root's rank its guards give (``shape(t) == Vec(...)``), for its op's sampler."""
         self.roots = [self.term(d, None) for d in pattern.roots]
 
     def prim(self, d: TypedExprDecl, want: Any) -> Any:
@@ -151,7 +157,7 @@ class Instance:
             raise Unsupported(f"cannot instantiate {e}")
         op = op_name(e)
         if op in BY_CTOR:
-            node = self.op(BY_CTOR[op], e, want)
+            node = self.op(BY_CTOR[op], e, want, self.root_ranks.get(id(d)))
         elif op.startswith("Tensor."):
             node = self.leaf_call(op, e, want or Want(self.gen.shape()))
         else:
@@ -206,8 +212,9 @@ class Instance:
             return self.leaf(var, Want(want.shape, kind), weight=op == "Tensor.weight")
         raise Unsupported(f"cannot instantiate {op}")
 
-    def op(self, spec: OpSpec, e: CallDecl, want: Want | None) -> TermNode:
-        """Build one modelled op: fixed arguments first, then the sampler's proposals for the rest."""
+    def op(self, spec: OpSpec, e: CallDecl, want: Want | None, out_rank: int | None = None) -> TermNode:
+        """Build one modelled op: fixed arguments first, then the sampler's proposals for the rest
+        (``out_rank``: the rank guards give its result, passed as the rank of ``__out__``)."""
         names = arg_names(spec)
         if len(names) != len(e.args):
             raise Unsupported(f"{spec.op_type}: {len(e.args)} arguments, the op table has {len(names)}")
@@ -222,6 +229,14 @@ class Instance:
                 ]
             elif sort not in ("Tensor", "TList") and self.closed(d):
                 known[name] = self.prim(d, None)
+        ranks: dict[str, int] = {"__out__": out_rank} if out_rank is not None and want is None else {}
+        ranks |= {
+            name: self.pattern.dim_hints[d.expr.name][-1]
+            for name, d in zip(names, e.args, strict=True)
+            if isinstance(d.expr, UnboundVarDecl) and -1 in self.pattern.dim_hints.get(d.expr.name, {}) and self.deferred(d)
+        }
+        if ranks:
+            known["__ranks__"] = ranks
         sampler = SAMPLERS.get(spec.name)
         wants = sampler(self.gen, known) if sampler else {n: Want(self.gen.shape()) for n in names}
         args: list[TermNode | TermLit] = []
@@ -264,7 +279,10 @@ class Instance:
                 self.known[id(node)] = Known((len(values),) if rank else (), INT64, tuple(values))
             else:
                 (value,) = self.evaluate(node, 1)
-                self.known[id(node)] = Known(value.shape, int(helper.np_dtype_to_tensor_dtype(value.dtype)))
+                dtype = int(helper.np_dtype_to_tensor_dtype(value.dtype))
+                small_ints = dtype == INT64 and value.ndim <= 1 and value.size <= MAX_KNOWN_INTS  # a computed shape
+                values = tuple(int(v) for v in value.reshape(-1)) if small_ints else None
+                self.known[id(node)] = Known(value.shape, dtype, values)
         return self.known[id(node)]
 
     def evaluate(self, node: TermNode, seeds: int) -> list[np.ndarray]:

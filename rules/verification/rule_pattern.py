@@ -68,6 +68,8 @@ class RulePattern:
     """f64 variable -> [low, high] from guards like ``c >= 1.41`` (constants matched up to rounding)."""
     dtype_hints: dict[str, int] = field(default_factory=dict)
     """Tensor variable -> ONNX element type from guards like ``dtype(x) == 10`` (dtype-guarded rules)."""
+    root_vars: list[str] = field(default_factory=list)
+    """The variable each of ``roots`` is bound to (its guards' hints are the root's)."""
 
 
 def _text(decls: Any, decl: Any) -> str:
@@ -133,6 +135,7 @@ def parse_rule(egg_name: str, built: RewriteOrRule) -> RulePattern:
             if fact.tp.ident.name == "Tensor" and op_name(fact.right) != "tensor_ref":
                 if name in unioned:
                     pattern.roots.append(term)
+                    pattern.root_vars.append(name)
                     pattern.lhs.append(f"{name} := {_text(decls, fact.right)}")
                 else:
                     pattern.defs[name] = term

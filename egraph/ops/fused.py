@@ -388,24 +388,25 @@ def _flops(per_element: float) -> Callable[[CostCtx], float]:
     return lambda ctx: per_element * numel(ctx.out_shape)
 
 
-def _attention_flops(ctx: CostCtx) -> float:
+def _attention_work(batch_heads: float, t: float, s: float, d: float, dv: float) -> float:
     """2 * T * S * (D + Dv) per batch and head for the two products, plus the softmax."""
-    q, k = (ctx.in_shapes + [None, None])[:2]
-    if q is None or k is None or len(q) != 4 or len(k) != 4 or ctx.out_shape is None:
-        return 0.0
-    batch_heads, t, d = q[0] * q[1], q[2], q[3]
-    s, dv = k[2], ctx.out_shape[3]
     return float(max(batch_heads, 1) * max(t, 1) * max(s, 1) * (2 * (max(d, 1) + max(dv, 1)) + 5))
 
 
+def _attention_flops(ctx: CostCtx) -> float:
+    q, k = (ctx.in_shapes + [None, None])[:2]
+    if q is None or k is None or len(q) != 4 or len(k) != 4 or ctx.out_shape is None:
+        return 0.0
+    return _attention_work(q[0] * q[1], q[2], k[2], q[3], ctx.out_shape[3])
+
+
 def _attention_3d_flops(ctx: CostCtx) -> float:
-    """``_attention_flops`` of the same attention with its heads split."""
+    """The same attention with its heads split."""
     q, k = (ctx.in_shapes + [None, None])[:2]
     heads = max(int(ctx.attrs.get("heads", 1)), 1)
     if q is None or k is None or len(q) != 3 or len(k) != 3 or ctx.out_shape is None:
         return 0.0
-    d, dv = max(q[2], 1) / heads, max(ctx.out_shape[2], 1) / heads
-    return float(max(q[0], 1) * heads * max(q[1], 1) * max(k[1], 1) * (2 * (d + dv) + 5))
+    return _attention_work(max(q[0], 1) * heads, q[1], k[1], max(q[2], 1) / heads, max(ctx.out_shape[2], 1) / heads)
 
 
 _GELU_ATTRS = (Attr("approximate", "string", "none"), Attr("dtype", "int"))

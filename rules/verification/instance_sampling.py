@@ -493,9 +493,9 @@ def _s_attention(g: Gen, k: dict[str, Any]) -> dict[str, Any]:
     (what the attention fusion takes); the output [B, H, T, Dv] a consumer wants, if it wants one."""
     out = k.get("__out__")
     qs = _shape(g, k, "Q", lo=4, hi=4)
-    s, dv = g.dim(), (out[3] if out is not None and len(out) == 4 and not isinstance(k.get("Q"), Known) else g.dim())
-    if out is not None and len(out) == 4 and qs == tuple(out):
-        qs = (*qs[:3], g.dim())
+    s, dv = g.dim(), g.dim()
+    if out is not None and len(out) == 4 and not isinstance(k.get("Q"), Known):  # qs is out: D is free
+        qs, dv = (*qs[:3], g.dim()), out[3]
     mask = (g.pick([1, qs[0]]), g.pick([1, qs[1]]), qs[2], s)
     return {"Q": Want(qs), "K": Want((*qs[:2], s, qs[3])), "V": Want((*qs[:2], s, dv)),
             "attn_mask": Want(mask, optional=True), "scale": g.pick([1.0, 0.125, 0.5]), "dtype": DOUBLE}  # fmt: skip

@@ -350,7 +350,7 @@ def add_optimize_flags(parser: Any) -> None:
     sel.add_argument(
         "--allow-contrib-ops",
         action="store_true",
-        help="write fused nodes as onnxruntime com.microsoft contrib ops (Gelu, BiasGelu, FastGelu,"
+        help="write fused nodes as onnxruntime com.microsoft contrib ops (Gelu, FastGelu,"
         " QuickGelu; SkipSimplifiedLayerNormalization, MultiHeadAttention and RotaryEmbedding where the"
         " model keeps an opset below 23) instead of their chains of standard ops, where onnxruntime's CPU"
         " provider runs them; the model then runs on onnxruntime only",

@@ -127,10 +127,12 @@ def heads_split(x: L.Tensor, seq: int, size: int, perm: list[int] | None = None)
     return L.transpose(L.reshape(x, ints(1, seq, 2, size), 0), L.ivec(perm or [0, 2, 1, 3]))
 
 
-def heads_merged(q: L.Tensor = Q3, key: L.Tensor | None = None, target: L.Tensor = ints(1, 3, 12)) -> L.Tensor:
-    """Attention over the split heads, merged back to [1, 3, 12] (Transpose, Reshape)."""
+def heads_merged(q: L.Tensor | None = None, key: L.Tensor | None = None, target: L.Tensor = ints(1, 3, 12)) -> L.Tensor:
+    """Attention over the split heads (q and k: as the exporters split them, unless given), merged
+    back to [1, 3, 12] (Transpose, Reshape)."""
+    q = heads_split(Q3, 3, 4) if q is None else q
     key = heads_split(K3, 5, 4) if key is None else key
-    o4 = L.fused_attention(q if q is not Q3 else heads_split(Q3, 3, 4), key, heads_split(V3, 5, 6), M, 0.5, F)
+    o4 = L.fused_attention(q, key, heads_split(V3, 5, 6), M, 0.5, F)
     return L.reshape(L.transpose(o4, HEADS_FIRST), target, 0)
 
 

@@ -280,7 +280,7 @@ def _attention_3d_export(node: ExportNode) -> None:
     out = node.outputs[0]
     chain = _Chain(node, dtype)
     domain = _standard_domain(node, ATTENTION_3D_PROBE if mask else _without_mask(ATTENTION_3D_PROBE), dtype)
-    mha = KernelProbe(MHA_3D_PROBE.op_type, CONTRIB, 17, MHA_3D_PROBE.inputs[: 6 if mask else 3], MHA_3D_PROBE.attrs)
+    mha = MHA_3D_PROBE if mask else _without_mask(MHA_3D_PROBE)
     bias_fits = not mask or len(node.in_shape(3) or ()) == 4  # the attention bias is [B or 1, H or 1, T, S]
     if domain is not None:
         attrs = {"scale": scale, "q_num_heads": heads, "kv_num_heads": heads}

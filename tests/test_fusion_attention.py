@@ -62,7 +62,7 @@ def _loaded(terms: list[L.Tensor], shapes: dict[str, tuple[int, ...]], dtypes: d
     egraph = _warm()
     egraph.push()
     try:
-        _load(egraph, terms, shapes, (), dtypes or {})
+        _load(egraph, terms, shapes, TABLES, dtypes or {})
         egraph.register(set_(L.model_opset()).to(i64(17)))
         rules = RULES.ruleset_for([*RULES.families["attention"], *RULES.families["core"]])
         for _ in range(3):
@@ -97,6 +97,15 @@ def bool_mask(masked: float, kept: float = 0.0) -> L.Tensor:
 
 
 KQ = L.Tensor.input("kq")
+TABLES = ("tbl",)
+"""Leaves loaded as weights of small values (as import marks T5's position bias table)."""
+TABLE_SHAPES = {**SHAPES, "tbl": (1, 2, 3, 5), "tbl_in": (1, 2, 3, 5)}
+
+
+def table_mask(masked: float, table: str = "tbl") -> L.Tensor:
+    """T5's mask: its position bias table where kept, finfo.min elsewhere."""
+    leaf = L.Tensor.weight(table) if table in TABLES else L.Tensor.input(table)
+    return L.where(KEEP, leaf, c(masked))
 KEYS_ONLY = {**SHAPES, "kq": (1, 1, 1, 5)}
 
 
@@ -173,6 +182,13 @@ PROOFS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]]]] = {
         fused(over_queries(L.where(KQ, c(0.0), c(attention.F32_NEXT)))),
         KEYS_ONLY,
     ),
+    # T5: a constant table of small values where kept, with no NaN guard (no score is -inf).
+    "attention-mask-fusion/table": (sdpa(mask=table_mask(-1e4), guard=False), fused(table_mask(-1e4)), TABLE_SHAPES),
+    "attention-mask-fusion/table-lowest": (
+        sdpa(mask=table_mask(attention.F32_LOWEST), guard=False),
+        fused(table_mask(attention.F32_NEXT)),
+        TABLE_SHAPES,
+    ),
     "attention-key-transpose-cancel": (
         L.fused_attention(Q, L.transpose(L.transpose(K, PERM), PERM), V, M, 0.5, F),
         L.fused_attention(Q, K, V, M, 0.5, F),
@@ -222,6 +238,20 @@ REFUTATIONS: dict[str, tuple[L.Tensor, L.Tensor, dict[str, tuple[int, ...]], dic
         fused(over_queries(L.where(KQ, c(0.0), c(attention.F32_LOWEST)))),
         KEYS_ONLY,
         {"kq": TensorProto.BOOL},
+    ),
+    # Without the guard a -inf elsewhere makes a fully masked row NaN (Attention: zero), and a table
+    # that is no constant of small values may hold -inf or finfo.min itself.
+    "table-mask-minus-inf": (
+        sdpa(mask=table_mask(-np.inf), guard=False),
+        fused(table_mask(-np.inf)),
+        TABLE_SHAPES,
+        BOOL_INPUTS,
+    ),
+    "table-mask-input": (
+        sdpa(mask=table_mask(-1e4, "tbl_in"), guard=False),
+        fused(table_mask(-1e4, "tbl_in")),
+        TABLE_SHAPES,
+        BOOL_INPUTS,
     ),
     # q reshaped straight to [B, H, T, D] (no Transpose) does not hold q's heads along its last dim.
     "packed-heads-without-transpose": (heads_merged(q=L.reshape(Q3, ints(1, 2, 3, 4), 0)), PACKED_GOAL, PACKED, None),

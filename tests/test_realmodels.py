@@ -67,11 +67,18 @@ FUSED_ATTENTION = {
     "bert-ts-dynamic": 2,
     "distilbert-dynamo-static": 2,
     "whisper_tiny_encoder-dynamo-static": 2,
+    "t5_encoder-ts-static": 2,  # its position bias table where kept, finfo.min elsewhere, no NaN guard
 }
 """Exports whose attention the default options fuse: name -> Attention nodes (one per layer, no
 Softmax left), exact also with left padding and with the symbolic dims kept."""
 
-PACKED_HEADS = {"bert-ts-dynamic", "distilbert-dynamo-static", "gpt2-dynamo-dynamic", "whisper_tiny_encoder-dynamo-static"}
+PACKED_HEADS = {
+    "bert-ts-dynamic",
+    "distilbert-dynamo-static",
+    "gpt2-dynamo-dynamic",
+    "whisper_tiny_encoder-dynamo-static",
+    "t5_encoder-ts-static",
+}
 """Exports whose Attention takes q, k, v with the heads packed in the last dim (3-D, q_num_heads):
 the heads' Reshape and Transpose are gone (TorchScript's permuted k^T; dynamo's flattened one)."""
 

@@ -7,7 +7,9 @@ scores, or absent; the softmax over the last axis; batch and head dims equal (no
 matmul). Grouped-query exports repeat k and v to q's heads before the matmul: the fused node
 takes the repeated k and v. A float mask is taken only in the form whose fully masked rows the
 exporters zero (``Where(IsNaN(p), 0, p)``): that is what Attention does for a row whose every score
-is -inf (its errata, measured on onnxruntime 1.32), while a plain softmax makes such a row NaN.
+is -inf (its errata, measured on onnxruntime 1.32), while a plain softmax makes such a row NaN; or,
+unguarded, a mask of finite constants (T5's position bias table where kept), under which no row is
+fully masked.
 The mask must not grow the scores and must end in the keys' dim; one over the keys only
 ([.., 1, S]) is expanded to the scores' query dim (onnxruntime broadcasts only its leading dims). Scale folding is exact up to rounding: (q * a) @ (k * b) is (q @ k) * (a * b) in
 real arithmetic, and Attention stores its scale as float32.
@@ -19,6 +21,8 @@ sin are constants with equal halves and onnxruntime runs it, else the chain).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from egglog import Vec, f64, i64, vars_
@@ -89,7 +93,7 @@ _SCORES: list[tuple[str, L.Tensor, f64, tuple[FactLike, ...]]] = [
 ]
 _k = L.transpose(kt, _TRANSPOSE_LAST)
 
-(_keep,) = vars_("keep", L.Tensor)
+_keep, _table = vars_("keep table", L.Tensor)
 ca_m, cb_m = vars_("ca_m cb_m", f64)
 sma, smb = vars_("sma smb", Vec[i64])
 F32_LOWEST = float(np.finfo(np.float32).min)
@@ -112,6 +116,12 @@ _MASK_BRANCHES: list[tuple[str, f64, f64, tuple[FactLike, ...]]] = [
     ("where-mask-lowest-first", f64(F32_NEXT), cb_m, (*_is_f32_lowest(ca_m), *_not_lowest(cb_m))),
 ]
 """Mask branches (variant, the fused mask's two constants, guards): kept, or float32's lowest moved up."""
+_TABLE_BRANCHES: list[tuple[str, f64, tuple[FactLike, ...]]] = [
+    ("where-table", cb_m, (*_not_lowest(cb_m), cb_m > f64(-math.inf), cb_m < f64(math.inf))),
+    ("where-table-lowest", f64(F32_NEXT), _is_f32_lowest(cb_m)),
+]
+"""Masks of a constant table where kept and a finite constant elsewhere (T5's position bias):
+(variant, the fused mask's constant, guards)."""
 _GUARDED = ("sdpa", "unscaled")
 _LAST = i64(3)  # the softmax axis: import counts a negative axis from the front where the rank is known
 for _name, _scores, _scale, _guards in _SCORES:
@@ -179,6 +189,31 @@ for _name, _scores, _scale, _guards in _SCORES:
                 variant=f"{_name}-{_kind}{_over}",
                 rtol=FLOAT32_RTOL,
             )
+
+    # softmax(q k^T * s + Where(keep, table, c)) without a guard => Attention with that mask, where
+    # the table is a constant of small values (|x| <= 2**12, T5's relative position bias) and c a
+    # finite constant: no score is -inf, so no row is fully masked for onnxruntime and the plain
+    # softmax's rows are the fused node's (c at float32's lowest moves up as above).
+    for _kind, _mb, _guards_m in _TABLE_BRANCHES:
+        _m = L.where(_keep, _table, _scalar(cb_m, smb, dt))
+        _pm = L.softmax(L.add(_scores, _m), _LAST)
+        FAMILY.rewrite(
+            "attention-mask-fusion",
+            L.matmul(_pm, v),
+            L.fused_attention(q, _k, v, L.where(_keep, _table, _scalar(_mb, smb, dt)), _scale, dt),
+            *_common,
+            *_guards_m,
+            L.is_const(_table),
+            L.small_const(_table),
+            L.dtype(_table) == dt,
+            L.shape(_pm) == _scores_shape,
+            L.shape(_m) == sm,
+            sm.length() == i64(4),
+            sm[2] == sq[2],
+            sm[3] == _s_len,
+            variant=f"{_name}-{_kind}",
+            rtol=FLOAT32_RTOL,
+        )
 
 # Attention(q, (k^T)^T) => Attention(q, k): the fused node takes k untransposed, and the exporters'
 # k^T is a Transpose of k (this phase runs after the layout rules that would cancel the pair).

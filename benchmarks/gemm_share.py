@@ -2,7 +2,7 @@
 graph rewrite that keeps the products can win.
 
 For each corpus model (``--corpus``, a full-size export of the manifest): onnxruntime's own
-profile (ORT_ENABLE_ALL, one thread, the corpus feeds) of the original, its kernel time by op type,
+profile (ORT_ENABLE_ALL, one thread unless ``--threads``, the corpus feeds) of the original, its kernel time by op type,
 and the products' (MatMul, Gemm, FusedMatMul, Conv; attention ops count as the rest: they are what
 fusion replaces) time. If everything else took no time, the model would run ``1 / share`` times
 faster: a rewrite that keeps the products (an exact one cannot drop a FLOP the outputs need) stays
@@ -12,8 +12,11 @@ its 108-node optimized form 4.05 ms, and unprofiled the two tie), and of a run t
 profiling (another session seconds later, onnxruntime's time between kernels included; the host's
 speed moves a few percent between the two).
 
-    python benchmarks/gemm_share.py --corpus DIR [--only llama ...] [--calls 10]
-        -> benchmarks/results/gemm_share.md
+    python benchmarks/gemm_share.py --corpus DIR [--only llama ...] [--calls 10] [--threads 1]
+        -> benchmarks/results/gemm_share.md (gemm_share_2threads.md with --threads 2, ...)
+
+With several threads a kernel's time is its wall time, so the products' share is of the time the
+model spends in them, each spread over the threads as onnxruntime spreads it.
 """
 
 from __future__ import annotations
@@ -39,9 +42,9 @@ PRODUCTS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Conv", "FusedConv"})
 TRANSFORMERS = ("bert", "gpt2", "llama", "mistral", "qwen2", "t5", "whisper")
 
 
-def _session(path: Path, profile_dir: str | None = None) -> ort.InferenceSession:
+def _session(path: Path, threads: int, profile_dir: str | None = None) -> ort.InferenceSession:
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
+    options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if profile_dir is not None:
         options.enable_profiling = True
@@ -49,12 +52,12 @@ def _session(path: Path, profile_dir: str | None = None) -> ort.InferenceSession
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def kernel_times(path: Path, feeds: dict, calls: int) -> tuple[Counter[str], float]:
+def kernel_times(path: Path, feeds: dict, calls: int, threads: int = 1) -> tuple[Counter[str], float]:
     """Mean kernel microseconds per op type over ``calls`` profiled runs after two warm ones, and
     the median microseconds of a run without profiling (which adds time of its own per node:
     on a decode step's 500 nodes, 10%)."""
     with tempfile.TemporaryDirectory(prefix="onnxsat-profile-") as tmp:
-        session = _session(path, tmp)
+        session = _session(path, threads, tmp)
         for _ in range(calls + 2):
             session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())
@@ -64,7 +67,7 @@ def kernel_times(path: Path, feeds: dict, calls: int) -> tuple[Counter[str], flo
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= warm_end:
             kernels[e["args"]["op_name"]] += e["dur"] / calls
-    plain = _session(path)
+    plain = _session(path, threads)
     return kernels, 1e6 * block_median(lambda: plain.run(None, feeds), calls, untimed=1)
 
 
@@ -73,15 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("--calls", type=int, default=10)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gemm_share.md")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    suffix = "" if args.threads == 1 else f"_{args.threads}threads"
+    out = args.out or ROOT / "benchmarks" / "results" / f"gemm_share{suffix}.md"
     index = json.loads((args.corpus / "INDEX.json").read_text())
     names = [n for n in index if "error" not in index[n] and any(t in n for t in args.only or TRANSFORMERS)]
     rows, bounds = [], []
     for name in names:
         record = index[name]
         feeds = feeds_for(record["inputs"], record["seed"])
-        kernels, run_us = kernel_times(args.corpus / record["file"], feeds, args.calls)
+        kernels, run_us = kernel_times(args.corpus / record["file"], feeds, args.calls, args.threads)
         products = sum(t for op, t in kernels.items() if op in PRODUCTS)
         of_kernels, of_run = products / sum(kernels.values()), products / run_us
         bounds.append((1 / of_kernels, 1 / of_run))
@@ -94,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Matrix products' share of onnxruntime's time on the transformer exports",
         "",
-        f"`python benchmarks/gemm_share.py --corpus DIR` (ORT_ENABLE_ALL, one thread, {args.calls} profiled and"
+        f"`python benchmarks/gemm_share.py --corpus DIR --threads {args.threads}` (ORT_ENABLE_ALL,"
+        f" {args.threads} onnxruntime thread(s), {args.calls} profiled and"
         f" {args.calls} unprofiled runs per model, load {os.getloadavg()[0]:.1f} at the end). Bound: the speedup"
         " if everything but the products took no time (what no exact rewrite that keeps the products can pass),"
         " from the products' share of the profiled kernel time and of an unprofiled run.",
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         f" **x{geomeans[1]:.3f}** from the run.",
         "",
     ]
-    args.out.write_text("\n".join(lines))
+    out.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -27,6 +27,7 @@ from onnxsat.egraph.ops.fused import (
     ATTENTION_3D_PROBE,
     ATTENTION_PROBE,
     CONTRIB_ROTARY_PROBE,
+    LONG_SCORES,
     MHA_3D_PROBE,
     MHA_PROBE,
     ROTARY_PROBE,
@@ -432,6 +433,39 @@ def test_packed_attention_row_matches_numpy(opset: int, contrib: bool, dtype: ty
         assert float(np.max(np.abs(got - expected))) <= bound
         if masked:
             assert np.all(got[0, 1] == 0)
+
+
+@pytest.mark.parametrize("opset", [17, 23])
+@pytest.mark.parametrize("contrib", [False, True])
+def test_long_packed_attention_row(opset: int, contrib: bool) -> None:
+    """Query x key lengths of at least LONG_SCORES, no mask: with contrib ops MultiHeadAttention
+    (onnxruntime's flash attention), else the chain, not Attention; exact against numpy. With a mask
+    the chain (MultiHeadAttention runs flash attention without one only); lengths not known keep
+    the short rows' Attention."""
+    heads, seq = 2, 1024
+    assert seq * seq >= LONG_SCORES
+    node = _exported(
+        "onnxsat.FusedAttention3D", ["q", "k", "v"], {"scale": 0.3, "heads": heads, "dtype": F}, opset,
+        shapes=[(1, seq, 8)] * 3, contrib=contrib,
+    )  # fmt: skip
+    rng = np.random.default_rng(3)
+    split = {n: rng.standard_normal((1, heads, seq, 4)).astype(np.float32) for n in "qkv"}
+    feeds = {n: _packed(a, heads) for n, a in split.items()}
+    model = _model(node, feeds, max(opset, 17), (1, seq, 8))
+    onnx.checker.check_model(model, full_check=True)
+    ops = _ops(model)
+    assert ops["Attention"] == 0 and ops["MultiHeadAttention"] == contrib, ops
+    (got,) = run_ort(model, feeds)
+    expected = _packed(attention_reference(split["q"], split["k"], split["v"], None, 0.3), heads)
+    assert float(np.max(np.abs(got - expected))) <= 1e-4 * float(np.max(np.abs(expected))) + 1e-6
+    for names, shapes, fused in (
+        (["q", "k", "v", "m"], [(1, seq, 8)] * 3 + [(1, 1, seq, seq)], set()),
+        (["q", "k", "v"], [(1, -1, 8)] * 3, {"Attention"}),
+    ):
+        other = _exported(
+            "onnxsat.FusedAttention3D", names, {"scale": 0.3, "heads": heads, "dtype": F}, 23, shapes=shapes, contrib=contrib
+        )
+        assert {n.op_type for n in other.expansion} & {"Attention", "MultiHeadAttention"} == fused
 
 
 def test_mha_needs_known_equal_heads() -> None:

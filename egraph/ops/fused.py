@@ -269,7 +269,8 @@ def _attention_3d_export(node: ExportNode) -> None:
     """Attention with q_num_heads = kv_num_heads = heads (opset 23, or the upgrade placeholder) where
     onnxruntime runs it; else, with contrib ops, MultiHeadAttention on the same 3-D inputs (its NaN
     rows zeroed, as in ``_mha_nodes``); else each of q, k, v split into heads, the 4-D chain, and
-    the heads merged (what the exporters wrote).
+    the heads merged (what the exporters wrote). Long blocks (``LONG_SCORES``) are written as the
+    chain, or unmasked with contrib ops as MultiHeadAttention (flash attention).
 
     On onnxruntime 1.32's CPU provider the 3-D op ran an attention block x1.10-1.12 faster than the
     4-D op with the exporters' Reshape and Transpose around it (BERT-base and GPT-2 layers, sequence
@@ -279,13 +280,18 @@ def _attention_3d_export(node: ExportNode) -> None:
     mask = rest[0] if rest else ""
     out = node.outputs[0]
     chain = _Chain(node, dtype)
-    domain = _standard_domain(node, ATTENTION_3D_PROBE if mask else _without_mask(ATTENTION_3D_PROBE), dtype)
+    long = _long_scores(node)
     mha = MHA_3D_PROBE if mask else _without_mask(MHA_3D_PROBE)
     bias_fits = not mask or len(node.in_shape(3) or ()) == 4  # the attention bias is [B or 1, H or 1, T, S]
-    if domain is not None:
+    flash = long and not mask and dtype == TensorProto.FLOAT and node.allow_contrib and ort_runs(mha, dtype)
+    standard = _without_mask(ATTENTION_3D_PROBE) if not mask else ATTENTION_3D_PROBE
+    domain = None if long else _standard_domain(node, standard, dtype)
+    if flash:  # onnxruntime's MultiHeadAttention runs an unmasked float one as flash attention
+        chain.op("MultiHeadAttention", [q, k, v], out, domain=CONTRIB, num_heads=heads, scale=scale)
+    elif domain is not None:
         attrs = {"scale": scale, "q_num_heads": heads, "kv_num_heads": heads}
         chain.op("Attention", [q, k, v, *([mask] if mask else [])], out, domain=domain, **attrs)
-    elif node.allow_contrib and bias_fits and ort_runs(mha, dtype):
+    elif node.allow_contrib and bias_fits and not long and ort_runs(mha, dtype):
         inputs = [q, k, v, *(["", "", mask] if mask else [])]
         if mask:
             merged = chain.op("MultiHeadAttention", inputs, domain=CONTRIB, num_heads=heads, scale=scale)
@@ -299,6 +305,23 @@ def _attention_3d_export(node: ExportNode) -> None:
         _attention_chain(chain, q4, k4, v4, mask, scale, heads_out)
         chain.op("Reshape", [chain.op("Transpose", [heads_out], perm=[0, 2, 1, 3]), chain.ints([0, 0, -1])], out)
     node.expansion = chain.nodes
+
+
+LONG_SCORES = 1 << 20
+"""Scores per head (query length x key length) from which an attention block is long: there
+onnxruntime 1.32's Attention kernel (one [T, S] score matrix per head, computed whole) gained
+nothing over the exporters' chain of MatMul, Softmax and MatMul, and lost with two threads
+(Whisper-tiny's encoder, 1500 x 1500: x1.003 against x1.009 on one thread, x0.986 against x1.001
+on two, original / optimized), while its contrib MultiHeadAttention without a mask runs flash
+attention, 14% faster than Attention there (benchmarks/results/contrib_attention.md)."""
+
+
+def _long_scores(node: ExportNode) -> bool:
+    """Whether the fused node's query and key lengths are known and their product is long."""
+    q, k = node.in_shape(0), node.in_shape(1)
+    if q is None or k is None or len(q) != 3 or len(k) != 3 or q[1] < 0 or k[1] < 0:
+        return False
+    return q[1] * k[1] >= LONG_SCORES
 
 
 MHA_PROBE = KernelProbe(

@@ -107,6 +107,8 @@ def table_mask(masked: float, table: str = "tbl") -> L.Tensor:
     """T5's mask: its position bias table where kept, finfo.min elsewhere."""
     leaf = L.Tensor.weight(table) if table in TABLES else L.Tensor.input(table)
     return L.where(KEEP, leaf, c(masked))
+
+
 KEYS_ONLY = {**SHAPES, "kq": (1, 1, 1, 5)}
 
 
@@ -458,14 +460,14 @@ def test_long_packed_attention_row(opset: int, contrib: bool) -> None:
     (got,) = run_ort(model, feeds)
     expected = _packed(attention_reference(split["q"], split["k"], split["v"], None, 0.3), heads)
     assert float(np.max(np.abs(got - expected))) <= 1e-4 * float(np.max(np.abs(expected))) + 1e-6
-    for names, shapes, fused in (
+    for names, shapes, kernels in (
         (["q", "k", "v", "m"], [(1, seq, 8)] * 3 + [(1, 1, seq, seq)], set()),
         (["q", "k", "v"], [(1, -1, 8)] * 3, {"Attention"}),
     ):
         other = _exported(
             "onnxsat.FusedAttention3D", names, {"scale": 0.3, "heads": heads, "dtype": F}, 23, shapes=shapes, contrib=contrib
         )
-        assert {n.op_type for n in other.expansion} & {"Attention", "MultiHeadAttention"} == fused
+        assert {n.op_type for n in other.expansion} & {"Attention", "MultiHeadAttention"} == kernels
 
 
 def test_mha_needs_known_equal_heads() -> None:

@@ -22,8 +22,6 @@ sin are constants with equal halves and onnxruntime runs it, else the chain).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from egglog import Vec, f64, i64, vars_
 from egglog.egraph import FactLike
@@ -117,7 +115,7 @@ _MASK_BRANCHES: list[tuple[str, f64, f64, tuple[FactLike, ...]]] = [
 ]
 """Mask branches (variant, the fused mask's two constants, guards): kept, or float32's lowest moved up."""
 _TABLE_BRANCHES: list[tuple[str, f64, tuple[FactLike, ...]]] = [
-    ("where-table", cb_m, (*_not_lowest(cb_m), cb_m > f64(-math.inf), cb_m < f64(math.inf))),
+    ("where-table", cb_m, (*_not_lowest(cb_m), cb_m >= f64(F32_LOWEST), cb_m <= f64(-F32_LOWEST))),  # finite
     ("where-table-lowest", f64(F32_NEXT), _is_f32_lowest(cb_m)),
 ]
 """Masks of a constant table where kept and a finite constant elsewhere (T5's position bias):

@@ -441,9 +441,9 @@ def test_packed_attention_row_matches_numpy(opset: int, contrib: bool, dtype: ty
 @pytest.mark.parametrize("contrib", [False, True])
 def test_long_packed_attention_row(opset: int, contrib: bool) -> None:
     """Query x key lengths of at least LONG_SCORES, no mask: with contrib ops MultiHeadAttention
-    (onnxruntime's flash attention), else the chain, not Attention; exact against numpy. With a mask
-    the chain (MultiHeadAttention runs flash attention without one only); lengths not known keep
-    the short rows' Attention."""
+    (onnxruntime's flash attention), else the chain, not Attention; exact against numpy. With a mask,
+    or on 4-D heads, the chain (MultiHeadAttention runs flash attention on 3-D k, v without a mask
+    only); lengths not known keep the short rows' Attention."""
     heads, seq = 2, 1024
     assert seq * seq >= LONG_SCORES
     node = _exported(
@@ -468,6 +468,8 @@ def test_long_packed_attention_row(opset: int, contrib: bool) -> None:
             "onnxsat.FusedAttention3D", names, {"scale": 0.3, "heads": heads, "dtype": F}, 23, shapes=shapes, contrib=contrib
         )
         assert {n.op_type for n in other.expansion} & {"Attention", "MultiHeadAttention"} == kernels
+    four_d = _exported("onnxsat.FusedAttention", ["q", "k", "v"], {"scale": 0.3, "dtype": F}, 23, shapes=[(1, heads, seq, 4)] * 3, contrib=contrib)
+    assert not {n.op_type for n in four_d.expansion} & {"Attention", "MultiHeadAttention"}
 
 
 def test_mha_needs_known_equal_heads() -> None:

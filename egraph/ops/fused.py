@@ -236,9 +236,10 @@ def _attention_export(node: ExportNode) -> None:
     q, k, v, *rest = node.inputs
     mask = rest[0] if rest else ""
     probe = ATTENTION_PROBE if mask else _without_mask(ATTENTION_PROBE)
-    domain = _standard_domain(node, probe, dtype)
+    long = _long_scores(node)  # the chain (see LONG_SCORES; MultiHeadAttention given 4-D k, v is no flash attention)
+    domain = None if long else _standard_domain(node, probe, dtype)
     chain = _Chain(node, dtype)
-    heads = _mha_heads(node, dtype, bool(mask)) if domain is None and node.allow_contrib else None
+    heads = _mha_heads(node, dtype, bool(mask)) if domain is None and node.allow_contrib and not long else None
     if domain is not None:
         chain.op("Attention", [q, k, v, *([mask] if mask else [])], node.outputs[0], domain=domain, scale=scale)
     elif heads is not None:
@@ -270,7 +271,7 @@ def _attention_3d_export(node: ExportNode) -> None:
     onnxruntime runs it; else, with contrib ops, MultiHeadAttention on the same 3-D inputs (its NaN
     rows zeroed, as in ``_mha_nodes``); else each of q, k, v split into heads, the 4-D chain, and
     the heads merged (what the exporters wrote). Long blocks (``LONG_SCORES``) are written as the
-    chain, or unmasked with contrib ops as MultiHeadAttention (flash attention).
+    chain, or unmasked with contrib ops as MultiHeadAttention (flash attention: it needs 3-D k, v).
 
     On onnxruntime 1.32's CPU provider the 3-D op ran an attention block x1.10-1.12 faster than the
     4-D op with the exporters' Reshape and Transpose around it (BERT-base and GPT-2 layers, sequence
@@ -317,11 +318,12 @@ attention, 14% faster than Attention there (benchmarks/results/contrib_attention
 
 
 def _long_scores(node: ExportNode) -> bool:
-    """Whether the fused node's query and key lengths are known and their product is long."""
+    """Whether the fused node's query and key lengths (the next-to-last dim of q and k, 3-D or 4-D)
+    are known and their product is long."""
     q, k = node.in_shape(0), node.in_shape(1)
-    if q is None or k is None or len(q) != 3 or len(k) != 3 or q[1] < 0 or k[1] < 0:
+    if q is None or k is None or len(q) < 3 or len(k) < 3 or q[-2] < 0 or k[-2] < 0:
         return False
-    return q[1] * k[1] >= LONG_SCORES
+    return q[-2] * k[-2] >= LONG_SCORES
 
 
 MHA_PROBE = KernelProbe(

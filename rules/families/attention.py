@@ -41,11 +41,16 @@ ca, cb = vars_("ca cb", f64)
 _s_len = sk[3]
 FLOAT_TYPES = Vec(i64(1), i64(11))
 """float32 and float64: the fused nodes' exports probe onnxruntime's kernel for the type and write
-the chain where it has none; float16 chains are left alone (their constants are float16-rounded)."""
+the chain where it has none. Rotary chains in float16 are left alone (their tables are
+float16-rounded)."""
+ATTENTION_TYPES = Vec(i64(1), i64(10), i64(11))
+"""float32, float16 and float64 attention: onnxruntime 1.32 runs float16 Attention on the CPU
+(computing the products in float32, so the fused block rounds less than the float16 chain: its
+scale is folded from float16-rounded constants, which real arithmetic keeps)."""
 
 
-def _float(tensor: L.Tensor) -> tuple[FactLike, ...]:
-    return (L.dtype(tensor) == dt, FLOAT_TYPES.contains(dt))
+def _float(tensor: L.Tensor, types: Vec[i64] = ATTENTION_TYPES) -> tuple[FactLike, ...]:
+    return (L.dtype(tensor) == dt, types.contains(dt))
 
 
 _TRANSPOSE_LAST = Vec(i64(0), i64(1), i64(3), i64(2))
@@ -99,9 +104,13 @@ F32_NEXT = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
 F64_LOWEST = float(np.finfo(np.float64).min)
 
 
+F16_LOWEST = float(np.finfo(np.float16).min)
+
+
 def _not_lowest(c: f64) -> tuple[FactLike, ...]:
-    """A mask constant onnxruntime's Attention treats as an ordinary value (float32 or float64)."""
-    return (c != f64(F32_LOWEST), c != f64(F64_LOWEST))
+    """A mask constant onnxruntime's Attention treats as an ordinary value (in float32, float64 or
+    float16)."""
+    return (c != f64(F32_LOWEST), c != f64(F64_LOWEST), c != f64(F16_LOWEST))
 
 
 def _is_f32_lowest(c: f64) -> tuple[FactLike, ...]:
@@ -312,7 +321,7 @@ for _axis in (3, -1):
         ve[0] >= sxr[3],
         L.shape(cos_) == _table,
         L.shape(sin_) == _table,
-        *_float(xr),
+        *_float(xr, FLOAT_TYPES),
         L.dtype(cos_) == dt,
         L.dtype(sin_) == dt,
         variant=f"axis{_axis}",

@@ -282,17 +282,15 @@ def _attention_3d_export(node: ExportNode) -> None:
     out = node.outputs[0]
     chain = _Chain(node, dtype)
     long = _long_scores(node)
+    standard = ATTENTION_3D_PROBE if mask else _without_mask(ATTENTION_3D_PROBE)
+    domain = None if long else _standard_domain(node, standard, dtype)
     mha = MHA_3D_PROBE if mask else _without_mask(MHA_3D_PROBE)
     bias_fits = not mask or len(node.in_shape(3) or ()) == 4  # the attention bias is [B or 1, H or 1, T, S]
-    flash = long and not mask and dtype == TensorProto.FLOAT and node.allow_contrib and ort_runs(mha, dtype)
-    standard = _without_mask(ATTENTION_3D_PROBE) if not mask else ATTENTION_3D_PROBE
-    domain = None if long else _standard_domain(node, standard, dtype)
-    if flash:  # onnxruntime's MultiHeadAttention runs an unmasked float one as flash attention
-        chain.op("MultiHeadAttention", [q, k, v], out, domain=CONTRIB, num_heads=heads, scale=scale)
-    elif domain is not None:
+    flash = not mask and dtype == TensorProto.FLOAT  # onnxruntime runs it as flash attention
+    if domain is not None:
         attrs = {"scale": scale, "q_num_heads": heads, "kv_num_heads": heads}
         chain.op("Attention", [q, k, v, *([mask] if mask else [])], out, domain=domain, **attrs)
-    elif node.allow_contrib and bias_fits and not long and ort_runs(mha, dtype):
+    elif node.allow_contrib and bias_fits and (flash or not long) and ort_runs(mha, dtype):
         inputs = [q, k, v, *(["", "", mask] if mask else [])]
         if mask:
             merged = chain.op("MultiHeadAttention", inputs, domain=CONTRIB, num_heads=heads, scale=scale)

@@ -102,8 +102,6 @@ sma, smb = vars_("sma smb", Vec[i64])
 F32_LOWEST = float(np.finfo(np.float32).min)
 F32_NEXT = float(np.nextafter(np.float32(F32_LOWEST), np.float32(0)))
 F64_LOWEST = float(np.finfo(np.float64).min)
-
-
 F16_LOWEST = float(np.finfo(np.float16).min)
 
 

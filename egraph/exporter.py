@@ -289,6 +289,8 @@ class _Exporter:
             self.domains.add(exp.domain)
         meta = self.program.node_meta.get(outputs[0])
         proto = helper.make_node(exp.op_type, exp.inputs, exp.outputs, domain=exp.domain or None, **exp.attrs)
+        for key, value in exp.metadata.items():
+            proto.metadata_props.add(key=key, value=value)
         if meta is not None and meta[0] == exp.op_type:
             proto.name, proto.doc_string = meta[1], meta[2]
         self.nodes.append(proto)

@@ -196,6 +196,12 @@ def fused_skip_rms_norm(x: Tensor, skip: Tensor, scale: Tensor, epsilon: f64Like
 
 
 @function
+def reorder_nchwc(x: Tensor) -> Tensor:
+    """``x`` laid out channel-blocked (NCHWc) for the depthwise conv that reads it: the value of x,
+    a layout choice for extraction to price (a copy, or free where x's producer stores it so)."""
+
+
+@function
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: f64Like, dtype: i64Like) -> Tensor:
     """softmax(q @ k^T * scale + mask over the last axis) @ v for 4-D [batch, heads, seq, head]
     q, k, v and a float mask (or none) that broadcasts to the scores without growing them: opset

@@ -68,6 +68,7 @@ _SAME_SHAPE = [
     lambda x: L.reciprocal(x),
     lambda x: L.abs_(x),
     lambda x: L.identity(x),
+    lambda x: L.reorder_nchwc(x),
     lambda x: L.leaky_relu(x, fa),
     lambda x: L.gelu(x, str_a),
     lambda x: L.clip(x, b, c),

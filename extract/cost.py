@@ -36,6 +36,7 @@ from ..egraph.graph_types import ENode, Ref
 from ..egraph.ops import BY_CTOR
 from ..egraph.ops.registry import CostCtx, numel
 from .conv_algorithm import winograd_tile, winograd_work
+from .conv_layout import can_run_blocked, flat_lane_waste
 
 _ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
 VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "shape_of"})
@@ -319,6 +320,8 @@ class RooflineCost:
         op = ctx.node.op
         if ctx.is_const or op.startswith("Tensor.") or op.startswith("TList."):
             return 0.0
+        if op == REORDER_OP:
+            return self._reorder_us(ctx)
         cls = node_class(op, ctx.in_shapes)
         if cls == "view":
             return self.classes["view"].overhead_us if "view" in self.classes else self.view_overhead_us
@@ -328,6 +331,8 @@ class RooflineCost:
         flops, bytes_moved = node_work(op, ctx.in_shapes, ctx.in_dtypes, ctx.out_shape, ctx.out_dtype, attrs)
         if self.fusion == "onnxsat" and cls == "conv":
             cls, flops, bytes_moved = onnxsat_conv(ctx.in_shapes, ctx.out_shape, attrs, flops, bytes_moved)
+        if self.fusion == "onnxsat" and cls == "depthwise":
+            flops, bytes_moved = onnxsat_depthwise(ctx, attrs, flops, bytes_moved)
         consts = self.constants(cls)
         if self.fusion == "onnxsat" and cls in INLINED_CLASSES:
             return onnxsat_inlined_us(ctx, flops if cls == "elementwise" else 0.0, consts)
@@ -356,6 +361,17 @@ class RooflineCost:
             + col2im_us(op, ctx.in_shapes, consts)
         )
 
+    def _reorder_us(self, ctx: NodeCtx) -> float:
+        """Laying a tensor out channel-blocked for the depthwise conv that reads it. On onnxsat's
+        kernels nothing where the producer's store does it (a conv's product, also through its
+        activation epilogue; judged from the ops of the input's e-class, as the ``ort`` mode
+        judges fusions), else a copy of the tensor. Other targets run the Identity it is written
+        as: a copy, which their price of the conv never repays."""
+        if self.fusion == "onnxsat" and ctx.in_ops and ctx.in_ops[0] & STORES_BLOCKED:
+            return FUSED_NODE_US
+        moved = 2.0 * numel(ctx.out_shape) * _ITEMSIZE.get(ctx.out_dtype or 1, 4)
+        return self.constants("layout").time_us(0.0, moved)
+
     def _folded_operand_us(self, ctx: NodeCtx, cls: str) -> float:
         """Reading the constant operands ORT folds into the producer's weights/bias at run time.
 
@@ -371,6 +387,55 @@ class RooflineCost:
         )
         consts = self.constants(cls)
         return consts.time_us(0.0, folded) - consts.overhead_us
+
+
+REORDER_OP = "reorder_nchwc"
+"""The e-node of a tensor laid out channel-blocked for a depthwise conv (``conv_layout``)."""
+STORES_BLOCKED = frozenset({"conv", "relu", "clip", "hard_swish", "fused_silu", "mul"})
+"""Producers whose store lays their result out for a depthwise conv (blocked, or into its padded
+planes): a 1x1 conv's product, with its activation epilogue (``lowering.rules_nn``'s
+``_blocked_pointwise`` and ``_row_padded_planes``; SiLU as ``x * sigmoid(x)`` is a Mul). Judged by
+op alone: a dense conv or another Mul is taken to store so too."""
+
+
+def _ints(attrs: dict[str, object], name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """An ints attribute of an e-node (``default`` where it is absent or empty)."""
+    value = attrs.get(name)
+    return tuple(int(v) for v in value) if isinstance(value, (tuple, list)) and value else default
+
+
+def reads_blocked(ctx: NodeCtx, attrs: dict[str, object]) -> bool:
+    """A conv that reads its input laid out channel-blocked and has a blocked kernel."""
+    group = attrs.get("group")
+    blocked_input = bool(ctx.in_ops) and REORDER_OP in ctx.in_ops[0]
+    w = ctx.in_shapes[1] if len(ctx.in_shapes) > 1 else None
+    return blocked_input and can_run_blocked(ctx.in_shapes[0], w, group if isinstance(group, int) else 1)
+
+
+def onnxsat_depthwise(ctx: NodeCtx, attrs: dict[str, object], flops: float, bytes_moved: float) -> tuple[float, float]:
+    """FLOPs and bytes of a depthwise conv on onnxsat's kernels: flat, its lanes' waste, and at
+    stride 1 a padded copy of its input unless a product stored it into the conv's padded planes
+    (the blocked conv's copy is its reorder e-node's)."""
+    blocked = reads_blocked(ctx, attrs)
+    waste = onnxsat_depthwise_waste(ctx.in_shapes, ctx.out_shape, attrs, blocked)
+    flops, bytes_moved = flops * waste, bytes_moved * waste
+    stored_by_producer = bool(ctx.in_ops) and bool(ctx.in_ops[0] & STORES_BLOCKED)
+    x = ctx.in_shapes[0]
+    if not blocked and not stored_by_producer and all(s == 1 for s in _ints(attrs, "strides", ())) and x is not None:
+        bytes_moved += 2.0 * numel(x) * _ITEMSIZE.get(ctx.in_dtypes[0] or 1, 4)
+    return flops, bytes_moved
+
+
+def onnxsat_depthwise_waste(
+    in_shapes: list[tuple[int, ...] | None], out_shape: tuple[int, ...] | None, attrs: dict[str, object], blocked: bool
+) -> float:
+    """How much more than its outputs a depthwise conv computes on onnxsat's kernels: nothing
+    blocked (its lanes are channels), ``flat_lane_waste`` flat."""
+    w = in_shapes[1] if len(in_shapes) > 1 else None
+    if blocked or w is None or out_shape is None or len(out_shape) < 3:
+        return 1.0
+    ones = (1,) * (len(out_shape) - 2)
+    return flat_lane_waste(w[2:], _ints(attrs, "strides", ones), _ints(attrs, "dilations", ones), out_shape[2:])
 
 
 INLINED_CLASSES = frozenset({"elementwise", "layout", "transpose", "split"})

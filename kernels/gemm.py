@@ -1,9 +1,11 @@
 """A register-blocked float32 GEMM micro-kernel written with ``llvmlite.ir.IRBuilder``.
 
 ``C[M, N] = A[M, K] @ B[K, N]`` with B packed once (weights are packed at compile time) into
-panels of 48 columns: ``Bp[panel][k][0:48]``, zero-padded past N. The micro-kernel keeps an 8x48
-block of C in twenty-four 16-lane accumulators and, per k, broadcasts eight A values against
-three B vectors (FMA; 8 rows divide the BERT and MLP row counts, so they run no short strips). The k loop
+panels of 48 columns: ``Bp[panel][k][0:48]``, zero-padded past N. With AVX-512 the micro-kernel
+keeps an 8x48 block of C in twenty-four 16-lane accumulators and, per k, broadcasts eight A values
+against three B vectors (FMA; 8 rows divide the BERT and MLP row counts, so they run no short
+strips); with AVX2 (16 registers of 8 floats) it takes the panel in three 6x16 passes
+(``tile_vectors``). The k loop
 is unrolled by four and each row of A has its own base pointer, so the loop body is FMAs, loads
 and a prefetch of the weights ``PREFETCH_ROWS`` ahead (the earlier one-step loop with a chained
 row index ran 4-8% slower, CPU time per call on the MLP and BERT-128 products); a short last strip repeats its last row and stores only its own rows,
@@ -31,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from llvmlite import ir
 
-from .jit import LoadedObjects, support_code
+from .jit import LoadedObjects, host_target, support_code
 from .llvm_loops import for_range
 from .mathlib import sigmoid_f32
 
@@ -39,8 +41,12 @@ NR = 48
 """Columns per packed panel (three 16-lane vectors): 8 x 48 keeps 24 accumulators, 3 B vectors and
 a broadcast in the 32 vector registers; it measured 3-12% less CPU time per call than 8 x 32 on
 the MLP, BERT-128 and BERT-512 products (12 x 32 was slower on the MLP's 64 rows)."""
-MR = 8
+WIDE_VECTORS = "+avx512f" in host_target().features.split(",")
+"""The host has 32 vector registers of 16 floats (AVX-512); without, 16 of 8 (AVX2), where each
+16-lane vector of the IR takes two."""
+MR = 8 if WIDE_VECTORS else 6
 """Rows per micro-kernel call."""
+
 KC = 1024
 """Depth of one K block (a 192 KiB slice of a packed panel, read from L2). Deeper blocks reload and
 store each C tile less often: against 256, CPU time per single-threaded call fell 7-8% on the MLP's
@@ -58,6 +64,14 @@ PREFETCH_ROWS = 32
 1024-deep K blocks the panel slice comes from L2, and the prefetch cut CPU time per single-threaded
 call by 3-9% on the MLP and BERT products (interleaved, two runs on a loaded machine; 8 rows
 helped less, 64 about the same). Prefetches past the panel's end are harmless hints."""
+
+def tile_vectors(mr: int) -> int:
+    """16-lane vectors of a panel one pass of an ``mr``-row micro-kernel keeps in registers: AVX-512
+    the whole panel (8 x 3 accumulators), AVX2 a third at a time (6 x 1 accumulators are 12 of its
+    16 registers, with two for B and one for the broadcast; the 8 x 3 tile, 48 registers there,
+    spilled: 20-23 GFLOP/s a core on Zen 3, 64-70 with 6 x 1), or the whole panel for one row."""
+    return NR // LANES if WIDE_VECTORS or mr == 1 else 1
+
 
 F32 = ir.FloatType()
 I64 = ir.IntType(64)
@@ -343,7 +357,21 @@ class _Gen:
         width: int = NR // LANES,
         mr: int = MR,
     ) -> None:
-        """C[i0:i0+min(rows, mr), panel] (+)= A[.., k0:k1] @ Bp[panel, k0:k1]; the first K block
+        """The panel's first ``width`` vectors of columns as passes of ``tile_vectors(mr)`` (``tile``)."""
+        step = tile_vectors(mr)
+        for h0 in range(0, width, step):
+            part = min(step, width - h0)
+            sub_col0 = self.b.add(col0, _i64(h0 * LANES))
+            sub_panel = self.b.gep(b_panel, [_i64(h0 * LANES)])
+            self.tile(i0, rows, sub_col0, sub_panel, masks[h0 : h0 + part], span, part, mr)
+
+    def tile(
+        self, i0: ir.Value, rows: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value],
+        width: int,
+        mr: int,
+    ) -> None:
+        """C[i0:i0+min(rows, mr), col0:col0+16 width] (+)= A[.., k0:k1] @ Bp[panel, k0:k1] (``b_panel``
+        and ``masks`` start at ``col0``'s vector; B's rows are ``NR`` apart); the first K block
         starts from zero, later ones from what C holds. A short last strip (``rows < mr``) reads
         its last row again in place of the missing ones and stores only its own rows."""
         a, lda = self.arg["a"], self.arg["lda"]
@@ -372,7 +400,7 @@ class _Gen:
                 brow = b.gep(b_panel, [b.mul(kk, _i64(NR))])
                 bv = [b.load(b.bitcast(b.gep(brow, [_i64(h * LANES)]), VEC.as_pointer()), align=4) for h in range(width)]
                 if PREFETCH_ROWS and self.packed:
-                    for h in range(NR // LANES):
+                    for h in range(width):
                         ahead = b.bitcast(b.gep(brow, [_i64(PREFETCH_ROWS * NR + h * LANES)]), ir.IntType(8).as_pointer())
                         b.call(self.prefetch, [ahead, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
                 a_at = b.mul(kk, self.arg["a_step"]) if self.blocked else kk
@@ -455,7 +483,7 @@ class _Gen:
         b = self.b
         zero = ir.Constant(VEC, [0.0] * LANES)
         brow = b.gep(self.bias, [col0])
-        bias = [b.load(b.bitcast(b.gep(brow, [_i64(h * LANES)]), VEC.as_pointer()), align=4) for h in range(NR // LANES)]
+        bias = [b.load(b.bitcast(b.gep(brow, [_i64(h * LANES)]), VEC.as_pointer()), align=4) for h in range(len(accs[0]))]
         for row in accs:
             for h, slot in enumerate(row):
                 value = b.fadd(b.load(slot), bias[h])

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from onnxsat.extract.conv_layout import FLAT_VECTOR, channel_block
+
 from .kernel_ir import (
     Binary,
     Buffer,
@@ -60,17 +62,6 @@ FLAT_BLOCK_FLOATS = 8192
 """Output floats (all channels of a group) one unit of the flat direct conv keeps hot in L1/L2."""
 MIN_UNITS = 16
 """Parallel units the flat direct conv aims for (its positions are cut into blocks to get them)."""
-CHANNEL_BLOCKS = (16, 8)
-"""Channels a blocked depthwise conv computes side by side, the widest that divides the channels:
-16 (one AVX-512 vector of float32) ran EfficientNet-B0's strided and 7 x 7 depthwise convs
-1.2-1.5x faster than 8, one thread; 8 keeps MobileNetV3's 72 and 88 channels blocked."""
-
-
-def channel_block(chans: int) -> int:
-    """The NCHWc block of a depthwise conv over ``chans`` channels (0: none divides them)."""
-    return next((b for b in CHANNEL_BLOCKS if chans % b == 0), 0)
-
-
 def fits_direct(mg: int, kernel: list[int]) -> bool:
     """Whether a windowed Conv with ``mg`` output channels per group runs as a direct kernel."""
     return mg <= DIRECT_MAX_CHANNELS and mg * math.prod(kernel) <= DIRECT_MAX_TERMS
@@ -152,9 +143,6 @@ def _conv_body(
     return body
 
 
-FLAT_VECTOR = 16
-"""The flat conv's positions run in whole vectors of this many floats (AVX-512 lanes)."""
-
 
 ACTIVATION_PASS_MAX_BLOCK = 2048
 """Positions per block up to which the flat conv applies a transcendental activation (SiLU) in a
@@ -217,9 +205,9 @@ def row_padded_geometry(
     x_shape: tuple[int, ...], w_shape: tuple[int, ...], group: int, kernel: list[int], strides: list[int], dilations: list[int], begin: list[int],
     out_sp: tuple[int, ...],
 ) -> RowPadded | None:
-    """The row-padded planes of a depthwise Conv that runs flat (2-D, stride 1, as wide as its input,
-    not channel-blocked); None for any other conv."""
-    if len(x_shape) != 4 or len(out_sp) != 2 or any(s != 1 for s in strides) or fits_blocked_depthwise(x_shape, w_shape, group, strides, list(out_sp)):
+    """The row-padded planes of a depthwise Conv that runs flat (2-D, stride 1, as wide as its input;
+    the caller has decided it is not channel-blocked); None for any other conv."""
+    if len(x_shape) != 4 or len(out_sp) != 2 or any(s != 1 for s in strides):
         return None
     _, chans, height, width = x_shape
     if not (group == chans == w_shape[0] and w_shape[1] == 1 and fits_direct(1, kernel)) or out_sp[1] != width or min(out_sp) < 1:
@@ -341,11 +329,6 @@ def _row_direct_conv(
     return Kernel(f"dconv_{out.name}", tuple(dict.fromkeys([*inputs, out])), (out.name,), "p", units, tuple(body), cost)
 
 
-BLOCKED_MAX_WIDTH = 8
-"""Output width up to which a stride-1 depthwise Conv runs channel-blocked: a wider one fills
-vectors along the flat padded plane (measured: 7-wide ~20% faster blocked, 14-wide ~30% slower)."""
-
-
 ROW_ACTIVATION_MIN_WIDTH = 14
 """Output width from which a blocked depthwise conv applies a transcendental activation (SiLU) in
 a pass along its rows: on 7-wide rows that pass is mostly a scalar tail (measured 3% slower)."""
@@ -354,16 +337,6 @@ a pass along its rows: on 7-wide rows that pass is mostly a scalar tail (measure
 def _transcendental(e: Expr) -> bool:
     """Whether ``e`` calls exp, sigmoid, tanh or erf (an activation of ~20 dependent operations)."""
     return any(isinstance(x, Unary) and x.op in ("exp", "sigmoid", "tanh", "erf") for x in subexpressions(e))
-
-
-def fits_blocked_depthwise(x_shape: tuple[int, ...], w_shape: tuple[int, ...], group: int, strides: list[int], out_sp: list[int]) -> bool:
-    """Whether a depthwise Conv runs channel-blocked (``blocked_depthwise_conv``): 2-D, channels a
-    multiple of the block, and strided or narrow (where the flat stride-1 form cannot fill vectors)."""
-    chans = x_shape[1]
-    return (
-        len(x_shape) == 4 and group == chans == w_shape[0] and w_shape[1] == 1 and channel_block(chans) > 0
-        and (any(s > 1 for s in strides) or out_sp[-1] <= BLOCKED_MAX_WIDTH)
-    )
 
 
 def blocked_depthwise_conv(

@@ -20,9 +20,11 @@ from onnx import helper, numpy_helper
 
 from onnxsat.base.errors import OnnxsatError
 from onnxsat.egraph.graph_types import KERNEL_STAMP, STAMP_SEPARATOR
+from onnxsat.extract.conv_layout import can_run_blocked, prefers_blocked
 
 from .conv_kernels import RowPadded
 from .kernel_ir import Buffer, dtype_of_numpy
+from .layout_marks import read_layout_marks
 from .loops import buffers_of, materialize_kernel
 from .node_runner import node_runner
 from .partition import PNode, partition
@@ -139,6 +141,9 @@ class Lowerer:
 
     def __init__(self, model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]], known: Mapping[str, np.ndarray]):
         load_rules()
+        model, self.blocked_convs = read_layout_marks(model)
+        """Outputs of the depthwise Convs extraction chose to run channel-blocked (None: no choice
+        was made, ``runs_blocked`` decides by shape)."""
         self.model = model
         self.graph = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -312,6 +317,14 @@ class Lowerer:
             self.fused.add(t)
             if t in self.producer:
                 self.joined.append((self.position, self.producer[t]))
+
+    def runs_blocked(self, conv: NodeView, x_shape: tuple[int, ...], w_shape: tuple[int, ...], strides: list[int], out_sp: list[int]) -> bool:
+        """Whether the depthwise Conv ``conv`` runs channel-blocked: as extraction chose, or by shape
+        for a model that carries no choice."""
+        group = int(conv.attr("group", 1))
+        if self.blocked_convs is None:
+            return prefers_blocked(x_shape, w_shape, group, strides, out_sp)
+        return conv.outputs[0] in self.blocked_convs and can_run_blocked(x_shape, w_shape, group)
 
     def view_of(self, node: onnx.NodeProto) -> NodeView:
         """What a lowering rule sees of ``node`` (a rule looking at the node that will read its result)."""

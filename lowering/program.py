@@ -174,7 +174,7 @@ class KernelProgram:
     native_ops: Counter[str] = field(default_factory=Counter)
     """Op type -> number of nodes lowered to kernels, BLAS calls or compile-time values."""
     fused: list[frozenset[int]] = field(default_factory=list)
-    """Graph nodes (by index) whose work one kernel, or one kernel and the kernels it feeds within
+    """Graph nodes (by index, in the graph without its layout marks: ``layout_marks``) whose work one kernel, or one kernel and the kernels it feeds within
     its group, computes together: what ``KERNEL_STAMP`` allowed, each set within one stamp."""
     output_views: dict[str, OutputView] = field(default_factory=dict)
     """Graph outputs (by name) that are views of their buffer, not the whole of it."""

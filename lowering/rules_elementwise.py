@@ -66,6 +66,7 @@ _UNARY: dict[str, Callable[[Expr], Expr]] = {
     "Reciprocal": lambda a: Unary("recip", a),
     "Abs": lambda a: Unary("abs", a),
     "Identity": lambda a: a,
+    "onnxsat.ReorderNCHWc": lambda a: a,  # a layout choice, written as a stamped Identity (``layout_marks``)
     "onnxsat.FusedSiLU": lambda a: Binary("mul", a, sigmoid(a)),
 }
 _FLOAT_ONLY = {"Sigmoid", "Tanh", "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "onnxsat.FusedSiLU"}

@@ -27,14 +27,13 @@ from typing import Any
 import numpy as np
 
 from onnxsat.extract.conv_algorithm import winograd_tile
+from onnxsat.extract.conv_layout import channel_block
 
 from .channel_gate import channel_gate, channel_scaled
 from .conv_kernels import (
     blocked_depthwise_conv,
-    channel_block,
     channels_last_padded,
     direct_conv,
-    fits_blocked_depthwise,
     fits_direct,
     flat_slack,
     pack_depthwise_weight,
@@ -339,7 +338,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
         # every index is affine in the loop variables with no bounds checks, so the innermost
         # loop (output width) is a unit- or constant-stride copy the vectorizer handles.
         need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
-        geometry = _blocked_geometry(nv, x.shape, w.shape) if weight is not None and dt == "f32" else None
+        geometry = _blocked_geometry(cx, nv, x.shape, w.shape) if weight is not None and dt == "f32" else None
         if geometry is not None:
             padded_sp = geometry[1]
             packed = cx.const_lazy(pack_depthwise_weight(np.asarray(weight, np.float32)))
@@ -502,6 +501,8 @@ def _row_padded_planes(cx: Any, tensor: str, shape: tuple[int, ...]) -> tuple[Bu
     if weight is None or np.asarray(weight).dtype != np.float32:
         return None
     kernel, strides, dilations, out_sp, begin = _conv_attributes(depthwise, shape, weight.shape)
+    if cx.runs_blocked(depthwise, shape, weight.shape, strides, out_sp):
+        return None
     geometry = row_padded_geometry(shape, weight.shape, int(depthwise.attr("group", 1)), kernel, strides, dilations, begin, tuple(out_sp))
     if geometry is None:
         return None
@@ -510,12 +511,12 @@ def _row_padded_planes(cx: Any, tensor: str, shape: tuple[int, ...]) -> tuple[Bu
     return planes, geometry.pitch, geometry.offset
 
 
-def _blocked_geometry(nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _blocked_geometry(cx: Any, nv: Any, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The padding before the image and the padded size of the blocked input of the depthwise
     Conv ``nv`` over an input of ``x_shape`` (None: it does not run as the blocked kernel)."""
     kernel, strides, dilations, out_sp, begin = _conv_attributes(nv, x_shape, w_shape)
     in_sp = x_shape[2:]
-    if not fits_blocked_depthwise(x_shape, w_shape, int(nv.attr("group", 1)), strides, out_sp) or not math.prod(out_sp):
+    if not cx.runs_blocked(nv, x_shape, w_shape, strides, out_sp) or not math.prod(out_sp):
         return None
     need = [max(0, (o - 1) * s + (k - 1) * dil + 1 - b - d) for o, s, k, dil, b, d in zip(out_sp, strides, kernel, dilations, begin, in_sp, strict=True)]
     return tuple(begin), tuple(d + b + e for d, b, e in zip(in_sp, begin, need, strict=True))
@@ -541,7 +542,7 @@ def _blocked_pointwise(cx: Any, nv: Any, x: Lazy, w: Lazy, weight: np.ndarray, b
         return None
     depthwise = cx.view_of(reader)
     depthwise_weight = depthwise.const(1)
-    geometry = None if depthwise_weight is None else _blocked_geometry(depthwise, (batch, cout, h, wd), depthwise_weight.shape)
+    geometry = None if depthwise_weight is None else _blocked_geometry(cx, depthwise, (batch, cout, h, wd), depthwise_weight.shape)
     if geometry is None:
         return None
     begin, padded_sp = geometry

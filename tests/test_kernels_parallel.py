@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -72,6 +74,7 @@ def test_a_packed_product_whose_panels_do_not_divide_over_the_threads_splits_its
     """A 7 x 7 conv runs as a packed product of 49 rows; its 144 output channels are 3 panels, which
     two threads would run as 2 / 1. The odd panel is cut by rows into one part per thread, queued
     last; the parts cover every row of it once and compute what one thread does."""
+    from onnxsat.kernels.gemm import MR
     from onnxsat.kernels.native_runner import KIND_PACKED_GEMM
 
     rng = np.random.default_rng(0)
@@ -96,7 +99,9 @@ def test_a_packed_product_whose_panels_do_not_divide_over_the_threads_splits_its
         for p in range(p0, p1):
             rows_by_panel.setdefault(p, []).append(rows)
     assert sorted(rows_by_panel) == [0, 1, 2]
-    assert rows_by_panel[0] == rows_by_panel[1] == [49] and sorted(rows_by_panel[2]) == [17, 32]
+    strips = math.ceil(49 / MR)
+    first = math.ceil(strips / 2) * MR  # whole micro-kernel strips: 32 of 8 rows (AVX-512), 30 of 6 (AVX2)
+    assert rows_by_panel[0] == rows_by_panel[1] == [49] and sorted(rows_by_panel[2]) == sorted([first, 49 - first])
     np.testing.assert_array_equal(results[0], results[1])
 
 
@@ -115,6 +120,7 @@ def test_a_large_packed_product_splits_by_rows_where_its_panels_do_not_divide_or
     every panel, where the panels do not divide over them or A is larger than the weights (each
     thread then reads only its rows of A); otherwise a range of panels each. Both compute what one
     thread does."""
+    from onnxsat.kernels.gemm import MR
     from onnxsat.kernels.native_runner import KIND_PACKED_GEMM
 
     rng = np.random.default_rng(1)
@@ -132,5 +138,8 @@ def test_a_large_packed_product_splits_by_rows_where_its_panels_do_not_divide_or
         results.append(compiled(feeds)["y"])
         gemm = [t for t in compiled.executable_for(feeds).native.tasks if t[0] == KIND_PACKED_GEMM]
         compiled.close()
-    assert sorted((int(t[8]), int(t[10]), int(t[11])) for t in gemm) == split
+    got = sorted((int(t[8]), int(t[10]), int(t[11])) for t in gemm)
+    assert [(p0, p1) for _, p0, p1 in got] == [(p0, p1) for _, p0, p1 in split]
+    assert sum(r for r, _, _ in got) == sum(r for r, _, _ in split)  # every row once
+    assert all(abs(r - want) < 2 * MR for (r, _, _), (want, _, _) in zip(got, split, strict=True))  # halves in whole strips
     np.testing.assert_array_equal(results[0], results[1])

@@ -22,7 +22,11 @@ def test_qdq_export_is_one_native_call_equal_to_onnxruntime() -> None:
     model = onnx.load(REALMODELS / record["file"])
     feeds = feeds_for(record["inputs"], seed=5)
     compiled = CompiledModel(model, CompileOptions(cache=False, opt_level=0))
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # onnxruntime running the QDQ graph as written (basic optimizations): with all of them it fuses
+    # QLinearConvs whose integer kernels round differently on AVX2 hosts (one output step off there)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     (expected,) = session.run(None, feeds)
     (got,) = compiled(feeds).values()
     np.testing.assert_array_equal(got, expected)

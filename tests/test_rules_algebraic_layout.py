@@ -201,6 +201,12 @@ PROOFS = {
     "add-const-commute": (L.add(A, X), L.add(X, A), {"x": (2, 3), "a": (3,)}),
     "add-self": (L.add(X, X), L.mul(X, L.Tensor.splat(2.0, L.ivec([]), F)), {"x": (2, 3)}),
     "relu-nonnegative": (L.relu(L.sigmoid(X)), L.sigmoid(X), {"x": (2, 3)}),
+    "depthwise-conv-nchwc": (
+        L.conv(X, W, NONE, L.ivec([1, 1]), L.ivec([1, 1, 1, 1]), L.ivec([1, 1]), 16),
+        L.conv(L.reorder_nchwc(X), W, NONE, L.ivec([1, 1]), L.ivec([1, 1, 1, 1]), L.ivec([1, 1]), 16),
+        {"x": (1, 16, 7, 7), "w": (16, 1, 3, 3)},
+    ),
+    "reorder-nchwc-idempotent": (L.reorder_nchwc(L.reorder_nchwc(X)), L.reorder_nchwc(X), {"x": (1, 16, 7, 7)}),
 }
 CONSTS = ("a", "b", "w", "w2")
 
@@ -220,6 +226,8 @@ def test_guards_hold() -> None:
     refute(L.add(L.add(X, Y), Z), L.add(X, L.add(Y, Z)), {"x": (2, 3), "y": (3,), "z": (3,)})
     # Division by a float16 constant stays a division (x * (1/c) rounds differently there).
     refute(L.div(X, A), L.mul(X, L.reciprocal(A)), {"x": (2, 3), "a": (3,)}, CONSTS, {"x": TensorProto.FLOAT16, "a": TensorProto.FLOAT16})
+    # A dense conv (or one of several input channels per group) keeps its input's layout.
+    refute(conv(X, W), L.conv(L.reorder_nchwc(X), W, NONE, L.ivec([1, 1]), L.ivec([0, 0, 0, 0]), L.ivec([1, 1]), 1), {"x": (1, 16, 7, 7), "w": (8, 16, 1, 1)}, CONSTS)
     # Cast to another type stays.
     refute(L.cast(X, TensorProto.DOUBLE), X, {"x": (2, 3)})
     # A non-zero pad value does not fold into a Conv.

@@ -34,7 +34,7 @@ def test_a_chain_too_long_to_import_in_the_limit_comes_back_in_time(tmp_path: Pa
     onnx.save(bench.unary_chain(10000), str(path))  # ~7 s to import whole here
     run = bench.run_one(path, "unary", 10000, limit, ["--region-nodes", "0"])  # by regions it is done in time
     assert run.exit_code == 0, run.stderr
-    assert run.after_load - run.fixed <= 2 * limit, run.stages
+    assert run.after_load - run.fixed <= 2.5 * limit, run.stages  # the limit, then checking and writing the input (4.1 s on a loaded 2-core Zen 3)
     assert "time limit ran out after importing" in run.stderr  # --quiet still says what was written
     written = onnx.load(str(path.with_suffix(".2.opt.onnx")))
     assert [n.op_type for n in written.graph.node] == [n.op_type for n in onnx.load(str(path)).graph.node]

@@ -49,6 +49,20 @@ def _input_to_attr(node: ExportNode, attr: str, position: int, before_opset: int
     node.inputs = node.inputs[:position]
 
 
+LAYOUT_STAMP = "onnxsat.layout"
+"""Node metadata key of the Identity a reorder e-node is written as: its value (``NCHWC``) is the
+layout extraction chose for the depthwise Conv reading the Identity's output; the lowering runs
+that conv in it and drops the Identity."""
+NCHWC = "nchwc"
+
+
+def _reorder_export(node: ExportNode) -> None:
+    """An Identity stamped with the layout (onnxruntime copies it; the lowering reads the stamp and
+    drops the node)."""
+    node.op_type = "Identity"
+    node.metadata[LAYOUT_STAMP] = NCHWC
+
+
 def _transpose_normalize(node: ImportNode) -> None:
     if "perm" not in node.attrs:
         rank = node.input_rank(0)
@@ -316,4 +330,5 @@ register(
         export=_constant_of_shape_export,
         min_opset=9,
     ),
+    OpSpec("onnxsat.ReorderNCHWc", L.reorder_nchwc, ("X",), family="layout", export=_reorder_export, flops=no_flops),
 )

@@ -100,6 +100,8 @@ class ExportNode:
     domain: str = ""
     expansion: list[Any] = field(default_factory=list)
     """NodeProtos to write instead of the one node (a fused kind with no single ONNX op)."""
+    metadata: dict[str, str] = field(default_factory=dict)
+    """Metadata the written node carries (a layout choice for the lowering)."""
 
     def const_ints(self, i: int) -> list[int] | None:
         value = self.const_value(i)

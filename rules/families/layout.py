@@ -186,6 +186,25 @@ for _n in (1, 2, 3):
             variant=f"{_variant}-{_n}",
         )
 
+# ---------------------------------------------------------------- the layout a depthwise conv reads
+# A depthwise conv (one input channel per group) may read its input channel-blocked: the same
+# values in another layout, priced by the onnxsat-cpu cost model (its kernel, and the reorder copy
+# unless the producer stores blocked) against the flat kernel's; other targets price the reorder as
+# a copy and never take it. A reorder of a reorder is one.
+FAMILY.rewrite(
+    "depthwise-conv-nchwc",
+    L.conv(x, w, b, strides, pads, dil, group),
+    L.conv(L.reorder_nchwc(x), w, b, strides, pads, dil, group),
+    L.shape(x) == sa,
+    L.shape(w) == sb,
+    sa.length() == i64(4),
+    sb.length() == i64(4),
+    sb[1] == i64(1),
+    sa[1] == group,
+    group > i64(1),
+)
+FAMILY.rewrite("reorder-nchwc-idempotent", L.reorder_nchwc(L.reorder_nchwc(x)), L.reorder_nchwc(x))
+
 # ---------------------------------------------------------------- Pad chains
 for _r in range(1, MAX_RANK + 1):
     # A Pad by zeros everywhere is a copy.

@@ -544,7 +544,7 @@ SAMPLERS: dict[str, Sampler] = {
         op: _s_unary("X")
         for op in ("relu", "sigmoid", "tanh", "erf", "neg", "exp", "log", "sqrt", "reciprocal")
     },
-    **{op: _s_unary("X") for op in ("abs_", "identity", "global_average_pool")},
+    **{op: _s_unary("X") for op in ("abs_", "identity", "reorder_nchwc", "global_average_pool")},
     "leaky_relu": _s_unary("X", alpha=lambda g: g.pick([0.01, 0.1, 0.2])),
     "gelu": _s_unary("X", approximate=lambda g: g.pick(["none", "tanh"])),
     "hard_sigmoid": _s_unary("X", alpha=lambda g: g.pick([0.2, 0.5]), beta=lambda g: g.pick([0.5, 0.25])),

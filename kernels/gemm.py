@@ -45,8 +45,7 @@ WIDE_VECTORS = "+avx512f" in host_target().features.split(",")
 """The host has 32 vector registers of 16 floats (AVX-512); without, 16 of 8 (AVX2), where each
 16-lane vector of the IR takes two."""
 MR = 8 if WIDE_VECTORS else 6
-"""Rows per micro-kernel call."""
-
+"""Rows per micro-kernel call (a strip)."""
 KC = 1024
 """Depth of one K block (a 192 KiB slice of a packed panel, read from L2). Deeper blocks reload and
 store each C tile less often: against 256, CPU time per single-threaded call fell 7-8% on the MLP's
@@ -64,6 +63,7 @@ PREFETCH_ROWS = 32
 1024-deep K blocks the panel slice comes from L2, and the prefetch cut CPU time per single-threaded
 call by 3-9% on the MLP and BERT products (interleaved, two runs on a loaded machine; 8 rows
 helped less, 64 about the same). Prefetches past the panel's end are harmless hints."""
+
 
 def tile_vectors(mr: int) -> int:
     """16-lane vectors of a panel one pass of an ``mr``-row micro-kernel keeps in registers: AVX-512

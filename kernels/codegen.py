@@ -97,6 +97,8 @@ class FunctionBuilder:
         self.written = set(kernel.outputs)
         self.alias: dict[str, tuple[ir.MDValue, ir.MDValue]] = {}
         """Buffer name -> (its alias scope list, the other buffers' scopes); empty: no metadata."""
+        self.storing: tuple[str, Expr] | None = None
+        """(buffer, index) of the store whose value is being built (see ``_select_operand``)."""
 
     def declare_function(self) -> ir.Function:
         """The kernel's function: ``void name(i8** args, i64 begin, i64 end)`` on the CPU."""
@@ -217,7 +219,7 @@ class FunctionBuilder:
                 return b.icmp_signed(_FCMP[e.op], a, c)
             return b.icmp_unsigned(_FCMP[e.op], a, c)
         if isinstance(e, Select):
-            return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
+            return b.select(self.expr(e.cond), self._select_operand(e.a), self._select_operand(e.b))
         if isinstance(e, Cast):
             return self._cast(self.expr(e.a), dtype_of(e.a), e.dtype)
         raise TypeError(f"not an expression: {e!r}")
@@ -333,7 +335,9 @@ class FunctionBuilder:
                     self.loop(s)
             elif isinstance(s, Store):
                 st = storage_type(s.buffer.dtype)
+                self.storing = (s.buffer.name, s.index)
                 value = self.expr(s.value)
+                self.storing = None
                 if s.buffer.dtype == "bool":
                     value = self.b.zext(value, I8)
                 ptr = self.b.gep(self.pointer(s.buffer), [self.expr(s.index)], inbounds=True, source_etype=st)
@@ -358,6 +362,18 @@ class FunctionBuilder:
 
         blocks = (f"{s.var}.header", f"{s.var}.body", f"{s.var}.exit")
         for_range(self.b, var, start, stop, ir.Constant(I64, 1), body, blocks=blocks)
+
+    def _select_operand(self, e: Expr) -> ir.Value:
+        """A select's operand; frozen where it loads the element being stored. LLVM's code generator
+        turns ``a[i] = c ? a[i] : x`` (an in-place ReLU after a conv's channel loop) into a masked
+        store, which AVX2 runs microcoded (``vmaskmovps``: RegNet's grouped convs spent most of
+        their time in it); a ``freeze`` of the load costs nothing and keeps a blend and a store."""
+        value = self.expr(e)
+        if not (isinstance(e, Load) and self.storing == (e.buffer.name, e.index)):
+            return value
+        frozen = ir.Instruction(self.b.block, value.type, "freeze", [value])
+        self.b._insert(frozen)  # llvmlite's builder has no freeze
+        return frozen
 
     def _vector_load(self, e: Load) -> ir.Value:
         """``lanes`` floats of ``e`` from the current chunk start: consecutive, or one broadcast."""

@@ -465,14 +465,32 @@ class _Gen:
         return b.load(slot)
 
     def store_c(self, value: ir.Value, i: ir.Value, col0: ir.Value, h: int, mask: ir.Value) -> None:
-        """Store ``value`` as row ``i``'s 16 values of C from column ``col0 + 16 h`` (lanes in ``mask``)."""
+        """Store ``value`` as row ``i``'s 16 values of C from column ``col0 + 16 h`` (lanes in ``mask``).
+        Whole vectors take plain stores: AVX2 has no cheap masked store (``vmaskmovps`` to memory
+        is microcoded on Zen 3), and the short-K products of MobileNet and EfficientNet spent most
+        of their time in them."""
         b = self.b
         four = ir.Constant(ir.IntType(32), 4)
         places = self._c_places(i, col0, h, mask)
-        b.call(self.mstore, [value, places[0][0], four, places[0][1]])  # a dense row, or the (first) channel block
-        if len(places) > 1:
-            with b.if_then(self.eight_lane_blocks()):  # the second 8-channel block
-                b.call(self.mstore, [value, places[1][0], four, places[1][1]])
+        whole = b.icmp_signed("<=", b.add(col0, _i64((h + 1) * LANES)), self.arg["n"])
+        with b.if_else(whole) as (plain, masked):
+            with plain:
+                if len(places) == 1:
+                    b.store(value, places[0][0], align=4)
+                else:
+                    with b.if_else(self.eight_lane_blocks()) as (eights, sixteen):
+                        with eights:
+                            for half, (address, _) in enumerate(places):
+                                part = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(half * 8, half * 8 + 8))))
+                                start = b.gep(b.bitcast(address, PTR), [_i64(half * 8)])
+                                b.store(part, b.bitcast(start, ir.VectorType(F32, 8).as_pointer()), align=4)
+                        with sixteen:
+                            b.store(value, places[0][0], align=4)
+            with masked:
+                b.call(self.mstore, [value, places[0][0], four, places[0][1]])  # a dense row, or the (first) channel block
+                if len(places) > 1:
+                    with b.if_then(self.eight_lane_blocks()):  # the second 8-channel block
+                        b.call(self.mstore, [value, places[1][0], four, places[1][1]])
 
     def eight_lane_blocks(self) -> ir.Value:
         return self.b.icmp_signed("==", self.arg["block"], _i64(8))
@@ -550,43 +568,29 @@ def _i64(value: int) -> ir.Constant:
     return ir.Constant(I64, value)
 
 
-@functools.cache
-def _compiled(cache_dir: Path | None) -> LoadedObjects:
-    """Every variant of the micro-kernel in one module (loaded once per process and cache
-    directory; its object cached on disk under the sources' fingerprint)."""
-
-    def build() -> ir.Module:
-        module = ir.Module(name="onnxsat_gemm")
-        for epilogue in EPILOGUES:
-            _Gen(module, epilogue).build()
-        return module
-
-    return support_code("gemm", build, cache_dir)
-
-
-@functools.cache
-def _compiled_rows(epilogue: str, cache_dir: Path | None) -> LoadedObjects:
-    """One unpacked-B variant per module, compiled when a program first uses it (all five in one
-    module took several times the packed kernels' cold compile)."""
-
-    def build() -> ir.Module:
-        module = ir.Module(name=f"onnxsat_gemm_rows_{epilogue}")
-        _Gen(module, epilogue, packed=False).build()
-        return module
-
-    return support_code(f"gemm_rows_{epilogue}", build, cache_dir)
-
-
-@functools.cache
-def _compiled_blocked(epilogue: str, cache_dir: Path | None) -> LoadedObjects:
-    """One channel-blocked variant per module, compiled when a program first uses it."""
-
-    def build() -> ir.Module:
+def build_module(epilogue: str = "none", packed: bool = True, blocked: bool = False) -> ir.Module:
+    """The LLVM module of one variant family: every packed epilogue in one module (``packed``), or
+    the one unpacked-B or channel-blocked variant with ``epilogue`` (five in one module took several
+    times the packed kernels' cold compile, so those are built when a program first uses one)."""
+    if blocked:
         module = ir.Module(name=f"onnxsat_gemm_blocked_{epilogue}")
         _Gen(module, epilogue, blocked=True).build()
-        return module
+    elif packed:
+        module = ir.Module(name="onnxsat_gemm")
+        for each in EPILOGUES:
+            _Gen(module, each).build()
+    else:
+        module = ir.Module(name=f"onnxsat_gemm_rows_{epilogue}")
+        _Gen(module, epilogue, packed=False).build()
+    return module
 
-    return support_code(f"gemm_blocked_{epilogue}", build, cache_dir)
+
+@functools.cache
+def _compiled(epilogue: str, cache_dir: Path | None, packed: bool, blocked: bool) -> LoadedObjects:
+    """``build_module``'s variants, loaded once per process and cache directory (the object cached
+    on disk under the sources' fingerprint)."""
+    name = f"gemm_blocked_{epilogue}" if blocked else "gemm" if packed else f"gemm_rows_{epilogue}"
+    return support_code(name, lambda: build_module(epilogue, packed, blocked), cache_dir)
 
 
 def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True, blocked: bool = False) -> tuple[LoadedObjects, int]:
@@ -594,11 +598,8 @@ def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed:
     through the object cache in ``cache_dir`` (None: no disk cache). ``packed=False``: the
     unpacked-B form (``ROW_EPILOGUES``); ``blocked``: the packed form storing C channel-blocked
     (``BLOCKED_EPILOGUES``)."""
-    if blocked:
-        compiled = _compiled_blocked(epilogue, cache_dir)
-        return compiled, compiled.address(BLOCKED_EPILOGUES[epilogue])
-    compiled = _compiled(cache_dir) if packed else _compiled_rows(epilogue, cache_dir)
-    return compiled, compiled.address((EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
+    compiled = _compiled("none" if packed and not blocked else epilogue, cache_dir, packed, blocked)
+    return compiled, compiled.address((BLOCKED_EPILOGUES if blocked else EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
 
 
 def sgemm_function(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True, blocked: bool = False):  # type: ignore[no-untyped-def]

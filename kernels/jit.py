@@ -153,6 +153,12 @@ def optimized_ir(text: str, host: HostTarget, opt_level: int) -> str:
     return str(_optimized(text, host, opt_level)[1])
 
 
+def assembly(text: str, host: HostTarget, opt_level: int) -> str:
+    """The module's machine code as assembly text (for tests: which instructions a pattern became)."""
+    tm, llmod = _optimized(text, host, opt_level)
+    return str(tm.emit_assembly(llmod))
+
+
 def object_key(text: str, host: HostTarget, opt_level: int) -> str:
     """The disk-cache key of ``emit_object(text, host, opt_level)``."""
     pipeline = PIPELINE.format(level=opt_level)

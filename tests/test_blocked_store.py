@@ -35,6 +35,18 @@ def test_blocked_store_writes_each_row_into_its_padded_position(
     """Rows of C land at their image positions inside the padding, channels split into blocks (two
     per vector for 8-channel blocks); the padding is not touched; two K blocks add up; A read with
     a column stride gives the same result."""
+    _check_blocked_store(epilogue, block, height, width, k, n, pad, transposed)
+
+
+@pytest.mark.parametrize("epilogue", ["none", "bias_silu"])
+@pytest.mark.parametrize("n", [8, 24, 40, 56])
+def test_blocked_store_of_a_last_half_vector(epilogue: str, n: int) -> None:
+    """Channel counts that end half-way through a 16-lane vector (8-channel blocks): the last vector
+    takes the masked store, the whole ones the plain stores, and nothing past the last block is written."""
+    _check_blocked_store(epilogue, 8, 4, 5, 12, n, 1, False)
+
+
+def _check_blocked_store(epilogue: str, block: int, height: int, width: int, k: int, n: int, pad: int, transposed: bool) -> None:
     m = height * width
     rng = np.random.default_rng(m + k + n + block)
     a = rng.standard_normal((m, k)).astype(np.float32)

@@ -22,10 +22,13 @@ from onnxsat.lowering.kernel_ir import (
     NUMPY_DTYPES,
     Binary,
     Buffer,
+    Compare,
+    Const,
     Expr,
     Kernel,
     Load,
     Loop,
+    Select,
     Store,
     Unary,
     Var,
@@ -300,6 +303,49 @@ def test_packed_gemm_micro_kernel(shape: tuple[int, int, int]) -> None:
     sgemm_function()(a.ctypes.data, k, bp.ctypes.data, k, c.ctypes.data, n + 3, m, n, 0, bp.shape[0])
     np.testing.assert_allclose(c[:, :n], a.astype(np.float64) @ b.astype(np.float64), rtol=1e-4, atol=1e-4 * k)
     assert np.all(np.isnan(c[:, n:]))
+
+
+def _masked_stores(assembly: str) -> list[str]:
+    """x86 vector stores that write only some lanes: AVX's ``vmaskmovps`` to memory, AVX-512's
+    stores under a ``{%k}`` mask."""
+    stores = []
+    for line in assembly.splitlines():
+        words = line.split(None, 1)
+        if len(words) == 2 and words[0].startswith("v") and "mov" in words[0]:
+            last = words[1].rsplit(",", 1)[-1]
+            if ("maskmov" in words[0] and last.strip().endswith(")")) or ("{%k" in last and ")" in last):
+                stores.append(line.strip())
+    return stores
+
+
+def test_an_in_place_select_is_not_a_masked_store() -> None:
+    """``y[j] = y[j] > 0 ? y[j] : 0`` (the ReLU pass after a grouped conv's channel loop) stays a
+    blend and a plain store: LLVM's code generator would make it a masked store, which AVX2
+    runs microcoded (RegNet's grouped convs spent most of their time in it)."""
+    from onnxsat.kernels.codegen import build_module
+    from onnxsat.kernels.jit import assembly, host_target
+
+    y, j = Buffer("y", "f32", (4096,)), Var("j")
+    value = Load(y, j)
+    relu = Select(Compare("gt", value, Const(0.0, "f32")), value, Const(0.0, "f32"))
+    kernel = Kernel("relu_in_place", (y,), ("y",), "p", 1, (Loop("j", i64(4096), (Store(y, j, relu),)),))
+    code = assembly(str(build_module([kernel])), host_target(), 3)
+    assert "relu_in_place" in code
+    assert _masked_stores(code) == []
+
+
+def test_the_micro_kernel_stores_whole_vectors_plainly() -> None:
+    """The packed micro-kernel (dense and channel-blocked C) stores a whole vector of C with a plain
+    store and only a panel's partial last vector with a masked one (AVX2's masked store cost the
+    short-K products of MobileNet and EfficientNet two thirds of their time)."""
+    from onnxsat.kernels.gemm import build_module
+    from onnxsat.kernels.jit import host_target, optimized_ir
+
+    for blocked in (False, True):
+        text = optimized_ir(str(build_module("none", blocked=blocked)), host_target(), 3)
+        plain = [line for line in text.splitlines() if line.lstrip().startswith("store <") and "x float>" in line]
+        assert plain, "no plain vector store of C"
+        assert "llvm.masked.store" in text  # the partial last vector
 
 
 def test_llvm_and_blas_gemm_paths_agree() -> None:

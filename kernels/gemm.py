@@ -451,18 +451,40 @@ class _Gen:
         return [(b.bitcast(first, VEC.as_pointer()), b.and_(mask, low)), (b.bitcast(second, VEC.as_pointer()), b.and_(mask, b.not_(low)))]
 
     def load_c(self, i: ir.Value, col0: ir.Value, h: int, mask: ir.Value) -> ir.Value:
-        """Row ``i``'s 16 values of C from column ``col0 + 16 h`` (zero outside ``mask``)."""
+        """Row ``i``'s 16 values of C from column ``col0 + 16 h`` (zero outside ``mask``); whole
+        vectors with plain loads, as ``store_c`` stores them."""
         b = self.b
         four = ir.Constant(ir.IntType(32), 4)
         places = self._c_places(i, col0, h, mask)
-        value = b.call(self.mload, [places[0][0], four, places[0][1], ir.Constant(VEC, [0.0] * LANES)])
-        if len(places) == 1:
-            return value
         slot = self.alloca(VEC, "c_value")
-        b.store(value, slot)
-        with b.if_then(self.eight_lane_blocks()):  # the second 8-channel block
-            b.store(b.call(self.mload, [places[1][0], four, places[1][1], value]), slot)
+        with b.if_else(self.whole(col0, h)) as (plain, masked):
+            with plain:
+                if len(places) == 1:
+                    b.store(b.load(places[0][0], align=4), slot)
+                else:
+                    with b.if_else(self.eight_lane_blocks()) as (eights, sixteen):
+                        with eights:
+                            low, high = (b.load(self.half_vector(address, half), align=4) for half, (address, _) in enumerate(places))
+                            b.store(b.shuffle_vector(low, high, ir.Constant(ir.VectorType(ir.IntType(32), LANES), list(range(LANES)))), slot)
+                        with sixteen:
+                            b.store(b.load(places[0][0], align=4), slot)
+            with masked:
+                value = b.call(self.mload, [places[0][0], four, places[0][1], ir.Constant(VEC, [0.0] * LANES)])
+                b.store(value, slot)
+                if len(places) > 1:
+                    with b.if_then(self.eight_lane_blocks()):  # the second 8-channel block
+                        b.store(b.call(self.mload, [places[1][0], four, places[1][1], value]), slot)
         return b.load(slot)
+
+    def whole(self, col0: ir.Value, h: int) -> ir.Value:
+        """Whether the vector of C from column ``col0 + 16 h`` lies wholly inside N."""
+        return self.b.icmp_signed("<=", self.b.add(col0, _i64((h + 1) * LANES)), self.arg["n"])
+
+    def half_vector(self, address: ir.Value, half: int) -> ir.Value:
+        """The 8-lane vector where lanes ``8 half ..`` of a 16-lane vector at ``address`` lie (the
+        second place of an 8-channel blocked C is shifted back 8 lanes)."""
+        start = self.b.gep(self.b.bitcast(address, PTR), [_i64(half * 8)])
+        return self.b.bitcast(start, ir.VectorType(F32, 8).as_pointer())
 
     def store_c(self, value: ir.Value, i: ir.Value, col0: ir.Value, h: int, mask: ir.Value) -> None:
         """Store ``value`` as row ``i``'s 16 values of C from column ``col0 + 16 h`` (lanes in ``mask``).
@@ -472,8 +494,7 @@ class _Gen:
         b = self.b
         four = ir.Constant(ir.IntType(32), 4)
         places = self._c_places(i, col0, h, mask)
-        whole = b.icmp_signed("<=", b.add(col0, _i64((h + 1) * LANES)), self.arg["n"])
-        with b.if_else(whole) as (plain, masked):
+        with b.if_else(self.whole(col0, h)) as (plain, masked):
             with plain:
                 if len(places) == 1:
                     b.store(value, places[0][0], align=4)
@@ -482,8 +503,7 @@ class _Gen:
                         with eights:
                             for half, (address, _) in enumerate(places):
                                 part = b.shuffle_vector(value, value, ir.Constant(ir.VectorType(ir.IntType(32), 8), list(range(half * 8, half * 8 + 8))))
-                                start = b.gep(b.bitcast(address, PTR), [_i64(half * 8)])
-                                b.store(part, b.bitcast(start, ir.VectorType(F32, 8).as_pointer()), align=4)
+                                b.store(part, self.half_vector(address, half), align=4)
                         with sixteen:
                             b.store(value, places[0][0], align=4)
             with masked:

@@ -182,7 +182,7 @@ class Executable:
         kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
         self.build = BuildStats()
         if module is None and kernels:
-            module, symbols, self.build = compile_kernels(kernels, options, artefact_key)
+            module, symbols, self.build = compile_kernels(kernels, options, artefact_key, _support_modules(program, options))
         self.module = module
         mark = time.perf_counter()
         _support_code(program, options, self.cache_dir)
@@ -686,19 +686,41 @@ class Executable:
         return outputs
 
 
+def _gemm_variants(program: KernelProgram, options: CompileOptions) -> set[tuple[str, bool, bool]]:
+    """The micro-kernel variants (epilogue, packed, blocked) the program's products may run on."""
+    variants: set[tuple[str, bool, bool]] = set()
+    if options.gemm != "llvm":
+        return variants
+    for s in program.steps:
+        if not isinstance(s, MatMulStep):
+            continue
+        if s.blocked is not None:
+            variants.add((_row_epilogue(s), True, True))
+        elif program.constants.get(s.a.buffer.name) is not None:
+            variants.add((_row_epilogue(s), False, False))
+        elif program.constants.get(s.b.buffer.name) is not None:
+            variants.add(("none" if s.bias is None else "bias_relu" if s.relu else "bias", True, False))
+    return variants
+
+
+def _support_modules(program: KernelProgram, options: CompileOptions) -> dict[str, Callable[[], Any]]:
+    """Support name -> builder of the micro-kernel variants a program needs, compiled with its
+    kernels on a cold cache (``compile_kernels``; the native runner, a tenth of a second, is
+    loaded before, as the model's helper threads start)."""
+    from .gemm import support_modules
+
+    return support_modules(_gemm_variants(program, options))
+
+
 def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Path | None) -> None:
-    """Load (compile on a cold cache, once per process) the code every program shares: the native
-    runner, and the GEMM micro-kernel when a product may run on it; timed apart from setup."""
+    """Load (compile where the build left them out, once per process) the code every program
+    shares: the native runner and the micro-kernel variants; timed apart from setup."""
     from .gemm import sgemm_address
     from .native_runner import runtime
 
     runtime(cache_dir)
-    if options.gemm == "llvm" and any(isinstance(s, MatMulStep) for s in program.steps):
-        sgemm_address("none", cache_dir)
-        for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and program.constants.get(s.a.buffer.name) is not None}):
-            sgemm_address(epilogue, cache_dir, packed=False)
-        for epilogue in sorted({_row_epilogue(s) for s in program.steps if isinstance(s, MatMulStep) and s.blocked is not None}):
-            sgemm_address(epilogue, cache_dir, blocked=True)
+    for epilogue, packed, blocked in sorted(_gemm_variants(program, options)):
+        sgemm_address(epilogue, cache_dir, packed, blocked)
 
 
 def _row_epilogue(step: MatMulStep) -> str:

@@ -4,7 +4,7 @@
 panels of 48 columns: ``Bp[panel][k][0:48]``, zero-padded past N. With AVX-512 the micro-kernel
 keeps an 8x48 block of C in twenty-four 16-lane accumulators and, per k, broadcasts eight A values
 against three B vectors (FMA; 8 rows divide the BERT and MLP row counts, so they run no short
-strips); with AVX2 (16 registers of 8 floats) it takes the panel in three 6x16 passes
+strips); with AVX2 (16 registers of 8 floats) it takes the panel in a loop of 6x16 passes
 (``tile_vectors``). The k loop
 is unrolled by four and each row of A has its own base pointer, so the loop body is FMAs, loads
 and a prefetch of the weights ``PREFETCH_ROWS`` ahead (the earlier one-step loop with a chained
@@ -28,6 +28,7 @@ a pointwise conv's position-major product stored straight into a depthwise conv'
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -249,15 +250,7 @@ class _Gen:
                                         with few:
                                             self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), mr=4)
                                         with full:  # a short last panel: only the vectors it has (16 columns: one)
-                                            with b.if_else(b.icmp_signed(">", left, _i64(2 * LANES))) as (three, fewer):
-                                                with three:
-                                                    self.block(i0, rows, col0, b_panel, masks, (k0, k1, first))
-                                                with fewer:
-                                                    with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (two, one_vector):
-                                                        with two:
-                                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), 2)
-                                                        with one_vector:
-                                                            self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), 1)
+                                            self.vectors(left, lambda width: self.block(i0, rows, col0, b_panel, masks, (k0, k1, first), width))
 
                         self.loop("s", _i64(0), strips, 1, strip)
                         return
@@ -306,24 +299,16 @@ class _Gen:
                                     gapped(PIECES)
                     b_panel = b.gep(self.pack, [b.sub(_i64(0), b.mul(k0, _i64(NR)))])
 
-                    def narrow(width: int) -> None:
+                    def narrow(width: int | ir.Value) -> None:
                         def strip(s: ir.Value) -> None:
                             i0 = b.add(r0, b.mul(s, _i64(MR)))
                             self.block(i0, b.sub(r_end, i0), col0, b_panel, masks, (k0, k1, first), width)
 
-                        self.loop(f"s{width}", _i64(0), strips, 1, strip)
+                        self.loop("s", _i64(0), strips, 1, strip)
 
                     # a short last panel does as many vectors of FMAs as it has columns (49 = 48 + 1:
                     # one, not three; an implicit conv's 224 = 4 x 48 + 32: two)
-                    with b.if_else(b.icmp_signed(">", left, _i64(2 * LANES))) as (then, otherwise):
-                        with then:
-                            narrow(NR // LANES)
-                        with otherwise:
-                            with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (two, one):
-                                with two:
-                                    narrow(2)
-                                with one:
-                                    narrow(1)
+                    self.vectors(left, narrow)
 
                 self.loop("p", p_begin, p_end, 1, panel)
 
@@ -352,17 +337,50 @@ class _Gen:
         ty = ir.VectorType(I64, LANES)
         return b.shuffle_vector(b.insert_element(ir.Constant(ty, None), value, ir.Constant(ir.IntType(32), 0)), ir.Constant(ty, None), ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
 
+    def vectors(self, left: ir.Value, body) -> None:  # type: ignore[no-untyped-def]
+        """``body(width)`` for a panel with ``left`` columns to go: ``width`` the vectors it has (1 to
+        3): a constant in each of three branches with AVX-512 (one tile of that width), a runtime
+        count with AVX2, whose one-vector passes loop (``block``): three unrolled copies of every
+        path tripled the micro-kernel's code and cold compile."""
+        b = self.b
+        if WIDE_VECTORS:
+            with b.if_else(b.icmp_signed(">", left, _i64(2 * LANES))) as (three, fewer):
+                with three:
+                    body(NR // LANES)
+                with fewer:
+                    with b.if_else(b.icmp_signed(">", left, _i64(LANES))) as (two, one):
+                        with two:
+                            body(2)
+                        with one:
+                            body(1)
+            return
+        count = b.sdiv(b.add(left, _i64(LANES - 1)), _i64(LANES))
+        body(b.select(b.icmp_signed("<", count, _i64(NR // LANES)), count, _i64(NR // LANES)))
+
     def block(
         self, i0: ir.Value, rows: ir.Value, col0: ir.Value, b_panel: ir.Value, masks: list[ir.Value], span: tuple[ir.Value, ir.Value, ir.Value],
-        width: int = NR // LANES,
+        width: int | ir.Value = NR // LANES,
         mr: int = MR,
     ) -> None:
-        """The panel's first ``width`` vectors of columns as passes of ``tile_vectors(mr)`` (``tile``)."""
+        """The panel's first ``width`` vectors of columns as passes of ``tile_vectors(mr)`` (``tile``);
+        one-vector passes run as a loop (``width`` may then be a runtime count)."""
+        b = self.b
         step = tile_vectors(mr)
+        if step == 1:
+            count = width if isinstance(width, ir.Value) else _i64(width)
+
+            def one_pass(h: ir.Value) -> None:
+                sub_col0 = b.add(col0, b.mul(h, _i64(LANES)))
+                mask = b.icmp_signed("<", ir.Constant(ir.VectorType(I64, LANES), list(range(LANES))), self.splat_i64(b.sub(self.arg["n"], sub_col0)))
+                self.tile(i0, rows, sub_col0, b.gep(b_panel, [b.mul(h, _i64(LANES))]), [mask], span, 1, mr)
+
+            self.loop("pass", _i64(0), count, 1, one_pass)
+            return
+        assert isinstance(width, int)
         for h0 in range(0, width, step):
             part = min(step, width - h0)
-            sub_col0 = self.b.add(col0, _i64(h0 * LANES))
-            sub_panel = self.b.gep(b_panel, [_i64(h0 * LANES)])
+            sub_col0 = b.add(col0, _i64(h0 * LANES))
+            sub_panel = b.gep(b_panel, [_i64(h0 * LANES)])
             self.tile(i0, rows, sub_col0, sub_panel, masks[h0 : h0 + part], span, part, mr)
 
     def tile(
@@ -575,7 +593,7 @@ class _Gen:
 
 
 def _intrinsic(module: ir.Module, fnty: ir.FunctionType, name: str) -> ir.Function:
-    """``name`` declared in ``module`` once (every variant of the kernel lives in one module)."""
+    """``name`` declared in ``module`` once (a module may hold several kernels)."""
     try:
         found = module.get_global(name)
         assert isinstance(found, ir.Function)
@@ -589,28 +607,30 @@ def _i64(value: int) -> ir.Constant:
 
 
 def build_module(epilogue: str = "none", packed: bool = True, blocked: bool = False) -> ir.Module:
-    """The LLVM module of one variant family: every packed epilogue in one module (``packed``), or
-    the one unpacked-B or channel-blocked variant with ``epilogue`` (five in one module took several
-    times the packed kernels' cold compile, so those are built when a program first uses one)."""
-    if blocked:
-        module = ir.Module(name=f"onnxsat_gemm_blocked_{epilogue}")
-        _Gen(module, epilogue, blocked=True).build()
-    elif packed:
-        module = ir.Module(name="onnxsat_gemm")
-        for each in EPILOGUES:
-            _Gen(module, each).build()
-    else:
-        module = ir.Module(name=f"onnxsat_gemm_rows_{epilogue}")
-        _Gen(module, epilogue, packed=False).build()
+    """The LLVM module of one variant: the packed, unpacked-B (``packed=False``) or channel-blocked
+    micro-kernel with ``epilogue``. One module each, built and compiled only when a program uses it
+    (the AVX2 passes made each ~1.5 s of cold compile), and compiled in parallel with the kernels
+    (``support_modules``)."""
+    module = ir.Module(name=f"onnxsat_{support_name(epilogue, packed, blocked)}")
+    _Gen(module, epilogue, packed, blocked).build()
     return module
+
+
+def support_name(epilogue: str, packed: bool = True, blocked: bool = False) -> str:
+    """The support-code name (``jit.support_code``) of one variant."""
+    return f"gemm_blocked_{epilogue}" if blocked else f"gemm_{epilogue}" if packed else f"gemm_rows_{epilogue}"
+
+
+def support_modules(variants: set[tuple[str, bool, bool]]) -> dict[str, Callable[[], ir.Module]]:
+    """Support name -> builder of each (epilogue, packed, blocked) variant."""
+    return {support_name(*v): functools.partial(build_module, *v) for v in sorted(variants)}
 
 
 @functools.cache
 def _compiled(epilogue: str, cache_dir: Path | None, packed: bool, blocked: bool) -> LoadedObjects:
-    """``build_module``'s variants, loaded once per process and cache directory (the object cached
-    on disk under the sources' fingerprint)."""
-    name = f"gemm_blocked_{epilogue}" if blocked else "gemm" if packed else f"gemm_rows_{epilogue}"
-    return support_code(name, lambda: build_module(epilogue, packed, blocked), cache_dir)
+    """One variant, loaded once per process and cache directory (the object cached on disk under
+    the sources' fingerprint)."""
+    return support_code(support_name(epilogue, packed, blocked), functools.partial(build_module, epilogue, packed, blocked), cache_dir)
 
 
 def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed: bool = True, blocked: bool = False) -> tuple[LoadedObjects, int]:
@@ -618,7 +638,7 @@ def sgemm_address(epilogue: str = "none", cache_dir: Path | None = None, packed:
     through the object cache in ``cache_dir`` (None: no disk cache). ``packed=False``: the
     unpacked-B form (``ROW_EPILOGUES``); ``blocked``: the packed form storing C channel-blocked
     (``BLOCKED_EPILOGUES``)."""
-    compiled = _compiled("none" if packed and not blocked else epilogue, cache_dir, packed, blocked)
+    compiled = _compiled(epilogue, cache_dir, packed, blocked)
     return compiled, compiled.address((BLOCKED_EPILOGUES if blocked else EPILOGUES if packed else ROW_EPILOGUES)[epilogue])
 
 

@@ -220,18 +220,25 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
+def support_entry(name: str, cache_dir: Path | None, opt_level: int = 3) -> Path | None:
+    """Where the disk cache keeps the object of support module ``name`` (None: no cache). Its IR is
+    a function of this package's sources alone, so the key is their fingerprint."""
+    if cache_dir is None:
+        return None
+    key = hashlib.sha256(
+        f"support|{name}|{code_fingerprint()}|{host_target().fingerprint}|{PIPELINE.format(level=opt_level)}".encode()
+    ).hexdigest()
+    return disk_cache.private_dir(cache_dir) / f"{key}.o"
+
+
 def support_code(
     name: str, build: Callable[[], ir.Module], cache_dir: Path | None, opt_level: int = 3
 ) -> LoadedObjects:
     """Code this package builds from its own sources alone (the GEMM micro-kernel, the native
-    runner): its IR is a function of those sources, so the cache key is their fingerprint and a hit
-    loads the object without building or parsing any IR (that took ~0.3 s per process)."""
+    runner), loaded from the disk cache (``support_entry``) without building or parsing any IR
+    (that took ~0.3 s per process), or built, compiled and stored there."""
     host = host_target()
-    key = hashlib.sha256(
-        f"support|{name}|{code_fingerprint()}|{host.fingerprint}|{PIPELINE.format(level=opt_level)}".encode()
-    ).hexdigest()
-    directory = disk_cache.private_dir(cache_dir) if cache_dir is not None else None
-    entry = directory / f"{key}.o" if directory is not None else None
+    entry = support_entry(name, cache_dir, opt_level)
     cached = disk_cache.read(entry) if entry is not None else None
     if cached is not None:
         return LoadedObjects([cached], host, cache_hit=True)

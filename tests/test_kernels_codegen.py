@@ -252,6 +252,31 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path: Path) -> None:
     np.testing.assert_array_equal(first(feeds)["y"], second(feeds)["y"])
 
 
+def test_a_cold_build_compiles_the_shared_code_with_the_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an empty cache the micro-kernel variants a program's products use are compiled in the
+    kernels' parallel batch and left in the cache, so loading them compiles nothing more (one at a
+    time after the kernels they were most of ResNet-18's cold compile)."""
+    from onnxsat.kernels import jit
+    from onnxsat.latency import ort_session
+
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    nodes = [conv, helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fb"], ["y"])]
+    model = _model(nodes, {"x": [1, 8, 10, 10]}, ["y"])
+    rng = np.random.default_rng(0)
+    for name, value in {"w": rng.standard_normal((16, 8, 3, 3)), "b": rng.standard_normal(16), "fc": rng.standard_normal((1600, 10)), "fb": rng.standard_normal(10)}.items():
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32), name))
+    feeds = {"x": rng.standard_normal((1, 8, 10, 10)).astype(np.float32)}
+    compiled_alone: list[str] = []
+    emit = jit.emit_object
+    monkeypatch.setattr(jit, "emit_object", lambda text, *args: compiled_alone.append(text.split("\n")[0]) or emit(text, *args))  # support_code's
+    compiled = CompiledModel(model, CompileOptions(threads=2, cache_dir=str(tmp_path)))
+    got = compiled(feeds)["y"]
+    assert compiled.stats(feeds).one_native_call
+    assert compiled_alone == ['; ModuleID = "onnxsat_runner"']  # and no micro-kernel variant
+    assert len(list(tmp_path.rglob("*.o"))) >= 4  # kernels, the runner, the conv's and the Gemm's variants
+    np.testing.assert_allclose(got, ort_session(model).run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_inputs_are_not_modified_and_outputs_are_fresh() -> None:
     nodes, inputs = FUSION_CASES["bias-gelu"]
     model = _model(nodes, inputs, ["y"])

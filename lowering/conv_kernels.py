@@ -184,6 +184,54 @@ def _flat_direct_conv(
     return of_view(View(wide, contiguous_strides(wide.shape), 0), (batch, cout, *out_sp))
 
 
+def _phase_tap(tap: tuple[int, ...], strides: list[int], dilations: list[int]) -> tuple[int, int, int]:
+    """(phase index, row, column) where tap ``tap`` of a 2-D conv reads in the phase planes."""
+    (kh, kw), (sh, sw), (dh, dw) = tap, strides, dilations
+    return (kh * dh) % sh * sw + (kw * dw) % sw, (kh * dh) // sh, (kw * dw) // sw
+
+
+def _phase_span(out_sp: tuple[int, ...], wph: int) -> int:
+    """Flat output positions a phased conv computes: its rows ``wph`` apart, in whole vectors."""
+    return -(-((out_sp[0] - 1) * wph + out_sp[1]) // FLAT_VECTOR) * FLAT_VECTOR
+
+
+def phase_flat_geometry(out_sp: tuple[int, ...], strides: list[int], dilations: list[int], kernel: list[int]) -> Callable[[int], int]:
+    """The slack ``phase_planes`` must leave after each phase's image for ``phased_direct_conv``: its
+    furthest tap reads ``_phase_span`` positions from that tap's start."""
+
+    def slack(wph: int) -> int:
+        reach = max(row * wph + col for tap in itertools.product(*(range(k) for k in kernel)) for _, row, col in [_phase_tap(tap, strides, dilations)])
+        rows_used = -(-(reach + _phase_span(out_sp, wph)) // wph)
+        image_rows = (out_sp[0] - 1) + -(-((kernel[0] - 1) * dilations[0] + 1) // strides[0])
+        return max(0, rows_used - image_rows) * wph
+
+    return slack
+
+
+def phased_direct_conv(
+    cx: Any, tensor: str, phases: Buffer, phase_shape: tuple[int, int], w: Lazy, bias: Lazy | None, group: int, kernel: list[int], strides: list[int],
+    dilations: list[int], out_sp: tuple[int, ...], activation: Callable[[Expr], Expr] | None = None,
+) -> Lazy:
+    """A strided 2-D direct conv as the flat stride-1 kernel over the phase planes of its padded
+    input ([N, C, sh, sw, Hph, Wph]): output ``(oh, ow)`` sits at ``j = oh * Wph + ow`` and tap ``t``
+    reads its phase at ``j`` plus the tap's row and column there, so every load is unit-stride.
+    Positions past the output width compute values nobody reads; the result is a strided view."""
+    batch = phases.shape[0]
+    cout = w.shape[0]
+    hph, wph = phase_shape
+    span = _phase_span(out_sp, wph)
+
+    def offset(tap: tuple[int, ...]) -> int:
+        index, row, col = _phase_tap(tap, strides, dilations)
+        return index * hph * wph + row * wph + col
+
+    last = max(offset(tap) for tap in itertools.product(*(range(k) for k in kernel)))
+    assert last + span <= math.prod(phases.shape[2:]), "phase planes without slack"
+    out = cx.buffer(f"{tensor}_phased", (batch, cout, span), phases.dtype)
+    _flat_kernel(cx, phases, out, span, w, bias, group, kernel, offset, activation)
+    return of_view(View(out, (cout * span, span, wph, 1), 0), (batch, cout, *out_sp))
+
+
 @dataclass(frozen=True)
 class RowPadded:
     """Where a stride-1 depthwise conv's input image lies in planes padded with zero rows only

@@ -1,7 +1,7 @@
 """The Conv and ConvTranspose lowerings on the cases the node tests lack, against onnxruntime.
 
-Conv: the direct kernels (flat stride-1 form over the padded plane, row form for strides;
-depthwise, grouped, dilated, 1-D and 3-D, with and without bias; channel-blocked depthwise with a
+Conv: the direct kernels (flat stride-1 form over the padded plane, row form for strides, flat over
+the phase planes for strided grouped convs; depthwise, grouped, dilated, 1-D and 3-D, with and without bias; channel-blocked depthwise with a
 SiLU), the implicit GEMM of
 convs (strides, dilations, pads, an activation applied as the product stores), the position-major
 product of small output images and the im2col +
@@ -42,6 +42,10 @@ CONVS: dict[str, tuple[str, list[int], dict[str, Any], bool]] = {
     "blocked_8": ("x9", [24, 1, 3, 3], {"group": 24, "pads": [1, 1, 1, 1], "strides": [2, 2]}, True),
     "flat_silu": ("x8", [16, 1, 5, 5], {"group": 16, "pads": [2, 2, 2, 2]}, True),  # stride 1, 14 wide: flat
     "grouped_dilated": ("x2", [6, 3, 3, 2], {"group": 2, "dilations": [2, 1], "pads": [2, 0, 1, 1]}, True),
+    # strided grouped convs run flat over the phase planes of their input: batch 2, strides on
+    # both axes, asymmetric pads, a dilation the stride does not divide
+    "grouped_s2": ("x4", [16, 4, 3, 3], {"group": 4, "strides": [2, 2], "pads": [1, 1, 1, 1]}, True),
+    "grouped_s23_dil": ("x7", [8, 2, 3, 3], {"group": 4, "strides": [2, 3], "pads": [0, 1, 2, 0], "dilations": [1, 2]}, False),
     "dense_s2_dilated": ("x2", [5, 6, 3, 3], {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]}, True),
     "valid_no_pad": ("x2", [3, 6, 2, 4], {}, True),
     "same_upper": ("x2", [4, 6, 4, 3], {"auto_pad": "SAME_UPPER", "strides": [2, 3]}, False),
@@ -137,6 +141,8 @@ def test_few_output_channels_run_without_a_gemm() -> None:
     for case in ("depthwise_s1", "depthwise_s2", "conv3d", "conv1d"):
         assert not any(f"c_{case}" in g for g in gemms), case
         assert any(k.startswith(("fconv_", "dconv_")) and f"c_{case}" in k for k in kernels), case
+    for case in ("grouped_s2", "grouped_s23_dil"):
+        assert any(k.startswith("fconv_") and k.endswith(f"c_{case}_phased") for k in kernels), case
     for case in ("blocked_s2", "blocked_5x3_dil", "blocked_narrow", "blocked_silu", "blocked_8"):
         assert any(k.startswith("bdconv_") and f"c_{case}" in k for k in kernels), case
         assert any(k.startswith("nchwc_") for k in kernels)

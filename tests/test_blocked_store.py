@@ -5,6 +5,8 @@ what they skip) against onnxruntime."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 import pytest
@@ -46,7 +48,25 @@ def test_blocked_store_of_a_last_half_vector(epilogue: str, n: int) -> None:
     _check_blocked_store(epilogue, 8, 4, 5, 12, n, 1, False)
 
 
-def _check_blocked_store(epilogue: str, block: int, height: int, width: int, k: int, n: int, pad: int, transposed: bool) -> None:
+@pytest.mark.parametrize("epilogue", ["bias_silu", "bias_hardswish"])
+@pytest.mark.parametrize("in_registers", [False, True])
+def test_activation_epilogues_either_way(epilogue: str, in_registers: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SiLU and HardSwish applied to the accumulators (AVX2's choice) or as a pass over the stored
+    tile (AVX-512's), whichever this host takes by default, against float64 numpy."""
+    import ctypes
+
+    from onnxsat.kernels import gemm, jit
+
+    monkeypatch.setattr(gemm, "ACTIVATE_IN_REGISTERS", in_registers)
+    host = jit.host_target()
+    loaded = jit.LoadedObjects([jit.emit_object(str(gemm.build_module(epilogue, blocked=True)), host, 3)], host)
+    proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p if name in gemm.POINTER_ARGS else ctypes.c_int64 for name in gemm.BLOCKED_ARGS])
+    _check_blocked_store(epilogue, 8, 5, 7, 20, 40, 1, False, proto(loaded.address(gemm.BLOCKED_EPILOGUES[epilogue])))
+
+
+def _check_blocked_store(
+    epilogue: str, block: int, height: int, width: int, k: int, n: int, pad: int, transposed: bool, fn: Any = None
+) -> None:
     m = height * width
     rng = np.random.default_rng(m + k + n + block)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -57,7 +77,7 @@ def _check_blocked_store(epilogue: str, block: int, height: int, width: int, k: 
     out = np.full((n // block, hp, wp, block), np.nan, np.float32)
     i = np.arange(m)
     rows = ((i // width + pad) * wp + i % width + pad).astype(np.int64) * block
-    fn = sgemm_function(epilogue, blocked=True)
+    fn = fn or sgemm_function(epilogue, blocked=True)
     fn(a.ctypes.data, k, bp.ctypes.data, k, out.ctypes.data, hp * wp * block, m, n, 0, bp.shape[0], rows.ctypes.data, block, 1)
     if transposed:  # A read as the columns of its transpose (an NCHW image's positions x channels)
         a_t = np.ascontiguousarray(a.T)

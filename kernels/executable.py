@@ -444,7 +444,7 @@ class Executable:
             return None
         bp = pack_b(b_matrix, bias)
         panels = bp.shape[0]
-        fn = sgemm_function("none" if bias is None else "bias_relu" if step.relu else "bias", self.cache_dir)
+        fn = sgemm_function(_packed_epilogue(step), self.cache_dir)
         itemsize = 4
         a_name, out_name = a.buffer.name, step.out.name
         a_offset = a.offset
@@ -699,7 +699,7 @@ def _gemm_variants(program: KernelProgram, options: CompileOptions) -> set[tuple
         elif program.constants.get(s.a.buffer.name) is not None:
             variants.add((_row_epilogue(s), False, False))
         elif program.constants.get(s.b.buffer.name) is not None:
-            variants.add(("none" if s.bias is None else "bias_relu" if s.relu else "bias", True, False))
+            variants.add((_packed_epilogue(s), True, False))
     return variants
 
 
@@ -721,6 +721,11 @@ def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Pa
     runtime(cache_dir)
     for epilogue, packed, blocked in sorted(_gemm_variants(program, options)):
         sgemm_address(epilogue, cache_dir, packed, blocked)
+
+
+def _packed_epilogue(step: MatMulStep) -> str:
+    """The packed kernel variant a product with a constant B runs on (its bias, ReLU)."""
+    return "none" if step.bias is None else "bias_relu" if step.relu else "bias"
 
 
 def _row_epilogue(step: MatMulStep) -> str:

@@ -51,7 +51,8 @@ from .kernel_ir import (
     unflatten,
 )
 from .loops import buffers_of, outer_kernel
-from .values import Lazy, View, contiguous_strides, general, of_buffer, of_view
+from .rules_pool import padded_input
+from .values import Lazy, View, contiguous_strides, general, of_buffer, of_view, reshape, transpose
 
 DIRECT_MAX_CHANNELS = 16
 """Output channels per group up to which a windowed Conv is a direct kernel: a product with so few
@@ -206,6 +207,24 @@ def phase_flat_geometry(out_sp: tuple[int, ...], strides: list[int], dilations: 
         return max(0, rows_used - image_rows) * wph
 
     return slack
+
+
+def phase_planes(
+    cx: Any, x: Lazy, begin: list[int], need: list[int], strides: list[int], slack: Callable[[int], int]
+) -> tuple[Buffer, int, int]:
+    """The zero-padded 2-D input of a conv stored as its s x s phases [N, C, sh, sw, Hph, Wph] (rows
+    and columns ``i * s + phase``; stride 1: the padded input itself), so each tap of a strided conv
+    reads one phase with a stride-1 window; ``slack(Wph)``: zero cells wanted after each phase's
+    image (reads of the last output run past it). Returns (buffer, Hph, Wph)."""
+    (sh, sw) = strides
+    batch, cin, h, wd = x.shape
+    wph = -(-(begin[1] + wd + need[1]) // sw)
+    hph = -(-(begin[0] + h + need[0]) // sh) + -(-slack(wph) // wph)
+    padded = padded_input(cx, x, begin, [sh * hph - begin[0] - h, sw * wph - begin[1] - wd], Const(0.0, x.dtype))
+    if (sh, sw) != (1, 1):
+        padded = cx.materialize(transpose(reshape(padded, (batch, cin, hph, sh, wph, sw)), [0, 1, 3, 5, 2, 4]), "phases")
+    assert padded.is_view and padded.view.offset == 0
+    return padded.view.buffer, hph, wph
 
 
 def phased_direct_conv(

@@ -38,6 +38,7 @@ from .conv_kernels import (
     flat_slack,
     pack_depthwise_weight,
     phase_flat_geometry,
+    phase_planes,
     phased_direct_conv,
     row_padded_depthwise,
     row_padded_geometry,
@@ -383,7 +384,7 @@ def _conv(cx: Any, nv: Any, xs: list[Lazy | None]) -> list[Any]:
             # a strided grouped conv (RegNet's first block of each stage) runs flat over the phase
             # planes of its input: the row form's stride-2 loads ran at 12-37 GFLOP/s
             flat = phase_flat_geometry(tuple(out_sp), strides, dilations, kernel)
-            phases, hph, wph = _phase_planes(cx, x, begin, need, strides, flat)
+            phases, hph, wph = phase_planes(cx, x, begin, need, strides, flat)
             return _with_activation(
                 cx, nv, lambda tensor, act: phased_direct_conv(cx, tensor, phases, (hph, wph), w, bias, group, kernel, strides, dilations, tuple(out_sp), act)
             )
@@ -449,7 +450,7 @@ def _implicit_conv(
     if epilogue is not None and epilogue.bias.size == 1:  # one output channel: a scalar, not a row
         return None
     (sh, sw), (dh, dw) = strides, dilations
-    source, hph, wph = _phase_planes(cx, x, begin, need, strides, lambda wph: wph)
+    source, hph, wph = phase_planes(cx, x, begin, need, strides, lambda wph: wph)
     phase = hph * wph
     taps = tuple(
         ((kh * dh) % sh * sw + (kw * dw) % sw) * phase + (kh * dh) // sh * wph + (kw * dw) // sw
@@ -459,24 +460,6 @@ def _implicit_conv(
     width = out_sp[1] if out_sp[1] >= MIN_GAPPED_WIDTH and wph - out_sp[1] >= GAPPED_MIN_SHARE * wph else wph
     rows = ShiftedRows(sh * sw * phase, taps, width, wph)
     return _shifted_product(cx, nv, w, epilogue, source, rows, x.shape[0], tuple(out_sp), None)
-
-
-def _phase_planes(
-    cx: Any, x: Lazy, begin: list[int], need: list[int], strides: list[int], slack: Callable[[int], int]
-) -> tuple[Buffer, int, int]:
-    """The zero-padded 2-D input of a conv stored as its s x s phases [N, C, sh, sw, Hph, Wph] (rows
-    and columns ``i * s + phase``; stride 1: the padded input itself), so each tap of a strided conv
-    reads one phase with a stride-1 window; ``slack(Wph)``: zero cells wanted after each phase's
-    image (reads of the last output run past it). Returns (buffer, Hph, Wph)."""
-    (sh, sw) = strides
-    batch, cin, h, wd = x.shape
-    wph = -(-(begin[1] + wd + need[1]) // sw)
-    hph = -(-(begin[0] + h + need[0]) // sh) + -(-slack(wph) // wph)
-    padded = padded_input(cx, x, begin, [sh * hph - begin[0] - h, sw * wph - begin[1] - wd], Const(0.0, x.dtype))
-    if (sh, sw) != (1, 1):
-        padded = cx.materialize(transpose(reshape(padded, (batch, cin, hph, sh, wph, sw)), [0, 1, 3, 5, 2, 4]), "phases")
-    assert padded.is_view and padded.view.offset == 0
-    return padded.view.buffer, hph, wph
 
 
 def _shifted_product(

@@ -181,11 +181,16 @@ class Executable:
         self.workers = workers
         kernels = [s.kernel for s in program.steps if isinstance(s, KernelStep)]
         self.build = BuildStats()
+        variants = _gemm_variants(program, options)
         if module is None and kernels:
-            module, symbols, self.build = compile_kernels(kernels, options, artefact_key, _support_modules(program, options))
+            from .gemm import support_modules
+
+            # the micro-kernel variants are compiled with the kernels on a cold cache (the native
+            # runner, 0.1 s, is loaded before, as the model's helper threads start)
+            module, symbols, self.build = compile_kernels(kernels, options, artefact_key, support_modules(variants))
         self.module = module
         mark = time.perf_counter()
-        _support_code(program, options, self.cache_dir)
+        _support_code(variants, self.cache_dir)
         self.build.seconds["support"] = time.perf_counter() - mark
         self.symbols = symbols if symbols is not None else {k.name: k.name for k in kernels}
         proto = kernel_signature()
@@ -703,23 +708,14 @@ def _gemm_variants(program: KernelProgram, options: CompileOptions) -> set[tuple
     return variants
 
 
-def _support_modules(program: KernelProgram, options: CompileOptions) -> dict[str, Callable[[], Any]]:
-    """Support name -> builder of the micro-kernel variants a program needs, compiled with its
-    kernels on a cold cache (``compile_kernels``; the native runner, a tenth of a second, is
-    loaded before, as the model's helper threads start)."""
-    from .gemm import support_modules
-
-    return support_modules(_gemm_variants(program, options))
-
-
-def _support_code(program: KernelProgram, options: CompileOptions, cache_dir: Path | None) -> None:
+def _support_code(variants: set[tuple[str, bool, bool]], cache_dir: Path | None) -> None:
     """Load (compile where the build left them out, once per process) the code every program
-    shares: the native runner and the micro-kernel variants; timed apart from setup."""
+    shares: the native runner and the micro-kernel ``variants``; timed apart from setup."""
     from .gemm import sgemm_address
     from .native_runner import runtime
 
     runtime(cache_dir)
-    for epilogue, packed, blocked in sorted(_gemm_variants(program, options)):
+    for epilogue, packed, blocked in sorted(variants):
         sgemm_address(epilogue, cache_dir, packed, blocked)
 
 
